@@ -1,0 +1,44 @@
+# Hulk: every target runs from a fresh clone. `make install` first.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+PYTHON  := $(BIN)/python
+SHARED  ?= ../shared
+
+.PHONY: install test demo bench model lab protos check-protos clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@command -v mosquitto >/dev/null 2>&1 || { \
+	  echo "installing Debian's mosquitto (the MQTT broker the tests start)"; \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q mosquitto mosquitto-clients) ; }
+	@command -v ip >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2)
+	@command -v systemd-analyze >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -q systemd || true)
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU wheel on local disk; an unpinned torch would pull a multi-gigabyte CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[planner,dev]'
+	touch $@
+
+test: install
+	$(BIN)/pytest -q
+
+demo: install
+	$(BIN)/hulk-planner plan examples/jobs.yaml --fleet examples/fleets/asia-24.json --out out/plan.json --plot out/plan.png
+
+bench: install
+	$(PYTHON) -m bench.run --shared $(SHARED)
+
+model: install
+	$(BIN)/hulk-planner train --seed 7 --out planner/gnn/hulk-gnn.pt
+
+lab: install
+	$(PYTHON) -m lab.run
+
+protos:
+	$(PYTHON) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. protos/hulk/v1/hulk.proto
+
+clean:
+	rm -rf out build *.egg-info

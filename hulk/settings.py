@@ -1,0 +1,65 @@
+"""Every HULK_* environment variable, in one place.
+
+Components read their variables only through :func:`env`, so this table is the complete list.
+Precedence everywhere: command-line flag > environment variable > config file > default.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    used_by: str
+    meaning: str
+
+
+ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
+    # agent
+    EnvVar("HULK_PLANNER", "agent", "planner address HOST:PORT"),
+    EnvVar("HULK_NODE_ID", "agent", "this node's id"),
+    EnvVar("HULK_ADDRESS", "agent", "address peers probe (default: the outgoing interface's)"),
+    EnvVar("HULK_CITY", "agent", "city name from the gazetteer"),
+    EnvVar("HULK_INTERVAL", "agent", "seconds between probe rounds to each peer"),
+    EnvVar("HULK_STATE_DIR", "agent", "directory for the spool and placements"),
+    EnvVar("HULK_CONFIG", "agent", "path of the agent's YAML config file"),
+    EnvVar("HULK_INSECURE", "agent, planner", "1 to use plaintext gRPC (warned about)"),
+    EnvVar("HULK_TOKEN", "agent", "the node's enrolment token for gRPC"),
+    EnvVar("HULK_CA", "agent", "CA certificate to verify the planner"),
+    EnvVar("HULK_MQTT", "agent, planner", "broker URL mqtt://[user:pass@]HOST:PORT"),
+    EnvVar("HULK_SPOOL_MAX", "agent", "most samples the spool keeps before dropping the oldest"),
+    EnvVar("HULK_LOG_LEVEL", "agent, planner", "DEBUG, INFO, WARNING or ERROR"),
+    EnvVar("HULK_PROBE_PORT", "agent", "TCP port this agent listens on for peers' connect probes (0: none)"),
+    EnvVar("HULK_PACKETS_PER_ROUND", "agent", "probe packets per round to each peer"),
+    EnvVar("HULK_PROBE_TIMEOUT", "agent", "seconds to wait for each probe's reply"),
+    EnvVar("HULK_PAYLOAD_BYTES", "agent", "ICMP payload bytes (56 gives a 64-byte ICMP message)"),
+    EnvVar("HULK_MAX_CONCURRENCY", "agent", "most probe rounds in flight at once"),
+    # planner
+    EnvVar("HULK_DB", "planner", "path of the planner's SQLite store"),
+    EnvVar("HULK_LISTEN", "planner", "HOST:PORT the planner serves gRPC on"),
+    EnvVar("HULK_FLEET", "planner", "fleet name used in MQTT topics (default 'default')"),
+    EnvVar("HULK_RAW_DAYS", "planner", "days raw samples are kept (default 7)"),
+    EnvVar("HULK_WINDOW_DAYS", "planner", "rolling window in days (default 90)"),
+    EnvVar("HULK_MODEL", "planner", "GNN checkpoint to use instead of the shipped one"),
+    # the training process an agent launches
+    EnvVar("HULK_PLAN_ID", "launched job", "plan id of the placement"),
+    EnvVar("HULK_JOB", "launched job", "job name"),
+    EnvVar("HULK_STAGE", "launched job", "this node's pipeline stage index"),
+    EnvVar("HULK_NUM_STAGES", "launched job", "number of pipeline stages"),
+    EnvVar("HULK_LAYER_LO", "launched job", "first layer of this stage"),
+    EnvVar("HULK_LAYER_HI", "launched job", "one past the last layer of this stage"),
+    EnvVar("HULK_REPLICA", "launched job", "this node's data-parallel replica index"),
+    EnvVar("HULK_NUM_REPLICAS", "launched job", "number of replicas"),
+    EnvVar("HULK_MICRO_BATCH", "launched job", "micro-batch size"),
+]}
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """Read a HULK_* variable; only names listed in ENV_VARS may be read."""
+    if name not in ENV_VARS:
+        raise KeyError(f"{name} is not listed in hulk.settings.ENV_VARS")
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default

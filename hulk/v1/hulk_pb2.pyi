@@ -1,0 +1,202 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProbeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROBE_KIND_UNSPECIFIED: _ClassVar[ProbeKind]
+    PROBE_KIND_ICMP: _ClassVar[ProbeKind]
+    PROBE_KIND_TCP: _ClassVar[ProbeKind]
+
+class LaunchState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LAUNCH_STATE_UNSPECIFIED: _ClassVar[LaunchState]
+    LAUNCH_STATE_IDLE: _ClassVar[LaunchState]
+    LAUNCH_STATE_STARTING: _ClassVar[LaunchState]
+    LAUNCH_STATE_RUNNING: _ClassVar[LaunchState]
+    LAUNCH_STATE_EXITED: _ClassVar[LaunchState]
+    LAUNCH_STATE_FAILED: _ClassVar[LaunchState]
+PROBE_KIND_UNSPECIFIED: ProbeKind
+PROBE_KIND_ICMP: ProbeKind
+PROBE_KIND_TCP: ProbeKind
+LAUNCH_STATE_UNSPECIFIED: LaunchState
+LAUNCH_STATE_IDLE: LaunchState
+LAUNCH_STATE_STARTING: LaunchState
+LAUNCH_STATE_RUNNING: LaunchState
+LAUNCH_STATE_EXITED: LaunchState
+LAUNCH_STATE_FAILED: LaunchState
+
+class Gpu(_message.Message):
+    __slots__ = ("name", "uuid", "compute_capability", "memory_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    uuid: str
+    compute_capability: float
+    memory_bytes: int
+    def __init__(self, name: _Optional[str] = ..., uuid: _Optional[str] = ..., compute_capability: _Optional[float] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+
+class GpuInventory(_message.Message):
+    __slots__ = ("gpus", "driver_version", "unavailable_reason")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_REASON_FIELD_NUMBER: _ClassVar[int]
+    gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
+    driver_version: str
+    unavailable_reason: str
+    def __init__(self, gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., driver_version: _Optional[str] = ..., unavailable_reason: _Optional[str] = ...) -> None: ...
+
+class Location(_message.Message):
+    __slots__ = ("city", "has_coordinates", "latitude", "longitude")
+    CITY_FIELD_NUMBER: _ClassVar[int]
+    HAS_COORDINATES_FIELD_NUMBER: _ClassVar[int]
+    LATITUDE_FIELD_NUMBER: _ClassVar[int]
+    LONGITUDE_FIELD_NUMBER: _ClassVar[int]
+    city: str
+    has_coordinates: bool
+    latitude: float
+    longitude: float
+    def __init__(self, city: _Optional[str] = ..., has_coordinates: _Optional[bool] = ..., latitude: _Optional[float] = ..., longitude: _Optional[float] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("node_id", "hostname", "location", "agent_version", "inventory", "address", "probe_port")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INVENTORY_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    hostname: str
+    location: Location
+    agent_version: str
+    inventory: GpuInventory
+    address: str
+    probe_port: int
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., agent_version: _Optional[str] = ..., inventory: _Optional[_Union[GpuInventory, _Mapping]] = ..., address: _Optional[str] = ..., probe_port: _Optional[int] = ...) -> None: ...
+
+class Peer(_message.Message):
+    __slots__ = ("node_id", "address", "probe_port")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    probe_port: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., probe_port: _Optional[int] = ...) -> None: ...
+
+class ProbeSettings(_message.Message):
+    __slots__ = ("interval_s", "packets_per_round", "timeout_s", "payload_bytes", "max_concurrency", "max_batch")
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    PACKETS_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    interval_s: float
+    packets_per_round: int
+    timeout_s: float
+    payload_bytes: int
+    max_concurrency: int
+    max_batch: int
+    def __init__(self, interval_s: _Optional[float] = ..., packets_per_round: _Optional[int] = ..., timeout_s: _Optional[float] = ..., payload_bytes: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("peers", "settings", "fleet", "server_time_ms")
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    FLEET_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    peers: _containers.RepeatedCompositeFieldContainer[Peer]
+    settings: ProbeSettings
+    fleet: str
+    server_time_ms: int
+    def __init__(self, peers: _Optional[_Iterable[_Union[Peer, _Mapping]]] = ..., settings: _Optional[_Union[ProbeSettings, _Mapping]] = ..., fleet: _Optional[str] = ..., server_time_ms: _Optional[int] = ...) -> None: ...
+
+class Sample(_message.Message):
+    __slots__ = ("peer_id", "sent_at_ms", "kind", "payload_bytes", "lost", "rtt_ms", "timeout_ms")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    sent_at_ms: int
+    kind: ProbeKind
+    payload_bytes: int
+    lost: bool
+    rtt_ms: float
+    timeout_ms: float
+    def __init__(self, peer_id: _Optional[str] = ..., sent_at_ms: _Optional[int] = ..., kind: _Optional[_Union[ProbeKind, str]] = ..., payload_bytes: _Optional[int] = ..., lost: _Optional[bool] = ..., rtt_ms: _Optional[float] = ..., timeout_ms: _Optional[float] = ...) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ("node_id", "batch_id", "samples", "spool_dropped")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    batch_id: str
+    samples: _containers.RepeatedCompositeFieldContainer[Sample]
+    spool_dropped: int
+    def __init__(self, node_id: _Optional[str] = ..., batch_id: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., spool_dropped: _Optional[int] = ...) -> None: ...
+
+class ReportResponse(_message.Message):
+    __slots__ = ("accepted", "rejected", "duplicate")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    rejected: int
+    duplicate: bool
+    def __init__(self, accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class LaunchStatus(_message.Message):
+    __slots__ = ("plan_id", "job", "state", "exit_code", "detail", "changed_at_ms")
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    plan_id: str
+    job: str
+    state: LaunchState
+    exit_code: int
+    detail: str
+    changed_at_ms: int
+    def __init__(self, plan_id: _Optional[str] = ..., job: _Optional[str] = ..., state: _Optional[_Union[LaunchState, str]] = ..., exit_code: _Optional[int] = ..., detail: _Optional[str] = ..., changed_at_ms: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "time_ms", "spool_depth", "spool_dropped", "launch")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    time_ms: int
+    spool_depth: int
+    spool_dropped: int
+    launch: LaunchStatus
+    def __init__(self, node_id: _Optional[str] = ..., time_ms: _Optional[int] = ..., spool_depth: _Optional[int] = ..., spool_dropped: _Optional[int] = ..., launch: _Optional[_Union[LaunchStatus, _Mapping]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("server_time_ms", "reregister", "peers_changed")
+    SERVER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    REREGISTER_FIELD_NUMBER: _ClassVar[int]
+    PEERS_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    server_time_ms: int
+    reregister: bool
+    peers_changed: bool
+    def __init__(self, server_time_ms: _Optional[int] = ..., reregister: _Optional[bool] = ..., peers_changed: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""The pure core of the planner: values in, values out; no SQLite, gRPC or MQTT inside."""

@@ -1,0 +1,220 @@
+"""The reference cost model of COSTMODEL.md (sections 3-5, 7), over node indices of a Network.
+
+Every number a plan prints comes from :func:`estimate` and :func:`estimate_plan`; every planner
+(baselines, DT-FM-style peer, search, GNN) is judged by them. Keep this module a literal reading of
+the document: richer models go beside it as options, never into it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.core.fleet import Network
+from planner.core.jobs import Job
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Pipeline stage owning layers [lo, hi) on ``nodes``; the p-th node is in replica p."""
+
+    lo: int
+    hi: int
+    nodes: tuple[int, ...]
+
+    @property
+    def layers(self) -> int:
+        return self.hi - self.lo
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One job's placement: K stages in pipeline order, the same D nodes per stage."""
+
+    job: Job
+    stages: tuple[Stage, ...]
+    micro_batch: int
+    phase: int = 0
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def replicas(self) -> int:
+        return len(self.stages[0].nodes) if self.stages else 0
+
+    @property
+    def nodes(self) -> list[int]:
+        return [i for st in self.stages for i in st.nodes]
+
+    def node_matrix(self) -> np.ndarray:
+        """(K, D) array of node indices."""
+        return np.array([st.nodes for st in self.stages], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """COSTMODEL.md section 4 for one placement; times in seconds."""
+
+    iteration_s: float
+    compute_s: float
+    communication_s: float
+    job_s: float
+    micro_batches: int
+    pipeline_s: float          # max over replicas of T_pipe
+    allreduce_s: float         # max over stages of T_ar
+    memory_ok: bool
+    peak_memory_fraction: float  # worst node's need / its memory
+
+    @property
+    def feasible(self) -> bool:
+        return self.memory_ok and math.isfinite(self.iteration_s)
+
+
+INFEASIBLE = Estimate(math.inf, math.inf, math.inf, math.inf, 0, math.inf, math.inf, False, math.inf)
+
+
+def micro_batches(job: Job, replicas: int, micro_batch: int) -> int:
+    """M = ceil(B / D / b)."""
+    return math.ceil(job.global_batch / replicas / micro_batch)
+
+
+def stage_memory_bytes(job: Job, layers: int, micro_batch: int, num_micro_batches: int,
+                       num_stages: int) -> float:
+    """Bytes every node of a stage with ``layers`` layers holds: 16 P l/L + A l min(M, K)."""
+    return (job.state_bytes * layers / job.layers
+            + job.activation_bytes(micro_batch) * layers * min(num_micro_batches, num_stages))
+
+
+def problems(placement: Placement, net: Network) -> list[str]:
+    """Why a placement is not a valid plan (empty when it is). Pure structure and memory."""
+    job, stages = placement.job, placement.stages
+    out: list[str] = []
+    if not stages:
+        return [f"{job.name}: no stages"]
+    if stages[0].lo != 0 or stages[-1].hi != job.layers:
+        out.append(f"{job.name}: layers must cover [0, {job.layers})")
+    for a, b in zip(stages, stages[1:]):
+        if a.hi != b.lo:
+            out.append(f"{job.name}: layer ranges [{a.lo},{a.hi}) and [{b.lo},{b.hi}) are not contiguous")
+    if any(st.layers <= 0 for st in stages):
+        out.append(f"{job.name}: a stage has no layers")
+    widths = {len(st.nodes) for st in stages}
+    if len(widths) != 1 or 0 in widths:
+        out.append(f"{job.name}: every stage must list the same, non-zero number of nodes")
+        return out
+    used = placement.nodes
+    if len(set(used)) != len(used):
+        out.append(f"{job.name}: a node appears twice")
+    if placement.micro_batch < 1:
+        out.append(f"{job.name}: micro-batch must be at least 1")
+        return out
+    m = micro_batches(job, placement.replicas, placement.micro_batch)
+    for k, st in enumerate(stages):
+        need = stage_memory_bytes(job, st.layers, placement.micro_batch, m, len(stages))
+        for i in st.nodes:
+            if need > net.mem[i]:
+                out.append(f"{job.name}: stage {k} needs {need / 1e9:.1f} GB on node "
+                           f"{net.nodes[i].id}, which has {net.mem[i] / 1e9:.1f} GB")
+    return out
+
+
+def estimate(placement: Placement, net: Network) -> Estimate:
+    """Iteration time T = max_p T_pipe(p) + max_k T_ar(k), its compute and communication parts."""
+    job, b = placement.job, placement.micro_batch
+    nodes = placement.node_matrix()                     # (K, D)
+    k_stages, d = nodes.shape
+    m = micro_batches(job, d, b)
+    layers = np.array([st.layers for st in placement.stages], dtype=float)  # (K,)
+
+    f = job.flops_per_layer(b)
+    act = job.activation_bytes(b)
+    compute = f * layers[:, None] / net.thr[nodes]      # c_k per replica, (K, D)
+
+    if k_stages > 1:
+        src, dst = nodes[:-1], nodes[1:]                # (K-1, D)
+        latency = net.rtt_ms[src, dst] / 2000.0
+        transfer = 2.0 * (latency + act / net.bw[src, dst])
+    else:
+        transfer = np.zeros((0, d))
+    longest = np.maximum(compute.max(axis=0), transfer.max(axis=0, initial=0.0))
+    pipe = compute.sum(axis=0) + transfer.sum(axis=0) + (m - 1) * longest   # T_pipe(p), (D,)
+    pipe_compute = compute.sum(axis=0) + (m - 1) * compute.max(axis=0)
+
+    if d > 1:
+        ring_next = np.roll(nodes, -1, axis=1)
+        a_max = (net.rtt_ms[nodes, ring_next] / 2000.0).max(axis=1)        # (K,)
+        bw_min = net.bw[nodes, ring_next].min(axis=1)
+        grad_bytes = 2.0 * job.params * layers / job.layers
+        allreduce = 2.0 * (d - 1) * (a_max + grad_bytes / (d * bw_min))
+    else:
+        allreduce = np.zeros(k_stages)
+
+    pipeline_s = float(pipe.max())
+    allreduce_s = float(allreduce.max())
+    iteration = pipeline_s + allreduce_s
+    compute_s = float(pipe_compute.max())
+
+    need = np.array([stage_memory_bytes(job, st.layers, b, m, k_stages) for st in placement.stages])
+    fraction = float((need[:, None] / net.mem[nodes]).max()) if net.mem[nodes].min() > 0 else math.inf
+    return Estimate(
+        iteration_s=iteration,
+        compute_s=compute_s,
+        communication_s=iteration - compute_s,
+        job_s=job.steps * iteration,
+        micro_batches=m,
+        pipeline_s=pipeline_s,
+        allreduce_s=allreduce_s,
+        memory_ok=fraction <= 1.0,
+        peak_memory_fraction=fraction,
+    )
+
+
+@dataclass(frozen=True)
+class PlanEstimate:
+    """COSTMODEL.md section 5: phases run one after another, jobs of a phase side by side."""
+
+    estimates: dict[str, Estimate]
+    start_s: dict[str, float]
+    end_s: dict[str, float]
+    makespan_s: float
+    sum_jct_s: float
+    phase_end_s: list[float] = field(default_factory=list)
+
+
+def estimate_plan(placements: list[Placement], net: Network) -> PlanEstimate:
+    """Makespan and sum of job completion times of placements grouped in phases."""
+    estimates = {p.job.name: estimate(p, net) for p in placements}
+    phases = sorted({p.phase for p in placements})
+    start: dict[str, float] = {}
+    end: dict[str, float] = {}
+    phase_end: list[float] = []
+    t = 0.0
+    for phase in phases:
+        longest = 0.0
+        for p in placements:
+            if p.phase == phase:
+                start[p.job.name] = t
+                end[p.job.name] = t + estimates[p.job.name].job_s
+                longest = max(longest, estimates[p.job.name].job_s)
+        t += longest
+        phase_end.append(t)
+    return PlanEstimate(estimates, start, end, makespan_s=t if placements else 0.0,
+                        sum_jct_s=sum(end.values()), phase_end_s=phase_end)
+
+
+def sequential_totals(job_times: dict[str, float]) -> tuple[float, float]:
+    """Jobs one after another, shortest first: (makespan, sum of completion times)."""
+    t, total = 0.0, 0.0
+    for duration in sorted(job_times.values()):
+        t += duration
+        total += t
+    return t, total
+
+
+def compute_bound_s(jobs: list[Job], net: Network) -> float:
+    """COSTMODEL.md section 7: all jobs' FLOPs over the whole fleet's summed throughput."""
+    return sum(j.total_flops for j in jobs) / float(net.thr.sum())

@@ -1,0 +1,28 @@
+"""A plan: what every planner returns (baselines, DT-FM-style peer, search, GNN)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.core.costmodel import Placement
+
+
+@dataclass(frozen=True)
+class Unplaced:
+    name: str
+    reason: str
+
+
+@dataclass
+class Plan:
+    """Placements of jobs on a Network (node indices), phases as in COSTMODEL.md section 5.
+
+    ``job_s_override`` carries per-job times for plans that cannot be written as stages
+    (System C, tensor parallel); such jobs have no placement and their times come from there.
+    """
+
+    method: str
+    placements: list[Placement]
+    unplaced: list[Unplaced] = field(default_factory=list)
+    job_s_override: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
