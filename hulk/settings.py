@@ -37,10 +37,11 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_PROBE_TIMEOUT", "agent", "seconds to wait for each probe's reply"),
     EnvVar("HULK_PAYLOAD_BYTES", "agent", "ICMP payload bytes (56 gives a 64-byte ICMP message)"),
     EnvVar("HULK_MAX_CONCURRENCY", "agent", "most probe rounds in flight at once"),
+    EnvVar("HULK_TORCHRUN", "agent", "torchrun executable that launches placed jobs (default: beside python)"),
     # planner
     EnvVar("HULK_DB", "planner", "path of the planner's SQLite store"),
     EnvVar("HULK_LISTEN", "planner", "HOST:PORT the planner serves gRPC on"),
-    EnvVar("HULK_FLEET", "planner", "fleet name used in MQTT topics (default 'default')"),
+    EnvVar("HULK_FLEET", "planner, agent", "fleet name used in MQTT topics (default 'default')"),
     EnvVar("HULK_RAW_DAYS", "planner", "days raw samples are kept (default 7)"),
     EnvVar("HULK_WINDOW_DAYS", "planner", "rolling window in days (default 90)"),
     EnvVar("HULK_MODEL", "planner", "GNN checkpoint to use instead of the shipped one"),
@@ -54,6 +55,10 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_REPLICA", "launched job", "this node's data-parallel replica index"),
     EnvVar("HULK_NUM_REPLICAS", "launched job", "number of replicas"),
     EnvVar("HULK_MICRO_BATCH", "launched job", "micro-batch size"),
+    EnvVar("HULK_RANK", "launched job", "this node's rank in the job: stage * num_replicas + replica"),
+    EnvVar("HULK_WORLD_SIZE", "launched job", "nodes in the job: num_stages * num_replicas"),
+    EnvVar("HULK_RDZV_ADDRESS", "launched job", "rendezvous address (the rank-0 node's)"),
+    EnvVar("HULK_RDZV_PORT", "launched job", "rendezvous port of the job"),
 ]}
 
 

@@ -1,0 +1,278 @@
+"""The agent's settings: one validated, frozen AgentConfig.
+
+Sources, lowest to highest precedence: defaults < YAML config file < HULK_* variables < flags.
+Every bad value raises ConfigError naming its source (file and line, variable or flag), the field
+and what was expected, in one line.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hulk import settings
+from hulk.errors import ConfigError
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+DEFAULT_STATE_DIR = Path("/var/lib/hulk-agent")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    planner: str                      # HOST:PORT of hulk-planner serve
+    node_id: str
+    address: str = ""                 # "" = the outgoing interface's address towards the planner
+    city: str = ""
+    interval_s: float = 60.0          # one probe round per peer per interval
+    state_dir: Path = DEFAULT_STATE_DIR
+    insecure: bool = False
+    token: str = ""
+    ca: Path | None = None
+    mqtt: str = ""
+    spool_max: int = 1_000_000
+    packets_per_round: int = 5
+    timeout_s: float = 2.0
+    payload_bytes: int = 56           # 56 + 8-byte ICMP header = the 64-byte message `ping` sends
+    max_concurrency: int = 64
+    log_level: str = "INFO"
+    probe_port: int = 0               # TCP port peers connect-probe us on (0: no listener)
+    # Fields set by a file, variable or flag (not defaults): these win over the planner's
+    # ProbeSettings; defaults give way to them.
+    explicit: frozenset[str] = field(default=frozenset(), compare=False)
+
+    @property
+    def spool_path(self) -> Path:
+        return self.state_dir / "spool.sqlite"
+
+
+# field -> (HULK_* variable, flag) ; None where a source does not offer the field.
+SOURCES: dict[str, tuple[str | None, str | None]] = {
+    "planner": ("HULK_PLANNER", "--planner"),
+    "node_id": ("HULK_NODE_ID", "--node-id"),
+    "address": ("HULK_ADDRESS", "--address"),
+    "city": ("HULK_CITY", "--city"),
+    "interval_s": ("HULK_INTERVAL", "--interval"),
+    "state_dir": ("HULK_STATE_DIR", "--state-dir"),
+    "insecure": ("HULK_INSECURE", "--insecure"),
+    "token": ("HULK_TOKEN", None),            # never a flag: it would show in `ps`
+    "ca": ("HULK_CA", "--ca"),
+    "mqtt": ("HULK_MQTT", "--mqtt"),
+    "spool_max": ("HULK_SPOOL_MAX", "--spool-max"),
+    "packets_per_round": ("HULK_PACKETS_PER_ROUND", "--packets-per-round"),
+    "timeout_s": ("HULK_PROBE_TIMEOUT", "--timeout"),
+    "payload_bytes": ("HULK_PAYLOAD_BYTES", None),
+    "max_concurrency": ("HULK_MAX_CONCURRENCY", "--max-concurrency"),
+    "log_level": ("HULK_LOG_LEVEL", "--log-level"),
+    "probe_port": ("HULK_PROBE_PORT", "--probe-port"),
+}
+
+# Keys a config file may use besides the field names.
+FILE_ALIASES = {"interval": "interval_s", "timeout": "timeout_s", "node-id": "node_id",
+                "state-dir": "state_dir", "log-level": "log_level", "spool-max": "spool_max"}
+
+
+class _Bad(ValueError):
+    """A parser's complaint: what was expected."""
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        raise _Bad("expected a single value")
+    return str(value).strip()
+
+
+def _planner(value: Any) -> str:
+    text = _text(value)
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise _Bad(f"expected HOST:PORT (e.g. planner.example.org:50051), got {text!r}")
+    return text
+
+
+def _node_id(value: Any) -> str:
+    text = _text(value)
+    if not NODE_ID_RE.match(text):
+        raise _Bad("expected 1-128 letters, digits, '.', '_' or '-' starting with a letter or "
+                   f"digit, got {text!r}")
+    return text
+
+
+def _address(value: Any) -> str:
+    text = _text(value)
+    if text:
+        try:
+            ipaddress.ip_address(text)
+        except ValueError:
+            raise _Bad(f"expected an IP address, got {text!r}") from None
+    return text
+
+
+def _number(low: float, high: float, unit: str) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        if isinstance(value, bool):
+            raise _Bad(f"expected {unit} between {low:g} and {high:g}, got {value!r}")
+        try:
+            number = float(_text(value))
+        except ValueError:
+            raise _Bad(f"expected {unit} between {low:g} and {high:g}, got {value!r}") from None
+        if not low <= number <= high:
+            raise _Bad(f"expected {unit} between {low:g} and {high:g}, got {value!r}")
+        return number
+    return parse
+
+
+def _integer(low: int, high: int, unit: str) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        text = _text(value)
+        if isinstance(value, bool) or not re.fullmatch(r"[0-9]+", text):
+            raise _Bad(f"expected a whole number of {unit} between {low} and {high}, got {value!r}")
+        number = int(text)
+        if not low <= number <= high:
+            raise _Bad(f"expected a whole number of {unit} between {low} and {high}, got {value!r}")
+        return number
+    return parse
+
+
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = _text(value).lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise _Bad(f"expected true/false (1/0, yes/no, on/off), got {value!r}")
+
+
+def _path(value: Any) -> Path:
+    text = _text(value)
+    if not text:
+        raise _Bad("expected a path, got an empty value")
+    return Path(text).expanduser()
+
+
+def _ca(value: Any) -> Path | None:
+    text = _text(value)
+    if not text:
+        return None
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise _Bad(f"expected a readable CA certificate file, {text!r} does not exist")
+    return path
+
+
+def _mqtt(value: Any) -> str:
+    text = _text(value)
+    if text and not re.match(r"^mqtts?://[^/\s]+", text):
+        raise _Bad(f"expected a broker URL mqtt://[user:pass@]HOST:PORT, got {text!r}")
+    return text
+
+
+def _log_level(value: Any) -> str:
+    text = _text(value).upper()
+    if text not in LOG_LEVELS:
+        raise _Bad(f"expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return text
+
+
+PARSERS: dict[str, Callable[[Any], Any]] = {
+    "planner": _planner,
+    "node_id": _node_id,
+    "address": _address,
+    "city": _text,
+    "interval_s": _number(1.0, 86400.0, "seconds"),
+    "state_dir": _path,
+    "insecure": _boolean,
+    "token": _text,
+    "ca": _ca,
+    "mqtt": _mqtt,
+    "spool_max": _integer(100, 1_000_000_000, "samples"),
+    "packets_per_round": _integer(1, 100, "packets"),
+    "timeout_s": _number(0.01, 60.0, "seconds"),
+    "payload_bytes": _integer(0, 1472, "bytes"),
+    "max_concurrency": _integer(1, 4096, "rounds"),
+    "log_level": _log_level,
+    "probe_port": _integer(0, 65535, "port"),
+}
+REQUIRED = ("planner", "node_id")
+
+
+def _read_file(path: Path) -> dict[str, tuple[Any, int | None]]:
+    """The file's settings as field -> (raw value, line)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot read the config file: {err.strerror or err}",
+                          path=str(path)) from None
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        problem = getattr(err, "problem", None) or "not valid YAML"
+        raise ConfigError(f"expected YAML: {problem}", path=str(path),
+                          line=mark.line + 1 if mark else None) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not isinstance(node, yaml.MappingNode):
+        raise ConfigError("expected a mapping of setting: value", path=str(path), line=1)
+    lines = {str(key.value): key.start_mark.line + 1 for key, _ in node.value}
+    out: dict[str, tuple[Any, int | None]] = {}
+    for key, value in data.items():
+        name = FILE_ALIASES.get(str(key), str(key))
+        if name not in PARSERS or name == "explicit":
+            known = ", ".join(sorted(PARSERS))
+            raise ConfigError(f"unknown setting; expected one of {known}", path=str(path),
+                              line=lines.get(str(key)), field=str(key))
+        out[name] = (value, lines.get(str(key)))
+    return out
+
+
+def load_config(flags: Mapping[str, Any] | None = None, *,
+                env_reader: Callable[[str], str | None] = settings.env) -> AgentConfig:
+    """Merge defaults < config file < HULK_* variables < flags into a validated AgentConfig.
+
+    ``flags`` maps field names to values given on the command line (None or absent: not given);
+    its key "config" names the config file (else HULK_CONFIG; no file when neither is set).
+    """
+    flags = dict(flags or {})
+    values: dict[str, Any] = {}
+    explicit: set[str] = set()
+
+    def take(name: str, raw: Any, where: str, line: int | None = None) -> None:
+        try:
+            values[name] = PARSERS[name](raw)
+        except _Bad as bad:
+            raise ConfigError(str(bad), path=where, line=line, field=name) from None
+        explicit.add(name)
+
+    config_path = flags.pop("config", None) or env_reader("HULK_CONFIG")
+    if config_path:
+        for name, (raw, line) in _read_file(Path(config_path)).items():
+            take(name, raw, str(config_path), line)
+    for name, (variable, _) in SOURCES.items():
+        raw = env_reader(variable) if variable else None
+        if raw is not None:
+            take(name, raw, variable)
+    for name, raw in flags.items():
+        if name not in PARSERS:
+            raise KeyError(f"{name} is not an agent setting")
+        if raw is not None:
+            take(name, raw, SOURCES[name][1] or name)
+    for name in REQUIRED:
+        if not values.get(name):
+            variable, flag = SOURCES[name]
+            raise ConfigError(f"required: give {flag}, set {variable} or put {name!r} in the "
+                              "config file", field=name)
+    return AgentConfig(**values, explicit=frozenset(explicit))
+
+
+FIELD_NAMES = tuple(f.name for f in fields(AgentConfig) if f.name != "explicit")

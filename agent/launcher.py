@@ -1,0 +1,246 @@
+"""Launching a placement's training command under torchrun (as a subprocess: no torch here).
+
+How a role runs: ``torchrun --nnodes N --node-rank R --nproc-per-node 1 --rdzv-backend static
+--master-addr A --master-port P --max-restarts 0 --no-python <command>``. The static rendezvous
+(the rank-0 node hosts a TCPStore on the job's port; every node knows its rank from the
+placement) is what works with torch 2.13 on CPU/gloo without an etcd or an elastic c10d
+round-trip, and it matches a placement exactly: the planner fixes ranks, nothing is negotiated.
+``--no-python`` makes torchrun run the job's command as written; a leading ``python``/``python3``
+is replaced by the configured interpreter (the one beside torchrun), so the training program runs
+in the environment that has torch.
+
+The process gets HULK_* variables describing its role (hulk.settings lists them) besides the
+RANK/WORLD_SIZE/MASTER_* that torchrun sets. A new placement stops the old process group first:
+SIGTERM to the group, SIGKILL after ``grace_s``. Roles of later phases run after the earlier one
+exits with 0 (torchrun's rendezvous waits for the job's other nodes).
+
+States (exposed for the Heartbeat): idle, starting (spawned), running (alive after
+``running_after_s``), exited (with its code), failed (could not be started).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+from agent.records import LaunchState, LaunchStatus
+from planner.placements import NodePlacement, Role
+
+log = logging.getLogger(__name__)
+
+_PYTHON_RE = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+
+# --------------------------------------------------------------------------- process runner
+
+class ProcessHandle(Protocol):
+    pid: int
+
+    async def wait(self) -> int: ...
+
+    def signal_group(self, sig: int) -> None: ...
+
+
+class ProcessRunner(Protocol):
+    async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None,
+                    log_path: Path | None) -> ProcessHandle: ...
+
+
+class _SubprocessHandle:
+    def __init__(self, proc: asyncio.subprocess.Process):
+        self._proc = proc
+        self.pid = proc.pid
+
+    async def wait(self) -> int:
+        return await self._proc.wait()
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)  # the process leads its own session: its group is its pid
+        except ProcessLookupError:
+            pass
+
+
+class SubprocessRunner:
+    """Real processes, each in a new session so the whole tree (torchrun + workers) is one group."""
+
+    async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None,
+                    log_path: Path | None) -> ProcessHandle:
+        out = None
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = open(log_path, "ab")
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, env=dict(env), cwd=str(cwd) if cwd else None, stdin=asyncio.subprocess.DEVNULL,
+                stdout=out or asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True)
+        finally:
+            if out is not None:
+                out.close()
+        return _SubprocessHandle(proc)
+
+
+# ---------------------------------------------------------------------------- command lines
+
+def role_env(role: Role) -> dict[str, str]:
+    """The HULK_* variables a launched process reads (hulk/settings.py documents each)."""
+    return {
+        "HULK_PLAN_ID": role.plan_id, "HULK_JOB": role.job,
+        "HULK_STAGE": str(role.stage), "HULK_NUM_STAGES": str(role.num_stages),
+        "HULK_LAYER_LO": str(role.layer_lo), "HULK_LAYER_HI": str(role.layer_hi),
+        "HULK_REPLICA": str(role.replica), "HULK_NUM_REPLICAS": str(role.num_replicas),
+        "HULK_MICRO_BATCH": str(role.micro_batch),
+        "HULK_RANK": str(role.rank), "HULK_WORLD_SIZE": str(role.world_size),
+        "HULK_RDZV_ADDRESS": role.rendezvous_address, "HULK_RDZV_PORT": str(role.rendezvous_port),
+    }
+
+
+def default_torchrun() -> str:
+    """torchrun beside this interpreter (the venv), else on PATH."""
+    beside = Path(sys.executable).with_name("torchrun")
+    return str(beside) if beside.exists() else (shutil.which("torchrun") or "torchrun")
+
+
+class TorchrunCommand:
+    """Role -> the torchrun command line (see the module docstring)."""
+
+    def __init__(self, torchrun: str | None = None, python: str | None = None):
+        self.torchrun = torchrun or default_torchrun()
+        if python is None:
+            beside = Path(self.torchrun).with_name("python")
+            python = str(beside) if beside.exists() else sys.executable
+        self.python = python
+
+    def __call__(self, role: Role) -> list[str]:
+        program = shlex.split(role.command or "")
+        if not program:
+            raise ValueError(f"job {role.job} has no command")
+        if _PYTHON_RE.match(program[0]):
+            program[0] = self.python
+        return [self.torchrun, "--nnodes", str(role.world_size), "--node-rank", str(role.rank),
+                "--nproc-per-node", "1", "--rdzv-backend", "static",
+                "--master-addr", role.rendezvous_address, "--master-port", str(role.rendezvous_port),
+                "--max-restarts", "0", "--no-python", *program]
+
+
+# ---------------------------------------------------------------------------------- launcher
+
+class Launcher:
+    """Runs the current placement's roles; ``apply`` a new placement, read ``status``."""
+
+    def __init__(self, *, runner: ProcessRunner | None = None,
+                 command: Callable[[Role], list[str]] | None = None,
+                 grace_s: float = 10.0, running_after_s: float = 0.5, cwd: Path | None = None,
+                 log_dir: Path | None = None, base_env: Mapping[str, str] | None = None,
+                 on_status: Callable[[LaunchStatus], None] | None = None,
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)):
+        self.runner = runner or SubprocessRunner()
+        self.command = command or TorchrunCommand()
+        self.grace_s = grace_s
+        self.running_after_s = running_after_s
+        self.cwd = cwd
+        self.log_dir = log_dir
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.on_status = on_status
+        self._clock_ms = clock_ms
+        self.status = LaunchStatus(changed_at_ms=clock_ms())
+        self._roles: tuple[Role, ...] | None = None
+        self._task: asyncio.Task | None = None
+        self._proc: ProcessHandle | None = None
+        self._lock = asyncio.Lock()
+
+    def _set(self, **fields) -> None:
+        self.status = replace(self.status, changed_at_ms=self._clock_ms(), **fields)
+        log.info("launch %s: %s%s%s", self.status.job or "-", self.status.state.name.lower(),
+                 f" (code {self.status.exit_code})" if self.status.state == LaunchState.EXITED else "",
+                 f" {self.status.detail}" if self.status.detail else "")
+        if self.on_status is not None:
+            try:
+                self.on_status(self.status)
+            except Exception:
+                log.exception("launch status consumer failed")
+
+    async def apply(self, placement: NodePlacement | None) -> None:
+        """Make the running process match ``placement`` (None: stop everything)."""
+        async with self._lock:
+            roles = placement.roles if placement is not None else ()
+            if roles == self._roles:
+                return  # same roles (e.g. a retained message redelivered): leave the process alone
+            await self._stop_locked()
+            self._roles = roles
+            runnable = [r for r in roles if r.command]
+            if not runnable:
+                detail = "no placement" if not roles else "the placed job has no command"
+                self._set(state=LaunchState.IDLE, plan_id=placement.plan_id if placement else "",
+                          job=roles[0].job if roles else "", exit_code=0, detail=detail)
+                return
+            self._task = asyncio.create_task(self._run_roles(runnable), name="hulk-launch")
+
+    async def stop(self) -> None:
+        async with self._lock:
+            await self._stop_locked()
+            self._roles = None
+
+    async def _stop_locked(self) -> None:
+        proc, task = self._proc, self._task
+        if task is not None:  # first, so a role that ends now does not start the next one
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        if proc is not None:
+            proc.signal_group(signal.SIGTERM)
+            try:
+                code = await asyncio.wait_for(proc.wait(), self.grace_s)
+            except TimeoutError:
+                log.warning("job process group %d ignored SIGTERM for %.0f s; killing it", proc.pid,
+                            self.grace_s)
+                proc.signal_group(signal.SIGKILL)
+                code = await proc.wait()
+            self._set(state=LaunchState.EXITED, exit_code=code, detail="stopped for a new placement")
+        self._proc = self._task = None
+
+    async def _run_roles(self, roles: list[Role]) -> None:
+        for role in roles:
+            code = await self._run_one(role)
+            if code != 0:
+                return
+
+    async def _run_one(self, role: Role) -> int | None:
+        self._set(state=LaunchState.STARTING, plan_id=role.plan_id, job=role.job, exit_code=0,
+                  detail=f"stage {role.stage} replica {role.replica} rank {role.rank}/{role.world_size}")
+        try:
+            argv = self.command(role)
+            env = {**self.base_env, **role_env(role)}
+            log_path = self.log_dir / f"{role.job}.log" if self.log_dir else None
+            proc = await self.runner.start(argv, env, self.cwd, log_path)
+        except (OSError, ValueError) as exc:
+            self._set(state=LaunchState.FAILED, detail=f"cannot start: {exc}")
+            return None
+        self._proc = proc
+        waiter = asyncio.ensure_future(proc.wait())
+        done, _ = await asyncio.wait({waiter}, timeout=self.running_after_s)
+        if not done:
+            self._set(state=LaunchState.RUNNING, detail=f"pid {proc.pid}")
+        try:
+            code = await waiter
+        except asyncio.CancelledError:
+            waiter.cancel()
+            raise
+        self._proc = None
+        self._set(state=LaunchState.EXITED, exit_code=code,
+                  detail="" if code == 0 else f"exit code {code}")
+        return code

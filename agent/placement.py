@@ -1,0 +1,247 @@
+"""The agent's placement subscriber: its own MQTT topic -> state_dir/placement.json -> a callback.
+
+- Subscribes to ``hulk/v1/<fleet>/nodes/<node_id>/placement`` only (QoS 1). The message is
+  retained, so after a reconnect the broker sends it again; an unchanged placement is a no-op.
+- Reconnects with exponential backoff (with jitter) when the broker goes away; the backoff starts
+  over after a connection that worked.
+- A malformed message is logged and ignored: the previous placement (file and process) stays.
+- An empty message clears: the file is removed and the callback gets ``None``.
+- After a restart, the broker's retained message is the truth, not the file of the last run: a
+  file with no retained placement behind it (the node was cleared while down) is removed.
+- The file is written atomically (temporary file, fsync, rename, fsync of the directory), so a
+  crash leaves either the old or the new placement, never half of one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from hulk.broker import BrokerAddress, client_tls_kwargs, placement_topic
+from hulk.errors import InputError
+from planner.placements import NodePlacement, parse_placement
+
+log = logging.getLogger(__name__)
+
+PLACEMENT_FILE = "placement.json"
+
+OnChange = Callable[[NodePlacement | None], Awaitable[None] | None]
+
+
+class PlacementFile:
+    """state_dir/placement.json, replaced atomically."""
+
+    def __init__(self, state_dir: Path):
+        self.path = Path(state_dir) / PLACEMENT_FILE
+
+    def load(self) -> NodePlacement | None:
+        """The stored placement; None when there is none or it cannot be read (logged)."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("cannot read %s: %s", self.path, exc)
+            return None
+        try:
+            return parse_placement(data, source=str(self.path))
+        except InputError as exc:
+            log.warning("ignoring stored placement: %s", exc)
+            return None
+
+    def save(self, placement: NodePlacement) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{PLACEMENT_FILE}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(placement.to_bytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self._sync_dir()
+
+    def clear(self) -> None:
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            return
+        self._sync_dir()
+
+    def _sync_dir(self) -> None:
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class PlacementSubscriber:
+    """Keeps ``state_dir/placement.json`` equal to this node's retained placement."""
+
+    def __init__(self, broker: BrokerAddress, *, fleet: str, node_id: str, state_dir: Path,
+                 on_change: OnChange | None = None, client_factory: Callable[..., Any] | None = None,
+                 backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 retained_wait_s: float = 3.0):
+        self.broker = broker
+        self.fleet = fleet
+        self.node_id = node_id
+        self.topic = placement_topic(fleet, node_id)
+        self.file = PlacementFile(state_dir)
+        self.on_change = on_change
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self._client_factory = client_factory
+        self._sleep = sleep
+        # The file is a record for operators and tools, not a source: after a restart the agent
+        # acts on what the broker retains, since a stale placement may have been re-planned away.
+        self.current: NodePlacement | None = None
+        self.retained_wait_s = retained_wait_s
+        self.connected = asyncio.Event()
+        self.connects = 0          # successful connections so far
+        self.ignored = 0           # malformed or misaddressed messages ignored
+
+    def _client(self) -> Any:
+        factory = self._client_factory
+        if factory is None:
+            import aiomqtt
+
+            factory = aiomqtt.Client
+        return factory(self.broker.host, self.broker.port, identifier=f"hulk-agent-{self.node_id}",
+                       username=self.broker.username, password=self.broker.password,
+                       keepalive=10, timeout=10, **client_tls_kwargs(self.broker))
+
+    async def run(self) -> None:
+        """Subscribe forever; returns only when cancelled."""
+        import aiomqtt
+
+        delay = self.backoff_initial_s
+        while True:
+            try:
+                async with self._client() as client:
+                    await client.subscribe(self.topic, qos=1)
+                    self.connects += 1
+                    self.connected.set()
+                    delay = self.backoff_initial_s
+                    log.info("subscribed to %s on %s:%s", self.topic, self.broker.host, self.broker.port)
+                    stale = (asyncio.create_task(self._drop_stale_file())
+                             if self.connects == 1 and self.file.path.exists() else None)
+                    try:
+                        async for message in client.messages:
+                            await self.handle(str(message.topic), message.payload)
+                    finally:
+                        if stale is not None:
+                            stale.cancel()
+            except aiomqtt.MqttError as exc:
+                log.warning("MQTT broker %s:%s: %s; reconnecting in %.1f s", self.broker.host,
+                            self.broker.port, exc, delay)
+            except OSError as exc:
+                log.warning("MQTT broker %s:%s: %s; reconnecting in %.1f s", self.broker.host,
+                            self.broker.port, exc, delay)
+            self.connected.clear()
+            await self._sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(self.backoff_max_s, delay * 2)
+
+    async def _drop_stale_file(self) -> None:
+        """A file left by an earlier run with no retained placement behind it: the node was
+        cleared (e.g. re-planned away while it was down), so the record goes too."""
+        await asyncio.sleep(self.retained_wait_s)
+        if self.current is None and self.file.path.exists():
+            log.info("no retained placement for this node: removing the stale %s", self.file.path)
+            self.file.clear()
+
+    async def handle(self, topic: str, payload: Any) -> None:
+        """Apply one message from the broker (public for tests of the decision logic)."""
+        if topic != self.topic:  # the broker should never send others' topics; never act on them
+            self.ignored += 1
+            log.warning("ignored a message on %s (this agent reads only %s)", topic, self.topic)
+            return
+        if payload is None or payload == b"" or payload == "":
+            if self.current is not None or self.file.path.exists():
+                log.info("placement cleared")
+                self.file.clear()
+                self.current = None
+                await self._notify(None)
+            return
+        if not isinstance(payload, (bytes, bytearray, str)):
+            payload = str(payload)
+        try:
+            placement = parse_placement(payload, source=topic)
+            if placement.node != self.node_id or placement.fleet != self.fleet:
+                raise InputError(f"expected node {self.node_id!r} of fleet {self.fleet!r}, got node "
+                                 f"{placement.node!r} of fleet {placement.fleet!r}", path=topic)
+        except InputError as exc:
+            self.ignored += 1
+            log.warning("ignored malformed placement, keeping the previous one: %s", exc)
+            return
+        if placement == self.current:
+            return  # the retained message again, after a reconnect
+        self.file.save(placement)
+        self.current = placement
+        log.info("new placement from plan %s: %s", placement.plan_id,
+                 ", ".join(f"{r.job} stage {r.stage} replica {r.replica} rank {r.rank}/{r.world_size}"
+                           for r in placement.roles) or "no roles")
+        await self._notify(placement)
+
+    async def _notify(self, placement: NodePlacement | None) -> None:
+        if self.on_change is None:
+            return
+        try:
+            result = self.on_change(placement)
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception:  # the subscriber must outlive a failing consumer
+            log.exception("placement consumer failed")
+
+
+class PlacementComponent:
+    """The agent runtime's component: subscriber -> launcher, launch states -> Heartbeat.
+
+    Runs after the first registration (the planner's answer names the fleet used in the topic).
+    """
+
+    name = "placements"
+
+    def __init__(self, broker: BrokerAddress, *, state_dir: Path, node_id: str,
+                 launcher_factory: Callable[..., Any] | None = None, fleet: str | None = None,
+                 subscriber_kwargs: dict[str, Any] | None = None):
+        self.broker = broker
+        self.state_dir = Path(state_dir)
+        self.node_id = node_id
+        self.fleet = fleet
+        self._launcher_factory = launcher_factory
+        self._subscriber_kwargs = subscriber_kwargs or {}
+        self.subscriber: PlacementSubscriber | None = None
+        self.launcher: Any = None
+
+    @classmethod
+    def from_config(cls, config: Any) -> "PlacementComponent":
+        from hulk.broker import parse_broker_url
+
+        return cls(parse_broker_url(config.mqtt, source="--mqtt/HULK_MQTT"), state_dir=config.state_dir,
+                   node_id=config.node_id)
+
+    def _make_launcher(self, on_status: Callable[[Any], None]) -> Any:
+        if self._launcher_factory is not None:
+            return self._launcher_factory(on_status=on_status)
+        from agent.launcher import Launcher, TorchrunCommand
+        from hulk.settings import env
+
+        return Launcher(command=TorchrunCommand(torchrun=env("HULK_TORCHRUN")),
+                        log_dir=self.state_dir / "jobs", cwd=self.state_dir, on_status=on_status)
+
+    async def run(self, runtime: Any) -> None:
+        registration = await runtime.wait_registered()
+        fleet = self.fleet or getattr(registration, "fleet", "") or "default"
+        self.launcher = self._make_launcher(runtime.set_launch_status)
+        self.subscriber = PlacementSubscriber(self.broker, fleet=fleet, node_id=self.node_id,
+                                              state_dir=self.state_dir, on_change=self.launcher.apply,
+                                              **self._subscriber_kwargs)
+        try:
+            await self.subscriber.run()
+        finally:
+            await self.launcher.stop()  # the agent stops: its training process goes with it

@@ -1,0 +1,300 @@
+"""The agent's side of the gRPC contract (hulk.v1.Planner), and the loop that drains the spool.
+
+- PlannerClient is the small interface the runtime uses; GrpcPlannerClient implements it with
+  grpc.aio and is the one place where grpc errors become hulk.errors.
+- Reporter sends the spool's batches; a batch leaves the spool only when the planner
+  acknowledged it (stored now or already stored: ``duplicate``). A retry reuses the batch id.
+- Backoff: exponential with jitter and a cap, for a planner that is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+
+from agent.clock import Clock, SystemClock
+from agent.records import (HeartbeatResult, LaunchStatus, NodeIdentity, Peer, ProbeSample,
+                           ProbeSettings, Registration, ReportResult)
+from agent.spool import Spool
+from hulk import errors
+from hulk.v1 import hulk_pb2, hulk_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------ backoff
+
+class Backoff:
+    """Delays initial * factor**n, capped, each scaled by a random factor in [1 - jitter, 1]."""
+
+    def __init__(self, initial_s: float = 1.0, factor: float = 2.0, cap_s: float = 60.0,
+                 jitter: float = 0.5, rng: random.Random | None = None):
+        if not (initial_s > 0 and factor >= 1 and cap_s >= initial_s and 0 <= jitter <= 1):
+            raise ValueError("backoff needs initial > 0, factor >= 1, cap >= initial, "
+                             "0 <= jitter <= 1")
+        self.initial_s, self.factor, self.cap_s, self.jitter = initial_s, factor, cap_s, jitter
+        self._rng = rng or random.Random()
+        self.attempt = 0
+
+    def ceiling(self, attempt: int) -> float:
+        """The un-jittered delay after ``attempt`` failures (attempt >= 1)."""
+        exponent = min(attempt - 1, 64)  # no float overflow after a long outage
+        return min(self.cap_s, self.initial_s * self.factor ** exponent)
+
+    def next_delay(self) -> float:
+        self.attempt += 1
+        ceiling = self.ceiling(self.attempt)
+        return ceiling * (1 - self.jitter * self._rng.random())
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+# ----------------------------------------------------------------------- errors and conversion
+
+def translate_rpc_error(err: grpc.RpcError, method: str) -> errors.HulkError:
+    """A grpc error as the matching hulk error, with a one-line message."""
+    code = err.code() if hasattr(err, "code") else None
+    details = (err.details() if hasattr(err, "details") else None) or str(code)
+    message = f"planner {method}: {details}"
+    mapping: dict[grpc.StatusCode, type[errors.HulkError]] = {
+        grpc.StatusCode.UNAVAILABLE: errors.UnavailableError,
+        grpc.StatusCode.DEADLINE_EXCEEDED: errors.UnavailableError,
+        grpc.StatusCode.CANCELLED: errors.UnavailableError,
+        grpc.StatusCode.ABORTED: errors.UnavailableError,
+        grpc.StatusCode.UNAUTHENTICATED: errors.UnauthenticatedError,
+        grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDeniedError,
+        grpc.StatusCode.NOT_FOUND: errors.NotFoundError,
+        grpc.StatusCode.FAILED_PRECONDITION: errors.NotFoundError,  # e.g. "node not registered"
+        grpc.StatusCode.RESOURCE_EXHAUSTED: errors.RateLimitedError,
+    }
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return errors.InputError(message)
+    return mapping.get(code, errors.HulkError)(message)
+
+
+def sample_to_proto(sample: ProbeSample) -> hulk_pb2.Sample:
+    return hulk_pb2.Sample(peer_id=sample.peer_id, sent_at_ms=sample.sent_at_ms,
+                           kind=int(sample.kind), payload_bytes=sample.payload_bytes,
+                           lost=sample.lost, rtt_ms=sample.rtt_ms, timeout_ms=sample.timeout_ms)
+
+
+def identity_to_proto(identity: NodeIdentity) -> hulk_pb2.RegisterRequest:
+    inventory = identity.inventory
+    location = hulk_pb2.Location(city=identity.city)
+    if identity.coordinates is not None:
+        location.has_coordinates = True
+        location.latitude, location.longitude = identity.coordinates
+    return hulk_pb2.RegisterRequest(
+        node_id=identity.node_id, hostname=identity.hostname, location=location,
+        agent_version=identity.agent_version, address=identity.address,
+        probe_port=identity.probe_port,
+        inventory=hulk_pb2.GpuInventory(
+            gpus=[hulk_pb2.Gpu(name=g.name, uuid=g.uuid, compute_capability=g.compute_capability,
+                               memory_bytes=g.memory_bytes) for g in inventory.gpus],
+            driver_version=inventory.driver_version,
+            unavailable_reason=inventory.unavailable_reason))
+
+
+def launch_to_proto(status: LaunchStatus) -> hulk_pb2.LaunchStatus:
+    return hulk_pb2.LaunchStatus(plan_id=status.plan_id, job=status.job, state=int(status.state),
+                                 exit_code=status.exit_code, detail=status.detail,
+                                 changed_at_ms=status.changed_at_ms)
+
+
+def registration_from_proto(response: hulk_pb2.RegisterResponse) -> Registration:
+    s = response.settings
+    return Registration(
+        peers=tuple(Peer(p.node_id, p.address, p.probe_port) for p in response.peers),
+        settings=ProbeSettings(interval_s=s.interval_s, packets_per_round=s.packets_per_round,
+                               timeout_s=s.timeout_s, payload_bytes=s.payload_bytes,
+                               max_concurrency=s.max_concurrency, max_batch=s.max_batch),
+        fleet=response.fleet, server_time_ms=response.server_time_ms)
+
+
+# ------------------------------------------------------------------------------------ clients
+
+class PlannerClient(Protocol):
+    async def register(self, identity: NodeIdentity) -> Registration: ...
+
+    async def report(self, node_id: str, batch_id: str, samples: tuple[ProbeSample, ...],
+                     spool_dropped: int) -> ReportResult: ...
+
+    async def heartbeat(self, node_id: str, time_ms: int, spool_depth: int, spool_dropped: int,
+                        launch: LaunchStatus) -> HeartbeatResult: ...
+
+    async def close(self) -> None: ...
+
+
+def make_channel(target: str, *, insecure: bool, ca: Path | None) -> grpc.aio.Channel:
+    options = [("grpc.keepalive_time_ms", 60_000), ("grpc.max_receive_message_length", 16 << 20)]
+    if insecure:
+        log.warning("gRPC to %s is plaintext (--insecure): anyone on the path can read and forge "
+                    "reports", target)
+        return grpc.aio.insecure_channel(target, options=options)
+    root = None
+    if ca is not None:
+        try:
+            root = ca.read_bytes()
+        except OSError as err:
+            raise errors.ConfigError(f"cannot read the CA certificate: {err.strerror or err}",
+                                     path=str(ca)) from None
+    return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=root),
+                                   options=options)
+
+
+class GrpcPlannerClient:
+    """PlannerClient over a grpc.aio channel; sends ``authorization: Bearer <token>`` if set."""
+
+    def __init__(self, channel: grpc.aio.Channel, *, token: str = "", call_timeout_s: float = 10.0):
+        self._channel = channel
+        self._stub = hulk_pb2_grpc.PlannerStub(channel)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.call_timeout_s = call_timeout_s
+
+    @classmethod
+    def connect(cls, target: str, *, insecure: bool, ca: Path | None = None, token: str = "",
+                call_timeout_s: float = 10.0) -> GrpcPlannerClient:
+        return cls(make_channel(target, insecure=insecure, ca=ca), token=token,
+                   call_timeout_s=call_timeout_s)
+
+    async def _call(self, method: str, request):
+        try:
+            return await getattr(self._stub, method)(request, timeout=self.call_timeout_s,
+                                                     metadata=self._metadata)
+        except grpc.RpcError as err:
+            raise translate_rpc_error(err, method) from None
+
+    async def register(self, identity: NodeIdentity) -> Registration:
+        return registration_from_proto(await self._call("Register", identity_to_proto(identity)))
+
+    async def report(self, node_id: str, batch_id: str, samples: tuple[ProbeSample, ...],
+                     spool_dropped: int) -> ReportResult:
+        response = await self._call("Report", hulk_pb2.ReportRequest(
+            node_id=node_id, batch_id=batch_id, samples=[sample_to_proto(s) for s in samples],
+            spool_dropped=spool_dropped))
+        return ReportResult(response.accepted, response.rejected, response.duplicate)
+
+    async def heartbeat(self, node_id: str, time_ms: int, spool_depth: int, spool_dropped: int,
+                        launch: LaunchStatus) -> HeartbeatResult:
+        response = await self._call("Heartbeat", hulk_pb2.HeartbeatRequest(
+            node_id=node_id, time_ms=time_ms, spool_depth=spool_depth,
+            spool_dropped=spool_dropped, launch=launch_to_proto(launch)))
+        return HeartbeatResult(response.server_time_ms, response.reregister,
+                               response.peers_changed)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+# ------------------------------------------------------------------------------- the reporter
+
+class Reporter:
+    """Drains the spool into Report calls, oldest first, one batch at a time."""
+
+    def __init__(self, node_id: str, spool: Spool, client: PlannerClient, *,
+                 max_batch: int = 500, backoff: Backoff | None = None,
+                 clock: Clock | None = None, linger_s: float = 5.0,
+                 on_unregistered: Callable[[], None] | None = None):
+        self.node_id = node_id
+        self.spool = spool
+        self.client = client
+        self.max_batch = max_batch
+        self.backoff = backoff or Backoff()
+        self._clock = clock or SystemClock()
+        # A partial batch waits up to linger_s for more samples: one Report per round would
+        # cost more CPU than all the probing.
+        self.linger_s = linger_s
+        self._on_unregistered = on_unregistered
+        self._wake = asyncio.Event()
+        self.sent_batches = 0
+        self.sent_samples = 0
+
+    def wake(self) -> None:
+        """New samples are in the spool (called by the prober's sink)."""
+        self._wake.set()
+
+    async def send_one(self) -> int | None:
+        """Send the next batch; returns how many samples the planner acknowledged, None when
+        the spool is empty. Raises HulkError (the batch stays spooled under the same id)."""
+        batch = self.spool.take_batch(self.max_batch)
+        if batch is None:
+            return None
+        result = await self.client.report(self.node_id, batch.batch_id, batch.samples,
+                                          self.spool.dropped)
+        self.spool.ack(batch.batch_id)
+        self.sent_batches += 1
+        self.sent_samples += len(batch.samples)
+        if result.duplicate:
+            log.info("batch %s was already stored by the planner", batch.batch_id)
+        if result.rejected:
+            log.info("planner rejected %d of %d samples in batch %s", result.rejected,
+                     len(batch.samples), batch.batch_id)
+        return len(batch.samples)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                sent = await self.send_one()
+            except errors.UnavailableError as err:
+                await self._back_off(err)
+                continue
+            except errors.NotFoundError as err:
+                log.warning("%s; registering again", err)
+                if self._on_unregistered is not None:
+                    self._on_unregistered()
+                await self._back_off(err)
+                continue
+            except errors.InputError as err:
+                # The planner refuses this batch for good: retrying would block the spool.
+                batch = self.spool.take_batch(self.max_batch)
+                if batch is not None:
+                    dropped = self.spool.discard(batch.batch_id)
+                    log.error("%s; dropped batch %s (%d samples)", err, batch.batch_id, dropped)
+                continue
+            except errors.StoreError:
+                raise  # the spool is broken: the runtime decides
+            except errors.HulkError as err:
+                await self._back_off(err)
+                continue
+            self.backoff.reset()
+            if sent is None or sent < self.max_batch:
+                await self._linger()
+
+    async def _linger(self) -> None:
+        """Wait until a full batch is spooled or linger_s has passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.linger_s
+        while self.spool.depth < self.max_batch:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=remaining)
+            except asyncio.TimeoutError:
+                return
+
+    async def _back_off(self, err: errors.HulkError) -> None:
+        delay = self.backoff.next_delay()
+        log.warning("report failed (%s); retrying in %.1f s (spool holds %d samples)",
+                    err, delay, self.spool.depth)
+        await self._clock.sleep(delay)
+
+    async def flush(self, deadline_s: float) -> int:
+        """On shutdown: send what can be sent within ``deadline_s``. Returns batches sent."""
+        sent = 0
+        try:
+            async with asyncio.timeout(deadline_s):
+                while await self.send_one():
+                    sent += 1
+        except (TimeoutError, errors.HulkError) as err:
+            log.info("flush stopped after %d batches (%s); %d samples stay spooled", sent,
+                     err or "deadline", self.spool.depth)
+        return sent

@@ -1,0 +1,357 @@
+"""The running agent: registers, probes into the spool, reports, heartbeats, feeds the watchdog.
+
+Extension seam (the placement subscriber and the launcher plug in here):
+
+    runtime = AgentRuntime.from_config(config)
+    runtime.add_component(my_component)         # anything with .name and async run(runtime)
+    runtime.set_launch_status(LaunchStatus(...)) # goes out in the next Heartbeat.launch
+    await runtime.run()
+
+A component's ``run(runtime)`` starts after the first successful registration may be awaited
+with ``await runtime.wait_registered()`` (``runtime.registration.fleet`` names the MQTT fleet);
+it is cancelled on stop and restarted (after a pause) if it raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import socket
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+from agent.clock import Clock, SystemClock, epoch_ms
+from agent.config import AgentConfig
+from agent.inventory import NvmlInventoryReader
+from agent.prober import (Connector, IcmpPinger, Pinger, Prober, ProbeListener, ProbeParams,
+                          TcpConnector, detect_icmp_mode)
+from agent.records import (Inventory, LaunchState, LaunchStatus, NodeIdentity, ProbeSample,
+                           ProbeSettings, Registration)
+from agent.reporter import Backoff, GrpcPlannerClient, PlannerClient, Reporter
+from agent.spool import Spool
+from agent.systemd import SystemdNotifier
+from hulk import __version__, errors, geo
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH = 500
+
+
+class Component(Protocol):
+    """Something that runs beside the agent's own loops (e.g. the placement subscriber)."""
+
+    name: str
+
+    async def run(self, runtime: AgentRuntime) -> None: ...
+
+
+def effective_params(config: AgentConfig, settings: ProbeSettings | None,
+                     packet_gap_s: float = 0.2) -> ProbeParams:
+    """Probe parameters: a value the operator set locally wins, else the planner's (when it sent
+    one), else the local default."""
+    pairs = {"interval_s": "interval_s", "packets_per_round": "packets_per_round",
+             "timeout_s": "timeout_s", "payload_bytes": "payload_bytes",
+             "max_concurrency": "max_concurrency"}
+    values = {}
+    for param, field in pairs.items():
+        local = getattr(config, field)
+        remote = getattr(settings, field) if settings is not None else 0
+        values[param] = local if field in config.explicit or not remote else type(local)(remote)
+    return ProbeParams(**values, packet_gap_s=packet_gap_s)
+
+
+def detect_address(planner: str) -> str:
+    """The local address of the interface that routes to the planner (no packet is sent)."""
+    host, _, port = planner.rpartition(":")
+    host = host.strip("[]")
+    try:
+        info = socket.getaddrinfo(host, int(port), type=socket.SOCK_DGRAM)[0]
+        with socket.socket(info[0], socket.SOCK_DGRAM) as probe:
+            probe.connect(info[4])
+            return probe.getsockname()[0]
+    except OSError as err:
+        raise errors.ConfigError(f"cannot find this node's address towards {planner!r} ({err}); "
+                                 "give --address", field="address") from None
+
+
+class AgentRuntime:
+    def __init__(self, config: AgentConfig, *, client: PlannerClient, spool: Spool,
+                 pinger: Pinger | None, connector: Connector | None = None,
+                 inventory_reader: Callable[[], Inventory] | None = None,
+                 notifier: SystemdNotifier | None = None, clock: Clock | None = None,
+                 hostname: str | None = None, components: Iterable[Component] = (),
+                 heartbeat_interval_s: float = 10.0, flush_deadline_s: float = 3.0,
+                 register_backoff: Backoff | None = None, report_backoff: Backoff | None = None,
+                 restart_delay_s: float = 5.0, report_linger_s: float = 5.0,
+                 spool_write_s: float = 1.0,
+                 rng: random.Random | None = None):
+        self.config = config
+        self.client = client
+        self.spool = spool
+        self.clock = clock or SystemClock()
+        self.notifier = notifier or SystemdNotifier(None)
+        self._inventory_reader = inventory_reader or NvmlInventoryReader()
+        self._hostname = hostname or socket.gethostname()
+        self._components: list[Component] = list(components)
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.flush_deadline_s = flush_deadline_s
+        self.restart_delay_s = restart_delay_s
+        self.spool_write_s = spool_write_s
+        self._unspooled: list[ProbeSample] = []
+        self._register_backoff = register_backoff or Backoff(1.0, 2.0, 60.0, rng=rng)
+        self.registration: Registration | None = None
+        self.inventory: Inventory | None = None
+        self._launch = LaunchStatus(state=LaunchState.IDLE, changed_at_ms=epoch_ms(self.clock))
+        self._pinger = pinger
+        self.listener = ProbeListener(config.address, config.probe_port) if config.probe_port \
+            else None
+        self.prober = Prober(effective_params(config, None), self._sink, pinger=pinger,
+                             connector=connector or TcpConnector(), clock=self.clock, rng=rng)
+        self.reporter = Reporter(config.node_id, spool, client, max_batch=DEFAULT_MAX_BATCH,
+                                 backoff=report_backoff or Backoff(1.0, 2.0, 60.0, rng=rng),
+                                 clock=self.clock, linger_s=report_linger_s,
+                                 on_unregistered=self.request_reregister)
+        self._stop: asyncio.Event | None = None
+        self._registered: asyncio.Event | None = None
+        self._reregister: asyncio.Event | None = None
+        self.heartbeats_sent = 0
+
+    @classmethod
+    def from_config(cls, config: AgentConfig, *, components: Iterable[Component] = (),
+                    **overrides) -> AgentRuntime:
+        """The real thing: gRPC client, SQLite spool in state_dir, ICMP as allowed, NVML."""
+        if not config.address:
+            config = replace(config, address=detect_address(config.planner))
+        mode = detect_icmp_mode()
+        if mode is None:
+            log.warning("no ICMP socket allowed (not root, and net.ipv4.ping_group_range excludes "
+                        "our groups): probing over TCP only")
+        parts = dict(
+            client=GrpcPlannerClient.connect(config.planner, insecure=config.insecure,
+                                             ca=config.ca, token=config.token),
+            spool=Spool(config.spool_path, config.spool_max),
+            pinger=IcmpPinger(mode) if mode else None,
+            notifier=SystemdNotifier.from_environ(),
+        )
+        parts.update(overrides)
+        return cls(config, components=components, **parts)
+
+    # ------------------------------------------------------------------ the public seam
+    def add_component(self, component: Component) -> None:
+        """Run ``component`` beside the agent's loops; call before run()."""
+        self._components.append(component)
+
+    @property
+    def launch_status(self) -> LaunchStatus:
+        return self._launch
+
+    def set_launch_status(self, status: LaunchStatus) -> None:
+        """The launched training process changed state; sent with the next Heartbeat."""
+        if not status.changed_at_ms:
+            status = replace(status, changed_at_ms=epoch_ms(self.clock))
+        self._launch = status
+
+    async def wait_registered(self) -> Registration:
+        await self._events()[1].wait()
+        assert self.registration is not None
+        return self.registration
+
+    def request_reregister(self) -> None:
+        self._events()[2].set()
+
+    def request_stop(self) -> None:
+        """Stop cleanly (signal handlers call this)."""
+        self._events()[0].set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
+    # ------------------------------------------------------------------ running
+    def _events(self) -> tuple[asyncio.Event, asyncio.Event, asyncio.Event]:
+        if self._stop is None:
+            self._stop, self._registered, self._reregister = (asyncio.Event(), asyncio.Event(),
+                                                              asyncio.Event())
+        return self._stop, self._registered, self._reregister  # type: ignore[return-value]
+
+    def identity(self) -> NodeIdentity:
+        city = geo.canonical_city(self.config.city) or self.config.city
+        return NodeIdentity(node_id=self.config.node_id, hostname=self._hostname, city=city,
+                            coordinates=geo.coordinates(city), agent_version=__version__,
+                            address=self.config.address,
+                            probe_port=self.listener.port if self.listener else 0,
+                            inventory=self.inventory or Inventory())
+
+    async def run(self) -> int:
+        """Run until request_stop(); returns the exit code (0)."""
+        stop, _, _ = self._events()
+        if self.config.city and geo.canonical_city(self.config.city) is None:
+            log.warning("city %r is not in the gazetteer: the planner cannot check RTTs against "
+                        "the distance", self.config.city)
+        self.inventory = await asyncio.to_thread(self._inventory_reader)
+        if self.inventory.gpus:
+            log.info("%d GPU(s): %s", self.inventory.count, self.inventory.gpus[0].name)
+        else:
+            log.info("no GPUs: %s", self.inventory.unavailable_reason)
+        open_pinger = getattr(self._pinger, "open", None)
+        if open_pinger is not None:
+            open_pinger()
+        if self.listener is not None:
+            try:
+                await self.listener.start()
+            except OSError as err:
+                log.warning("cannot listen for TCP probes on port %d: %s", self.config.probe_port,
+                            err)
+                self.listener = None
+        tasks = [asyncio.create_task(self._supervise(name, job), name=name) for name, job in [
+            ("watchdog", self._watchdog_loop),
+            ("registrar", self._registrar_loop),
+            ("prober", self._prober_loop),
+            ("spool writer", self._spool_writer_loop),
+            ("reporter", self._reporter_loop),
+            ("heartbeat", self._heartbeat_loop),
+        ]]
+        for component in self._components:
+            tasks.append(asyncio.create_task(
+                self._supervise(component.name, lambda c=component: c.run(self)),
+                name=component.name))
+        self.notifier.ready(f"waiting for the planner at {self.config.planner}")
+        log.info("hulk-agent %s: node %s at %s, planner %s", __version__, self.config.node_id,
+                 self.config.address, self.config.planner)
+        try:
+            await stop.wait()
+        finally:
+            await self._shutdown(tasks)
+        return 0
+
+    async def _shutdown(self, tasks: Sequence[asyncio.Task]) -> None:
+        self.notifier.stopping("stopping")
+        log.info("stopping")
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            self._write_spool()
+        except errors.StoreError as err:
+            log.error("%s; %d samples lost", err, len(self._unspooled))
+        if self.registration is not None:
+            sent = await self.reporter.flush(self.flush_deadline_s)
+            log.info("flushed %d batch(es); %d samples stay spooled", sent, self.spool.depth)
+        if self.listener is not None:
+            await self.listener.stop()
+        close_pinger = getattr(self._pinger, "close", None)
+        if close_pinger is not None:
+            close_pinger()
+        try:
+            await asyncio.wait_for(self.client.close(), timeout=2.0)
+        except (asyncio.TimeoutError, errors.HulkError) as err:
+            log.info("closing the planner connection: %s", err)
+        self.spool.close()
+        self.notifier.close()
+
+    async def _supervise(self, name: str, job: Callable[[], Awaitable[None]]) -> None:
+        """Periodic jobs catch, log and go on: a crashed loop restarts after a pause."""
+        while True:
+            try:
+                await job()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s failed; restarting it in %.0f s", name, self.restart_delay_s)
+                await self.clock.sleep(self.restart_delay_s)
+
+    def _sink(self, samples: Sequence[ProbeSample]) -> None:
+        # Buffered for up to spool_write_s: one SQLite transaction a second, not one a round.
+        self._unspooled.extend(samples)
+
+    def _write_spool(self) -> None:
+        if not self._unspooled:
+            return
+        try:
+            dropped = self.spool.append(self._unspooled)
+        except errors.StoreError:
+            # Keep them for the next try, within the spool's own bound.
+            del self._unspooled[:-self.spool.max_samples]
+            raise
+        self._unspooled = []
+        if dropped:
+            log.warning("spool full (%d samples): dropped the %d oldest", self.spool.max_samples,
+                        dropped)
+        self.reporter.wake()
+
+    async def _spool_writer_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.spool_write_s)
+            self._write_spool()
+
+    async def _register_once(self) -> Registration:
+        registration = await self.client.register(self.identity())
+        self.registration = registration
+        params = effective_params(self.config, registration.settings)
+        self.prober.set_params(params)
+        self.prober.set_peers(registration.peers)
+        self.reporter.max_batch = registration.settings.max_batch or DEFAULT_MAX_BATCH
+        self.notifier.status(f"registered with {self.config.planner}; probing "
+                             f"{len(registration.peers)} peers every {params.interval_s:g} s")
+        log.info("registered with %s (fleet %r): %d peers, a round every %g s",
+                 self.config.planner, registration.fleet, len(registration.peers),
+                 params.interval_s)
+        return registration
+
+    async def _registrar_loop(self) -> None:
+        _, registered, reregister = self._events()
+        while True:
+            try:
+                await self._register_once()
+            except errors.HulkError as err:
+                delay = self._register_backoff.next_delay()
+                log.warning("register failed (%s); retrying in %.1f s", err, delay)
+                await self.clock.sleep(delay)
+                continue
+            self._register_backoff.reset()
+            registered.set()
+            reregister.clear()
+            await reregister.wait()
+
+    async def _prober_loop(self) -> None:
+        await self.wait_registered()
+        await self.prober.run()
+
+    async def _reporter_loop(self) -> None:
+        await self.wait_registered()
+        await self.reporter.run()
+
+    async def _heartbeat_loop(self) -> None:
+        await self.wait_registered()
+        failures = 0
+        while True:
+            await self.clock.sleep(self.heartbeat_interval_s)
+            try:
+                result = await self.client.heartbeat(
+                    self.config.node_id, epoch_ms(self.clock),
+                    self.spool.depth + len(self._unspooled),
+                    self.spool.dropped, self._launch)
+            except errors.HulkError as err:
+                failures += 1
+                # One line per outage, not one per beat.
+                (log.warning if failures == 1 else log.debug)("heartbeat failed: %s", err)
+                if isinstance(err, errors.NotFoundError):
+                    self.request_reregister()
+                continue
+            failures = 0
+            self.heartbeats_sent += 1
+            if result.reregister or result.peers_changed:
+                log.info("planner asks to register again (%s)",
+                         "unknown node" if result.reregister else "peers changed")
+                self.request_reregister()
+
+    async def _watchdog_loop(self) -> None:
+        interval = self.notifier.watchdog_interval_s
+        if interval is None:
+            return
+        while True:
+            self.notifier.watchdog()
+            await self.clock.sleep(interval)

@@ -1,0 +1,185 @@
+"""`hulk-planner fleet show|export|import|plot`: look at, save, load and draw the fleet."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+from pathlib import Path
+
+from hulk.errors import InputError
+from hulk.settings import env
+from planner.core.fleet import Fleet, complete
+
+WINDOW_HELP = "rolling window in days (HULK_WINDOW_DAYS; default 90)"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("fleet", help="show, export, import or plot the fleet",
+                              description=__doc__)
+    sub = p.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
+
+    def source(q: argparse.ArgumentParser, required: bool = True) -> None:
+        group = q.add_mutually_exclusive_group(required=required)
+        group.add_argument("--db", help="the planner's SQLite store")
+        group.add_argument("--fleet", type=Path, help="a fleet file (fleet JSON, or the paper's "
+                           "folder/zip)")
+        q.add_argument("--window-days", type=int, default=int(env("HULK_WINDOW_DAYS", "90")),
+                       help=WINDOW_HELP)
+
+    show = sub.add_parser("show", help="a table of nodes, GPUs, last seen and link coverage")
+    source(show, required=False)
+    show.set_defaults(func=cmd_show)
+
+    export = sub.add_parser("export", help="write the store's fleet as fleet JSON")
+    export.add_argument("--db", required=True, help="the planner's SQLite store")
+    export.add_argument("--out", type=Path, required=True, help="fleet JSON to write")
+    export.add_argument("--window-days", type=int, default=int(env("HULK_WINDOW_DAYS", "90")),
+                        help=WINDOW_HELP)
+    export.set_defaults(func=cmd_export)
+
+    imp = sub.add_parser("import", help="load a fleet file (paper folder/zip or fleet JSON) "
+                         "into the store")
+    imp.add_argument("path", type=Path, help="fleet JSON, or a folder/.zip with "
+                     "node_feature.csv and edge.txt")
+    imp.add_argument("--db", required=True, help="the planner's SQLite store")
+    imp.set_defaults(func=cmd_import)
+
+    plot = sub.add_parser("plot", help="draw the fleet on a map-like layout, links by RTT")
+    source(plot)
+    plot.add_argument("--out", type=Path, required=True, help="PNG to write")
+    plot.add_argument("--imputed", action="store_true", help="also draw completed pairs (dotted)")
+    plot.set_defaults(func=cmd_plot)
+
+
+def _load(args: argparse.Namespace) -> tuple[Fleet, list[dict] | None]:
+    """The fleet named by --db or --fleet, and the store's node rows when it came from a store."""
+    if getattr(args, "fleet", None):
+        from planner.fleetio import load_fleet
+        return load_fleet(args.fleet), None
+    db = getattr(args, "db", None) or env("HULK_DB")
+    if not db:
+        raise InputError("expected --db PATH or --fleet PATH", field="--db")
+    if not Path(db).is_file():
+        raise InputError("no such store (expected the SQLite file `serve --db` writes)",
+                         path=str(db))
+    from planner.graph import fleet_from_store
+    from planner.store import Store
+    with Store(db) as store:
+        fleet = fleet_from_store(store, args.window_days, name=Path(db).stem)
+        rows = store.nodes()
+        rejected = store.rejected_counts()
+    for r in rows:
+        r["rejected"] = sum(rejected.get(r["id"], {}).values())
+    return fleet, rows
+
+
+def _ago(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    s = max(0.0, time.time() - ms / 1000)
+    if s < 120:
+        return f"{s:.0f} s ago"
+    if s < 7200:
+        return f"{s / 60:.0f} min ago"
+    if s < 172800:
+        return f"{s / 3600:.0f} h ago"
+    return f"{s / 86400:.0f} d ago"
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    fleet, rows = _load(args)
+    network = complete(fleet)
+    n = network.n
+    measured_peers: Counter[str] = Counter()
+    pairs = set()
+    for link in fleet.links:
+        key = frozenset((link.src, link.dst))
+        if link.src != link.dst and key not in pairs:
+            pairs.add(key)
+            measured_peers[link.src] += 1
+            measured_peers[link.dst] += 1
+    by_id = {r["id"]: r for r in rows or []}
+    launch = any(r.get("launch_state") for r in by_id.values())
+    table = Table(title=f"fleet {fleet.name}: {n} nodes", title_justify="left")
+    for col, justify in [("node", "left"), ("city", "left"), ("GPUs", "left"),
+                         ("memory GB", "right"), ("TFLOP/s", "right"),
+                         ("links", "right"), ("mean RTT ms", "right")]:
+        table.add_column(col, justify=justify)
+    if rows is not None:
+        table.add_column("last seen")
+        table.add_column("source")
+        table.add_column("rejected", justify="right")
+        table.add_column("spool dropped", justify="right")
+    if launch:
+        for col in ("launch", "job", "exit"):
+            table.add_column(col)
+    for i, node in enumerate(network.nodes):
+        if node.gpus and (node.gpu_name or node.compute_capability):
+            gpus = f"{node.gpus} x {node.gpu_name or f'cc {node.compute_capability:g}'}"
+        elif node.gpus:
+            gpus = str(node.gpus)
+        else:
+            gpus = "none"
+            reason = by_id.get(node.id, {}).get("gpu_unavailable_reason")
+            if reason:
+                gpus += f" ({reason})"
+        finite = [network.rtt_ms[i, j] for j in range(n) if j != i
+                  and not network.imputed[i, j] and network.rtt_ms[i, j] < float("inf")]
+        cells = [node.id, node.city or "-", gpus, f"{node.memory_gb:g}",
+                 f"{network.thr[i] / 1e12:,.0f}", f"{measured_peers[node.id]}/{n - 1}",
+                 f"{sum(finite) / len(finite):.1f}" if finite else "-"]
+        if rows is not None:
+            r = by_id.get(node.id, {})
+            cells += [_ago(r.get("last_seen_ms")), r.get("source") or "-",
+                      str(r.get("rejected") or 0), str(r.get("spool_dropped") or 0)]
+        if launch:
+            r = by_id.get(node.id, {})
+            cells += [r.get("launch_state") or "-", r.get("launch_job") or "-",
+                      "" if r.get("launch_exit_code") is None else str(r["launch_exit_code"])]
+        table.add_row(*cells)
+    probe = Console()
+    console = probe if probe.is_terminal else Console(width=200)
+    console.print(table)
+    total = n * (n - 1) // 2
+    components = network.components()
+    imputed = int(network.imputed.sum() // 2)
+    print(f"link coverage: {len(pairs)} of {total} pairs measured "
+          f"({100 * len(pairs) / total if total else 100:.0f} %), {imputed} completed "
+          f"(COSTMODEL.md section 2), {len(components)} connected component"
+          f"{'s' if len(components) != 1 else ''}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from planner.fleetio import save_fleet_json
+    fleet, _ = _load(args)
+    save_fleet_json(fleet, args.out)
+    print(f"wrote {args.out}: {len(fleet.nodes)} nodes, {len(fleet.links)} links")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from planner.fleetio import load_fleet_with_report
+    from planner.store import Store
+    # Read and check the whole file before the store is opened: a bad file changes nothing.
+    fleet, issues = load_fleet_with_report(args.path)
+    for issue in issues:
+        print(f"warning: {issue}")
+    with Store(args.db) as store:
+        result = store.import_fleet(fleet)
+    print(f"imported {args.path}: {len(fleet.nodes)} nodes ({result['nodes_added']} new, "
+          f"{result['nodes_updated']} updated), {result['links']} links, "
+          f"{len(issues)} flaw{'s' if len(issues) != 1 else ''} repaired")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from planner.plot_fleet import plot_fleet
+    fleet, _ = _load(args)
+    out = plot_fleet(fleet, args.out, show_imputed=args.imputed)
+    print(f"wrote {out}")
+    return 0

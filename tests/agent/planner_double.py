@@ -1,0 +1,89 @@
+"""A small in-test Planner servicer on 127.0.0.1: records what agents send, stores batches once.
+
+A test double for hulk-planner serve (which another area builds); real gRPC, real sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import grpc
+
+from hulk.v1 import hulk_pb2, hulk_pb2_grpc
+
+
+@dataclass
+class Recorded:
+    registers: list[hulk_pb2.RegisterRequest] = field(default_factory=list)
+    reports: list[hulk_pb2.ReportRequest] = field(default_factory=list)       # every call
+    heartbeats: list[hulk_pb2.HeartbeatRequest] = field(default_factory=list)
+    metadata: list[dict[str, str]] = field(default_factory=list)
+    stored: dict[str, list[hulk_pb2.Sample]] = field(default_factory=dict)    # batch_id -> samples
+
+
+class PlannerDouble(hulk_pb2_grpc.PlannerServicer):
+    def __init__(self, peers=(), settings: hulk_pb2.ProbeSettings | None = None,
+                 fleet: str = "test", require_token: str | None = None):
+        self.peers = list(peers)
+        self.settings = settings or hulk_pb2.ProbeSettings()
+        self.fleet = fleet
+        self.require_token = require_token
+        self.seen = Recorded()
+        self.fail_after_store = 0       # Report: store, then answer UNAVAILABLE (a lost ack)
+        self.reregister_next = False    # next Heartbeat answers reregister=True
+        self.changed = asyncio.Event()
+
+    async def _check(self, context) -> None:
+        metadata = {k: v for k, v in context.invocation_metadata()}
+        self.seen.metadata.append(metadata)
+        if self.require_token is not None and \
+                metadata.get("authorization") != f"Bearer {self.require_token}":
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad token")
+
+    async def Register(self, request, context):
+        await self._check(context)
+        self.seen.registers.append(request)
+        self.changed.set()
+        return hulk_pb2.RegisterResponse(
+            peers=[hulk_pb2.Peer(node_id=n, address=a, probe_port=p) for n, a, p in self.peers],
+            settings=self.settings, fleet=self.fleet, server_time_ms=1)
+
+    async def Report(self, request, context):
+        await self._check(context)
+        self.seen.reports.append(request)
+        duplicate = request.batch_id in self.seen.stored
+        if not duplicate:
+            self.seen.stored[request.batch_id] = list(request.samples)
+        self.changed.set()
+        if self.fail_after_store > 0:
+            self.fail_after_store -= 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "ack lost on purpose")
+        return hulk_pb2.ReportResponse(accepted=0 if duplicate else len(request.samples),
+                                       duplicate=duplicate)
+
+    async def Heartbeat(self, request, context):
+        await self._check(context)
+        self.seen.heartbeats.append(request)
+        self.changed.set()
+        reregister, self.reregister_next = self.reregister_next, False
+        return hulk_pb2.HeartbeatResponse(server_time_ms=2, reregister=reregister)
+
+    def stored_samples(self) -> list[hulk_pb2.Sample]:
+        return [s for batch in self.seen.stored.values() for s in batch]
+
+
+async def start_server(servicer: PlannerDouble, port: int = 0) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server()
+    hulk_pb2_grpc.add_PlannerServicer_to_server(servicer, server)
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server, bound
+
+
+async def wait_until(predicate, timeout: float = 10.0, step: float = 0.02) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met within %.1f s" % timeout)
+        await asyncio.sleep(step)

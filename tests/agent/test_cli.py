@@ -1,0 +1,115 @@
+"""hulk-agent as a real process: one-line errors, clean stop on SIGTERM, sd_notify."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hulk.v1 import hulk_pb2
+from tests.agent.planner_double import PlannerDouble, start_server, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = Path(sys.executable).parent / "hulk-agent"
+# The installed console script when `make install` made it, else the same entry point by module.
+AGENT = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "agent"]
+
+
+def run_agent(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HULK_")}
+    return subprocess.run([*AGENT, *args], cwd=REPO, capture_output=True, text=True, timeout=30,
+                          env={**clean, **(env or {})})
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--node-id", "n"], {}, "hulk-agent: planner: required: give --planner, set HULK_PLANNER"),
+    (["--planner", "h:1", "--node-id", "n", "--interval", "0"], {},
+     "hulk-agent: --interval: interval_s: expected seconds between 1 and 86400, got '0'"),
+    (["--planner", "h:1"], {"HULK_NODE_ID": "bad id"}, "hulk-agent: HULK_NODE_ID: node_id: "),
+    (["--frobnicate"], {}, "hulk-agent: unrecognized arguments: --frobnicate"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, env, message):
+    result = run_agent(*args, env=env)
+    assert result.returncode == 2
+    assert result.stderr.startswith(message), result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_unusable_state_dir_is_one_line(tmp_path: Path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = run_agent("--planner", "127.0.0.1:9", "--node-id", "n", "--insecure",
+                       "--address", "127.0.0.1", "--state-dir", str(blocker / "state"))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("hulk-agent: ")
+    assert "cannot open the spool" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_version():
+    result = run_agent("--version")
+    assert result.returncode == 0 and result.stdout.strip() == "hulk-agent 0.1.0"
+
+
+async def test_sigterm_stops_cleanly_with_exit_0(tmp_path: Path):
+    planner = PlannerDouble(peers=[("lo2", "127.0.0.2", 0)],
+                            settings=hulk_pb2.ProbeSettings(packets_per_round=2, timeout_s=0.5))
+    server, port = await start_server(planner)
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify"))
+    notify.setblocking(False)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HULK_")}
+    process = await asyncio.create_subprocess_exec(
+        *AGENT, "--planner", f"127.0.0.1:{port}", "--node-id", "node-x", "--address", "127.0.0.1",
+        "--interval", "1", "--state-dir", str(tmp_path / "state"), "--insecure",
+        cwd=REPO, stderr=asyncio.subprocess.PIPE,
+        env={**clean, "NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "1000000"})
+    try:
+        await wait_until(lambda: planner.seen.registers, timeout=15)
+        await asyncio.sleep(2.0)   # a couple of rounds; the reporter lingers for a full batch
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        process.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(process.wait(), timeout=8)
+        stopped_in = loop.time() - started
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await server.stop(None)
+    stderr = (await process.stderr.read()).decode()
+    assert code == 0, stderr
+    assert stopped_in < 5.0
+    assert "Traceback" not in stderr and "stopping" in stderr
+    messages = []
+    while True:
+        try:
+            messages.append(notify.recv(4096).decode())
+        except BlockingIOError:
+            break
+    notify.close()
+    assert messages[0].startswith("READY=1")
+    assert "WATCHDOG=1" in messages
+    assert messages[-1].startswith("STOPPING=1")
+    assert planner.seen.registers[0].node_id == "node-x"
+    # What was spooled went out on the way down (flush), nothing stayed behind.
+    assert len(planner.stored_samples()) >= 2
+    assert all(s.peer_id == "lo2" and not s.lost for s in planner.stored_samples())
+    with sqlite3.connect(tmp_path / "state" / "spool.sqlite") as db:
+        assert db.execute("SELECT count(*) FROM samples").fetchone()[0] == 0
+    assert (tmp_path / "state" / "spool.sqlite").exists()
+
+
+def test_agent_never_imports_torch():
+    code = ("import sys, agent.cli, agent.runtime, agent.prober, agent.reporter, agent.spool, "
+            "agent.inventory, agent.systemd; print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert result.stdout.strip() == "False", result.stderr
+
