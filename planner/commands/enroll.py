@@ -1,0 +1,144 @@
+"""`hulk-planner enroll` and `hulk-planner revoke`: a node's credentials, issued and ended.
+
+    hulk-planner enroll NODE_ID --db PATH [--mqtt-passwd FILE --mqtt-acl FILE] [--json]
+    hulk-planner enroll planner --role planner --db PATH --mqtt-passwd FILE --mqtt-acl FILE
+    hulk-planner enroll --init-ca DIR --host planner.example.org [--host 203.0.113.7 ...]
+    hulk-planner revoke NODE_ID --db PATH [--mqtt-passwd FILE --mqtt-acl FILE]
+
+A node gets a gRPC token bound to its id (stored hashed) and, with the broker files, a broker
+account that may only read its own placement topic. Secrets are printed once. After changing the
+broker files reload mosquitto (``systemctl reload mosquitto``; it rereads them on SIGHUP).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hulk.errors import InputError, NotFoundError
+from hulk.settings import env
+from planner.auth import CredentialStore, check_node_id
+from planner.brokerauth import BrokerAccounts, placement_topic
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    enroll = sub.add_parser("enroll", help="issue a node's gRPC token and broker account",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    enroll.add_argument("node_id", nargs="?", metavar="NODE_ID")
+    _common(enroll)
+    enroll.add_argument("--role", choices=["node", "planner"], default="node",
+                        help="'planner': the planner's own broker account (may write hulk/v1/#), "
+                             "no gRPC token")
+    enroll.add_argument("--init-ca", metavar="DIR", type=Path,
+                        help="create a CA and a server certificate for --host names in DIR")
+    enroll.add_argument("--host", action="append", default=[],
+                        help="DNS name or IP address for the server certificate (repeatable)")
+    enroll.add_argument("--json", action="store_true", help="print the credentials as JSON")
+    enroll.set_defaults(func=run_enroll)
+
+    revoke = sub.add_parser("revoke", help="end a node's gRPC token and broker account")
+    revoke.add_argument("node_id", metavar="NODE_ID")
+    _common(revoke)
+    revoke.set_defaults(func=run_revoke)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", type=Path, default=env("HULK_DB"),
+                        help="the planner's SQLite file (HULK_DB)")
+    parser.add_argument("--mqtt-passwd", type=Path, metavar="FILE",
+                        help="mosquitto password_file to update (with mosquitto_passwd)")
+    parser.add_argument("--mqtt-acl", type=Path, metavar="FILE",
+                        help="mosquitto acl_file to regenerate")
+
+
+def _need_db(args: argparse.Namespace) -> Path:
+    if not args.db:
+        raise InputError("expected --db PATH (or HULK_DB): the planner's SQLite file", field="--db")
+    return Path(args.db)
+
+
+def _broker(args: argparse.Namespace, db: Path) -> BrokerAccounts | None:
+    if bool(args.mqtt_passwd) != bool(args.mqtt_acl):
+        raise InputError("expected both --mqtt-passwd and --mqtt-acl, or neither",
+                         field="--mqtt-acl" if args.mqtt_passwd else "--mqtt-passwd")
+    if not args.mqtt_passwd:
+        return None
+    return BrokerAccounts(db, args.mqtt_passwd, args.mqtt_acl)
+
+
+def run_enroll(args: argparse.Namespace) -> int:
+    out: dict[str, str] = {}
+    if args.init_ca:
+        from planner.tls import init_pki  # cryptography is only needed here
+        paths = init_pki(args.init_ca, args.host)
+        out.update({k: str(v) for k, v in paths.items()})
+        if not args.node_id:
+            _print(out, args.json)
+            return 0
+    if not args.node_id:
+        raise InputError("expected NODE_ID (or --init-ca DIR)", field="NODE_ID")
+    node_id = check_node_id(args.node_id)
+    db = _need_db(args)
+    broker = _broker(args, db)
+    if args.role == "planner":
+        if broker is None:
+            raise InputError("a planner account is a broker account: expected --mqtt-passwd and "
+                             "--mqtt-acl", field="--role")
+        account = broker.add(node_id, role="planner")
+        out.update({"mqtt_username": account.username, "mqtt_password": account.password,
+                    "mqtt_may": "read and write hulk/v1/#"})
+        _print(out, args.json)
+        return 0
+    store = CredentialStore(db)
+    try:
+        issued = store.issue(node_id)
+    finally:
+        store.close()
+    out.update({"node_id": node_id, "token": issued.token})
+    if broker is not None:
+        account = broker.add(node_id, role="node")
+        out.update({"mqtt_username": account.username, "mqtt_password": account.password,
+                    "mqtt_may": f"read {placement_topic(node_id)}"})
+    _print(out, args.json)
+    if not args.json:
+        print("# Shown once. On the node put HULK_TOKEN=<token> in /etc/hulk/agent.env (mode 0600)"
+              " and the broker account in its mqtt: URL; then `systemctl reload mosquitto`.",
+              file=sys.stderr)
+    return 0
+
+
+def run_revoke(args: argparse.Namespace) -> int:
+    node_id = check_node_id(args.node_id)
+    db = _need_db(args)
+    broker = _broker(args, db)
+    store = CredentialStore(db)
+    ended = []
+    try:
+        try:
+            store.revoke(node_id)
+            ended.append("gRPC token")
+        except NotFoundError:
+            pass
+    finally:
+        store.close()
+    if broker is not None:
+        try:
+            broker.remove(node_id)
+            ended.append("broker account")
+        except NotFoundError:
+            pass
+    if not ended:
+        raise NotFoundError(f"node {node_id!r} has no live credential to revoke")
+    print(f"revoked {node_id}: {', '.join(ended)}"
+          + ("; reload the broker (systemctl reload mosquitto)" if broker else ""))
+    return 0
+
+
+def _print(values: dict[str, str], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(values))
+    else:
+        for key, value in values.items():
+            print(f"{key}: {value}")

@@ -1,0 +1,1 @@
+"""Security: credentials, TLS, per-node broker access, rate limits, fuzzed parsers."""
