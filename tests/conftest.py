@@ -26,3 +26,5 @@ def shared_dir() -> Path:
 @pytest.fixture(scope="session")
 def paper_fleet_dir(shared_dir: Path) -> Path:
     return shared_dir / "data" / "hulk-upstream"
+
+from tests.fixtures.broker import broker  # noqa: E402,F401  (a real mosquitto, tests/fixtures/broker.py)

@@ -1,0 +1,90 @@
+"""The MQTT contract shared by the planner and the agent: broker URLs and topic names.
+
+Topics (DESIGN.md): ``hulk/v1/<fleet>/nodes/<node_id>/placement`` (retained, QoS 1, one per node;
+an empty retained message clears it) and ``hulk/v1/<fleet>/plan`` (retained plan summary).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from hulk.errors import ConfigError
+
+DEFAULT_PORT = 1883
+DEFAULT_TLS_PORT = 8883
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    host: str
+    port: int = DEFAULT_PORT
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False              # mqtts://: TLS to the broker (deploy/mosquitto/hulk.conf)
+    ca: str | None = None          # mqtts://...?ca=PATH: the fleet CA; None: the system's CAs
+
+    def __repr__(self) -> str:  # never print the password
+        user = f"{self.username}:***@" if self.username else ""
+        scheme = "mqtts" if self.tls else "mqtt"
+        return f"BrokerAddress({scheme}://{user}{self.host}:{self.port})"
+
+    __str__ = __repr__
+
+
+def parse_broker_url(url: str, *, source: str = "--mqtt") -> BrokerAddress:
+    """``mqtt://[user:pass@]HOST[:PORT]`` or ``mqtts://[user:pass@]HOST[:PORT][?ca=PATH]``
+    -> BrokerAddress; anything else is a ConfigError."""
+    text = (url or "").strip()
+    expected = "expected mqtt://[USER:PASS@]HOST[:PORT] or mqtts://[USER:PASS@]HOST[:PORT][?ca=PATH]"
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+        query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError:
+        raise ConfigError(f"{expected}, got {_hide_password(text)!r}", field=source) from None
+    tls = parts.scheme == "mqtts"
+    if (parts.scheme not in ("mqtt", "mqtts") or not parts.hostname
+            or parts.path not in ("", "/") or (query and (not tls or set(query) != {"ca"}
+                                                         or len(query["ca"]) != 1
+                                                         or not query["ca"][0]))):
+        raise ConfigError(f"{expected}, got {_hide_password(text)!r}", field=source)
+    return BrokerAddress(
+        host=parts.hostname,
+        port=port if port is not None else (DEFAULT_TLS_PORT if tls else DEFAULT_PORT),
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+        tls=tls,
+        ca=query["ca"][0] if query else None,
+    )
+
+
+def _hide_password(url: str) -> str:
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def client_tls_kwargs(broker: BrokerAddress) -> dict[str, Any]:
+    """Extra aiomqtt.Client arguments for a TLS broker ({} for plaintext, so fakes need not care)."""
+    if not broker.tls:
+        return {}
+    import aiomqtt
+
+    return {"tls_params": aiomqtt.TLSParameters(ca_certs=broker.ca)}
+
+
+def check_name(value: str, what: str) -> str:
+    """Fleet names and node ids become topic levels: no '/', '+', '#' or spaces."""
+    if not _NAME_RE.match(value or ""):
+        raise ConfigError(f"expected 1-128 letters, digits, '.', '_' or '-', got {value!r}", field=what)
+    return value
+
+
+def placement_topic(fleet: str, node_id: str) -> str:
+    return f"hulk/v1/{check_name(fleet, 'fleet')}/nodes/{check_name(node_id, 'node id')}/placement"
+
+
+def plan_topic(fleet: str) -> str:
+    return f"hulk/v1/{check_name(fleet, 'fleet')}/plan"
