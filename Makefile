@@ -14,6 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	  echo "installing Debian's mosquitto (the MQTT broker the tests start)"; \
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q mosquitto mosquitto-clients) ; }
 	@command -v ip >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2)
+	@command -v ping >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -q iputils-ping)
 	@command -v systemd-analyze >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -q systemd || true)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip

@@ -1,0 +1,404 @@
+"""``make lab``: a whole Hulk fleet on one machine, over a WAN with the paper's latencies.
+
+    python -m lab.run [--hosts N] [--scale S] [--matrix FILE] [--jobs FILE] [--interval S] [--keep]
+
+1. builds one namespace per host (default: the paper's Table 1 cities) and the ``hub`` namespace,
+   joined by the delaying switch (:mod:`lab.wan`);
+2. starts mosquitto and ``hulk-planner serve`` in the hub (10.77.0.1, zero delay to everyone) and
+   one ``hulk-agent`` per host namespace, each with its own state directory;
+3. waits until the planner has learned an RTT for every pair and prints it beside the configured
+   one;
+4. plans the jobs file and pushes the placements (``hulk-planner plan JOBS --db DB --push --mqtt
+   URL`` when the planner supports it), then shows each agent's ``placement.json`` as it arrives;
+5. tears everything down on exit or Ctrl-C (``--keep``: stays up until Ctrl-C).
+
+Lab hosts have no GPUs. When the store's fleet cannot hold the jobs (every node reports zero GPU
+memory), the lab plans on the learned fleet exported from the store with each host declared as
+``--gpus`` x ``--gpu-name`` instead; the RTTs are still the ones the agents measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+from hulk import geo
+from hulk.errors import HulkError
+from lab import matrix as lab_matrix
+from lab.netns import HUB_ADDRESS, LabError
+from lab.wan import HUB, REPO, WanLab
+
+log = logging.getLogger("lab")
+
+MQTT_PORT = 1883
+PLANNER_PORT = 50051
+DEFAULT_JOBS = Path(__file__).with_name("jobs.yaml")
+
+
+class Services:
+    """The processes the lab started (broker, planner, agents), stopped in reverse order."""
+
+    def __init__(self, lab: WanLab, work: Path, python: str):
+        self.lab, self.work, self.python = lab, work, python
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.env = dict(os.environ)
+        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        self.env.pop("HULK_TOKEN", None)
+
+    def start(self, name: str, host: str, argv: Sequence[str]) -> subprocess.Popen:
+        out = open(self.work / f"{name}.log", "wb")
+        proc = self.lab.popen(host, argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                              cwd=str(REPO), start_new_session=True)
+        self.procs.append((name, proc))
+        return proc
+
+    def check(self) -> None:
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                tail = (self.work / f"{name}.log").read_text(errors="replace")[-1500:]
+                raise LabError(f"{name} exited with code {proc.returncode}:\n{tail}")
+
+    def stop(self) -> None:
+        for _, proc in reversed(self.procs):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 5
+        for _, proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        self.procs.clear()
+
+
+def supports(python: str, argv: list[str], flag: str) -> bool:
+    """Whether a teammate's command line already has ``flag`` (the lab uses what exists)."""
+    proc = subprocess.run([python, *argv, "--help"], capture_output=True, text=True, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    return proc.returncode == 0 and flag in proc.stdout
+
+
+def wait_port(lab: WanLab, host: str, address: str, port: int, timeout_s: float = 30) -> None:
+    probe = f"import socket; socket.create_connection(({address!r}, {port}), timeout=1).close()"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if lab.run(host, [sys.executable, "-c", probe], timeout=10).returncode == 0:
+            return
+        time.sleep(0.3)
+    raise LabError(f"nothing listens on {address}:{port} after {timeout_s:.0f} s")
+
+
+def export_fleet(python: str, db: Path, out: Path) -> dict | None:
+    proc = subprocess.run([python, "-m", "planner.cli", "fleet", "export", "--db", str(db),
+                           "--out", str(out)], capture_output=True, text=True, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    if proc.returncode != 0 or not out.exists():
+        return None
+    return json.loads(out.read_text())
+
+
+def learned_rtts(fleet: dict, min_samples: int = 1) -> dict[frozenset, float]:
+    """Measured (not imputed) RTT per unordered pair with at least ``min_samples`` samples (both
+    directions together); the directions' RTTs averaged, weighted by their samples."""
+    pairs: dict[frozenset, list[tuple[float, int]]] = {}
+    for link in fleet.get("links", []):
+        if link.get("imputed") or link["src"] == link["dst"]:
+            continue
+        n = int(link.get("samples") or 1)
+        pairs.setdefault(frozenset((link["src"], link["dst"])), []).append((float(link["rtt_ms"]), n))
+    out = {}
+    for key, values in pairs.items():
+        total = sum(n for _, n in values)
+        if total >= min_samples:
+            out[key] = sum(r * n for r, n in values) / total
+    return out
+
+
+def report_rtts(matrix: lab_matrix.LatencyMatrix, learned: dict[frozenset, float]) -> list[dict]:
+    rows = []
+    for i, a in enumerate(matrix.names):
+        for j in range(i + 1, matrix.n):
+            b = matrix.names[j]
+            got = learned.get(frozenset((a, b)))
+            rows.append({"a": a, "b": b, "configured_ms": matrix.rtt(i, j), "learned_ms": got})
+    return rows
+
+
+def print_rtts(rows: list[dict]) -> None:
+    errors = [abs(r["learned_ms"] - r["configured_ms"]) for r in rows if r["learned_ms"] is not None]
+    print(f"{'pair':34s} {'configured':>10s} {'learned':>9s}")
+    for r in rows:
+        got = "-" if r["learned_ms"] is None else f"{r['learned_ms']:.2f}"
+        print(f"{r['a'] + ' - ' + r['b']:34s} {r['configured_ms']:10.2f} {got:>9s}")
+    if errors:
+        print(f"{len(errors)}/{len(rows)} pairs learned; |error| mean {sum(errors) / len(errors):.2f} ms, "
+              f"max {max(errors):.2f} ms")
+
+
+def cities_plausible(matrix: lab_matrix.LatencyMatrix) -> bool:
+    """Whether every configured RTT is at or above the speed-of-light bound of its cities (a
+    scaled-down matrix is not, and the planner rightly rejects such samples)."""
+    for i, a in enumerate(matrix.hosts):
+        for j, b in enumerate(matrix.hosts):
+            if i < j and a.city and b.city:
+                if matrix.rtt(i, j) < geo.min_rtt_ms(geo.coordinates(a.city), geo.coordinates(b.city)):
+                    return False
+    return True
+
+
+def lab_fleet_with_gpus(fleet: dict, matrix: lab_matrix.LatencyMatrix, gpus: int, gpu_name: str,
+                        memory_gb: float) -> dict:
+    """The learned fleet with every lab host declared as a GPU server (lab hosts have none)."""
+    cities = {h.name: h.city for h in matrix.hosts}
+    nodes = [dict(node, city=node.get("city") or cities[node["id"]], gpus=gpus, gpu_name=gpu_name,
+                  memory_gb=memory_gb)
+             for node in fleet.get("nodes", []) if node["id"] in cities]
+    return dict(fleet, nodes=nodes)
+
+
+def read_placements(state_root: Path, names: list[str]) -> dict[str, dict | None]:
+    out: dict[str, dict | None] = {}
+    for name in names:
+        path = state_root / name / "placement.json"
+        try:
+            out[name] = json.loads(path.read_text()) if path.exists() else None
+        except (OSError, ValueError):
+            out[name] = None
+    return out
+
+
+def describe(placement: dict) -> str:
+    """One line for a node's placement, whatever extra fields it carries."""
+    roles = placement.get("roles") or [placement]
+    parts = []
+    for role in roles:
+        if not isinstance(role, dict):
+            continue
+        job = role.get("job", "?")
+        bits = [f"job {job}"]
+        for key in ("stage", "layers", "replica", "rank", "world_size", "phase"):
+            if key in role:
+                bits.append(f"{key} {role[key]}")
+        parts.append(", ".join(bits))
+    return "; ".join(parts) or json.dumps(placement)[:120]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--hosts", type=int, help="number of hosts (default: all of the matrix; "
+                   "more than 12 Table 1 cities adds a second server per city)")
+    p.add_argument("--scale", type=float, default=0.25,
+                   help="multiply every RTT (default 0.25: fits a 2-core machine)")
+    p.add_argument("--matrix", help="custom latency matrix (.yaml or .csv; see lab/matrix.py)")
+    p.add_argument("--jobs", default=str(DEFAULT_JOBS), help="jobs file to plan (default lab/jobs.yaml)")
+    p.add_argument("--interval", type=float, default=5.0, help="agents' probe interval, seconds")
+    p.add_argument("--measure-timeout", type=float, default=120.0,
+                   help="seconds to wait for every pair's RTT")
+    p.add_argument("--min-samples", type=int, default=10,
+                   help="RTT samples per pair (both directions) before a pair counts as learned")
+    p.add_argument("--placement-timeout", type=float, default=60.0,
+                   help="seconds to wait for the placements to reach the agents")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs each lab host is declared to have")
+    p.add_argument("--gpu-name", default="NVIDIA A100-SXM4-40GB")
+    p.add_argument("--keep", action="store_true", help="stay up until Ctrl-C")
+    p.add_argument("--work-dir", help="logs, store and state directories (default: a temp dir)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="lab: %(message)s")
+    try:
+        return run(args)
+    except (HulkError, LabError) as err:
+        print(f"lab: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("lab: interrupted, torn down", file=sys.stderr)
+        return 130
+
+
+def build_matrix(args: argparse.Namespace) -> lab_matrix.LatencyMatrix:
+    if args.matrix:
+        m = lab_matrix.load(args.matrix)
+        if args.hosts:
+            if args.hosts > m.n:
+                raise LabError(f"--hosts {args.hosts} but {args.matrix} has {m.n} hosts")
+            m = m.subset(list(range(args.hosts)))
+    else:
+        m = lab_matrix.table1(args.hosts)
+    return m.scaled(args.scale)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    matrix = build_matrix(args)
+    jobs = Path(args.jobs)
+    if not jobs.is_file():
+        raise LabError(f"{jobs}: no such jobs file")
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="hulk-lab-run-"))
+    work.mkdir(parents=True, exist_ok=True)
+    python = sys.executable
+    if shutil.which("mosquitto") is None:
+        raise LabError("mosquitto is not installed (make install installs it)")
+
+    # SIGTERM ends the lab like Ctrl-C does: through the finally blocks below.
+    signal.signal(signal.SIGTERM, _interrupt)
+    lab = WanLab(matrix, hub=True, work_dir=work / "lab")
+    services = Services(lab, work, python)
+    try:
+        lab.start()
+        print(f"lab: {matrix.n} hosts + hub, RTTs x{args.scale:g}; logs in {work}")
+        for name, m in zip(matrix.names, lab.namespaces.members):
+            print(f"  {name:16s} {m.address:12s} {m.netns}")
+        mqtt_url = f"mqtt://{HUB_ADDRESS}:{MQTT_PORT}"
+        conf = work / "mosquitto.conf"
+        conf.write_text(f"listener {MQTT_PORT} {HUB_ADDRESS}\nallow_anonymous true\n"
+                        "persistence false\n")
+        services.start("mosquitto", HUB, ["mosquitto", "-c", str(conf)])
+        wait_port(lab, HUB, HUB_ADDRESS, MQTT_PORT)
+
+        db = work / "planner.db"
+        serve = [python, "-m", "planner.cli", "serve", "--db", str(db),
+                 "--listen", f"{HUB_ADDRESS}:{PLANNER_PORT}", "--insecure"]
+        serve_mqtt = supports(python, ["-m", "planner.cli", "serve"], "--mqtt")
+        if serve_mqtt:
+            serve += ["--mqtt", mqtt_url]
+        services.start("planner", HUB, serve)
+        wait_port(lab, HUB, HUB_ADDRESS, PLANNER_PORT, timeout_s=60)
+
+        agent_mqtt = supports(python, ["-m", "agent"], "--mqtt")
+        send_cities = cities_plausible(matrix)
+        if not send_cities:
+            print(f"lab: at x{args.scale:g} some RTTs are below the speed-of-light bound of their "
+                  "cities, which the planner rejects as errors; agents run without --city")
+        state_root = work / "agents"
+        for host in matrix.hosts:
+            argv = [python, "-m", "agent", "--planner", f"{HUB_ADDRESS}:{PLANNER_PORT}",
+                    "--node-id", host.name, "--address", lab.address(host.name),
+                    "--interval", f"{args.interval:g}", "--state-dir", str(state_root / host.name),
+                    "--insecure", "--log-level", "WARNING"]
+            if host.city and send_cities:
+                argv += ["--city", host.city]
+            if agent_mqtt:
+                argv += ["--mqtt", mqtt_url]
+            services.start(f"agent-{host.name}", host.name, argv)
+        print(f"lab: broker {mqtt_url}, planner {HUB_ADDRESS}:{PLANNER_PORT}, {matrix.n} agents; "
+              "waiting for every pair's RTT ...")
+
+        fleet = wait_for_measurements(services, python, db, work, matrix, args.measure_timeout,
+                                      args.min_samples)
+        plan_and_show(args, lab, python, db, work, jobs, matrix, fleet, mqtt_url, state_root, services)
+        if args.keep:
+            print("lab: up; Ctrl-C tears it down")
+            while True:
+                services.check()
+                time.sleep(1)
+        return 0
+    finally:
+        services.stop()
+        lab.stop()
+        print("lab: torn down")
+
+
+def wait_for_measurements(services: Services, python: str, db: Path, work: Path,
+                          matrix: lab_matrix.LatencyMatrix, timeout_s: float,
+                          min_samples: int) -> dict:
+    deadline = time.monotonic() + timeout_s
+    want = matrix.n * (matrix.n - 1) // 2
+    fleet: dict = {}
+    rows: list[dict] = []
+    while time.monotonic() < deadline:
+        services.check()
+        fleet = export_fleet(python, db, work / "fleet.json") or {}
+        rows = report_rtts(matrix, learned_rtts(fleet, min_samples))
+        have = sum(1 for r in rows if r["learned_ms"] is not None)
+        if have == want:
+            break
+        time.sleep(2)
+    print_rtts(rows)
+    (work / "rtts.json").write_text(json.dumps(rows, indent=1))
+    return fleet
+
+
+def plan_and_show(args, lab, python, db, work, jobs, matrix, fleet, mqtt_url, state_root, services) -> None:
+    plan_cmd = [python, "-m", "planner.cli", "plan", str(jobs), "--out", str(work / "plan.json")]
+    push = supports(python, ["-m", "planner.cli", "plan"], "--push")
+    if push:
+        plan_cmd += ["--push", "--mqtt", mqtt_url]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def plan(source: list[str]) -> subprocess.CompletedProcess:
+        # In the hub, like an operator's shell on the planner host: the broker is only reachable
+        # from inside the lab.
+        return lab.run(HUB, plan_cmd + source, timeout=300, cwd=REPO, env=env)
+
+    # The store first, as in production; lab hosts report no GPUs, so fall back to the learned
+    # fleet declared with GPUs when the store's fleet cannot hold the jobs.
+    proc = plan(["--db", str(db)])
+    placed = proc.returncode == 0 and _placed_jobs(work / "plan.json")
+    if not placed:
+        fleet_file = work / "fleet-with-gpus.json"
+        fleet_file.write_text(json.dumps(lab_fleet_with_gpus(
+            fleet, matrix, args.gpus, args.gpu_name, memory_gb=40.0 * args.gpus)))
+        print(f"lab: the store's fleet has no GPU memory; planning on the learned fleet with "
+              f"{args.gpus} x {args.gpu_name} per host")
+        proc = plan(["--fleet", str(fleet_file)])
+    print(proc.stdout.rstrip())
+    if proc.returncode != 0:
+        raise LabError(f"planning failed: {proc.stderr.strip()}")
+    if not push:
+        print("lab: `hulk-planner plan --push` is not available yet; the plan is in "
+              f"{work / 'plan.json'} and no placement is sent")
+        return
+    deadline = time.monotonic() + args.placement_timeout
+    shown: set[str] = set()
+    expected = _planned_nodes(work / "plan.json")
+    while time.monotonic() < deadline:
+        services.check()
+        for name, placement in read_placements(state_root, matrix.names).items():
+            if placement is not None and name not in shown:
+                shown.add(name)
+                print(f"  placement -> {name:16s} {describe(placement)}")
+        if expected and expected <= shown:
+            break
+        time.sleep(0.5)
+    missing = sorted(expected - shown)
+    if missing:
+        print(f"lab: no placement reached {', '.join(missing)} within {args.placement_timeout:g} s")
+
+
+def _placed_jobs(plan_path: Path) -> bool:
+    try:
+        plan = json.loads(plan_path.read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(plan.get("jobs"))
+
+
+def _planned_nodes(plan_path: Path) -> set[str]:
+    try:
+        plan = json.loads(plan_path.read_text())
+    except (OSError, ValueError):
+        return set()
+    return {n for job in plan.get("jobs", []) for st in job.get("stages", []) for n in st.get("nodes", [])}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

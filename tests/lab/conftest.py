@@ -1,0 +1,58 @@
+"""Fixtures for the WAN lab: real namespaces, real TUN devices, a real switch process."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from lab import matrix as lab_matrix
+from lab.netns import LabError, require_root
+from lab.wan import WanLab
+
+# Beijing, Neimeng, Tokyo and London from the default matrix: short, medium and long pairs.
+SMALL_LAB_CITIES = ["Beijing", "Neimeng", "Tokyo", "London"]
+SMALL_LAB_SCALE = 0.5
+
+
+def _skip_reason() -> str | None:
+    try:
+        require_root()
+    except LabError as err:
+        return str(err)
+    return None
+
+
+@pytest.fixture(scope="session")
+def lab_available() -> None:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def make_wan_lab(lab_available, tmp_path) -> Iterator[Callable[..., WanLab]]:
+    """Build labs from a matrix; every lab built is torn down after the test."""
+    built: list[WanLab] = []
+
+    def build(matrix: lab_matrix.LatencyMatrix, **kwargs) -> WanLab:
+        lab = WanLab(matrix, work_dir=tmp_path / f"lab{len(built)}", **kwargs)
+        built.append(lab)
+        return lab.start()
+
+    yield build
+    for lab in built:
+        lab.stop()
+
+
+@pytest.fixture
+def wan_lab(make_wan_lab) -> WanLab:
+    """A 4-host lab (Beijing, Neimeng, Tokyo, London at half their modelled RTTs) plus the hub."""
+    return make_wan_lab(lab_matrix.from_cities(SMALL_LAB_CITIES).scaled(SMALL_LAB_SCALE))
+
+
+@pytest.fixture(scope="session")
+def ping_available() -> None:
+    if shutil.which("ping") is None:
+        pytest.skip("`ping` (iputils-ping) is not installed")

@@ -1,0 +1,29 @@
+"""lab.run's pure helpers: reading the learned fleet and the speed-of-light check."""
+
+from __future__ import annotations
+
+from lab import matrix as lm
+from lab.run import cities_plausible, learned_rtts, report_rtts
+
+
+def test_learned_rtts_pool_both_directions_and_wait_for_enough_samples():
+    fleet = {"links": [
+        {"src": "a", "dst": "b", "rtt_ms": 10.0, "samples": 4},
+        {"src": "b", "dst": "a", "rtt_ms": 12.0, "samples": 4},
+        {"src": "a", "dst": "c", "rtt_ms": 30.0, "samples": 3},
+        {"src": "b", "dst": "c", "rtt_ms": 99.0, "samples": 50, "imputed": True},
+    ]}
+    got = learned_rtts(fleet, min_samples=5)
+    assert got == {frozenset(("a", "b")): 11.0}
+    assert learned_rtts(fleet, min_samples=1)[frozenset(("a", "c"))] == 30.0
+    m = lm.LatencyMatrix((lm.Host("a", None), lm.Host("b", None), lm.Host("c", None)),
+                         ((0, 11, 30), (11, 0, 20), (30, 20, 0)))
+    rows = report_rtts(m, got)
+    assert [(r["a"], r["b"], r["learned_ms"]) for r in rows] == [
+        ("a", "b", 11.0), ("a", "c", None), ("b", "c", None)]
+
+
+def test_a_scaled_down_matrix_breaks_the_speed_of_light_bound():
+    full = lm.table1(4)
+    assert cities_plausible(full)
+    assert not cities_plausible(full.scaled(0.25))
