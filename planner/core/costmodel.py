@@ -124,6 +124,12 @@ def problems(placement: Placement, net: Network) -> list[str]:
 
 def estimate(placement: Placement, net: Network) -> Estimate:
     """Iteration time T = max_p T_pipe(p) + max_k T_ar(k), its compute and communication parts."""
+    # Links between components have bw 0 and rtt inf: the division gives inf, which is the answer.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _estimate(placement, net)
+
+
+def _estimate(placement: Placement, net: Network) -> Estimate:
     job, b = placement.job, placement.micro_batch
     nodes = placement.node_matrix()                     # (K, D)
     k_stages, d = nodes.shape

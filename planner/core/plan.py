@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.core.costmodel import Placement
+from planner.core.costmodel import Estimate, Placement
 
 
 @dataclass(frozen=True)
@@ -19,10 +19,13 @@ class Plan:
 
     ``job_s_override`` carries per-job times for plans that cannot be written as stages
     (System C, tensor parallel); such jobs have no placement and their times come from there.
+    ``estimate_override`` optionally gives those jobs' full breakdown (iteration, compute,
+    communication); its ``job_s`` equals ``job_s_override``.
     """
 
     method: str
     placements: list[Placement]
     unplaced: list[Unplaced] = field(default_factory=list)
     job_s_override: dict[str, float] = field(default_factory=dict)
+    estimate_override: dict[str, Estimate] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)

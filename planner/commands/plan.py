@@ -1,0 +1,375 @@
+"""`hulk-planner plan jobs.yaml`: plan jobs on a fleet, show the plan and how it compares.
+
+Planners are imported lazily, so a checkout without one (or without the GNN) still plans with the
+others and says clearly which method is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from hulk.errors import HulkError, InputError, PlanningError
+
+# method -> (module, function, extra keyword arguments). Seeded planners take seed=.
+METHODS: dict[str, tuple[str, str, dict]] = {
+    "search": ("planner.core.search", "plan_search", {}),
+    "system-a": ("planner.core.baselines", "plan_system_a", {}),
+    "system-b": ("planner.core.baselines", "plan_system_b", {}),
+    "system-c": ("planner.core.baselines", "plan_system_c", {}),
+    "dtfm": ("planner.core.dtfm", "plan_dtfm", {}),
+    "gnn": ("planner.gnn.infer", "plan_gnn", {}),
+    "gnn-raw": ("planner.gnn.infer", "plan_gnn", {"refine": False}),
+}
+SEEDED = {"search", "dtfm", "gnn", "gnn-raw"}
+DEFAULT_METHOD = "search"
+COMPARED = ("system-a", "system-b", "system-c", "dtfm")
+LABELS = {"search": "Hulk (search)", "system-a": "System A (data parallel)",
+          "system-b": "System B (GPipe)", "system-c": "System C (Megatron TP)",
+          "dtfm": "DT-FM-style peer", "gnn": "Hulk (GNN + search)", "gnn-raw": "Hulk (GNN raw)"}
+MAX_LISTED_NODES = 8
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "plan", help="plan training jobs on a fleet and compare with the baselines",
+        description="Plan the jobs of a jobs.yaml on a fleet (a fleet file or the live store), "
+                    "print the placement and how it compares with Systems A/B/C, the DT-FM-style "
+                    "peer and the compute bound.")
+    p.add_argument("jobs", help="jobs.yaml (see DESIGN.md)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--fleet", metavar="PATH",
+                     help="the paper's folder or zip (node_feature.csv, edge.txt) or fleet JSON")
+    src.add_argument("--db", metavar="PATH", help="the planner's SQLite store")
+    p.add_argument("--method", choices=list(METHODS), default=DEFAULT_METHOD,
+                   help=f"planner to use (default {DEFAULT_METHOD})")
+    p.add_argument("--seed", type=int, default=0, help="seed of the seeded planners (default 0)")
+    p.add_argument("--out", metavar="PATH", help="write the plan as hulk-plan/1 JSON")
+    p.add_argument("--plot", metavar="PATH", help="draw compute/communication bars per job and system")
+    p.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
+                   help="also plan with Systems A/B/C and the DT-FM-style peer (default on)")
+    p.add_argument("--cost-model", choices=["reference"], default="reference",
+                   help="cost model used to judge plans (COSTMODEL.md)")
+    from planner.mqtt import add_plan_arguments  # --push --mqtt URL --fleet-name NAME (issue 5)
+
+    add_plan_arguments(p)
+    p.set_defaults(func=run)
+
+
+# ----------------------------------------------------------------------------------- planners
+
+def planner_for(method: str) -> Callable:
+    """The planning function of ``method``; a clear InputError if its module is not built."""
+    module_name, function, extra = METHODS[method]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise InputError(f"method {method!r} is not available in this build "
+                             f"({module_name} is missing)", field="--method") from None
+        raise
+    fn = getattr(module, function, None)
+    if fn is None:
+        raise InputError(f"method {method!r} is not available in this build "
+                         f"({module_name}.{function} is missing)", field="--method")
+
+    def run(jobs, net, *, seed=0, progress=None):
+        kwargs = dict(extra)
+        if method in SEEDED:
+            kwargs["seed"] = seed
+        return fn(jobs, net, progress=progress, **kwargs)
+
+    return run
+
+
+class LazyProgress:
+    """A rich progress bar that appears only once a plan has taken more than ``delay`` seconds.
+
+    Planners call ``progress(done, total)`` (or ``progress(fraction)``); extra arguments are a label.
+    """
+
+    def __init__(self, console, delay: float = 1.0, clock=time.monotonic):
+        self.console, self.delay, self.clock = console, delay, clock
+        self.progress = None
+        self.task = None
+        self.label = ""
+        self.started = clock()
+
+    def begin(self, label: str) -> "LazyProgress":
+        self.label, self.started = label, self.clock()
+        return self
+
+    def __call__(self, done=None, total=None, *rest, **_ignored) -> None:
+        if total is None and isinstance(done, (int, float)) and done <= 1.0:
+            done, total = float(done), 1.0
+        if not isinstance(done, (int, float)) or not isinstance(total, (int, float)) or total <= 0:
+            return
+        if self.progress is None:
+            if self.clock() - self.started < self.delay:
+                return
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                     TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
+                                     console=self.console, transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task(self.label, total=float(total))
+        self.progress.update(self.task, completed=float(done), total=float(total),
+                             description=self.label)
+
+    def end(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+# ----------------------------------------------------------------------------------- checks
+
+def check_plannable(jobs, net) -> None:
+    """Input that no planner can handle: raise PlanningError with a one-line reason."""
+    if net.n == 0:
+        raise PlanningError("the fleet has no nodes")
+    components = net.components()
+    if net.n > 1 and max(len(c) for c in components) == 1:
+        raise PlanningError(f"the fleet is split into {len(components)} single nodes: no two "
+                            "nodes can communicate (no measured links)")
+    best = max(float(net.mem[c].sum()) for c in components)
+    total = float(net.mem.sum())
+    for job in jobs:
+        need = job.state_bytes
+        if need > total:
+            raise PlanningError(f"job {job.name!r} needs at least {need / 1e9:,.0f} GB of GPU memory "
+                                f"(16 bytes per parameter); the whole fleet has {total / 1e9:,.0f} GB")
+        if need > best:
+            raise PlanningError(f"job {job.name!r} needs at least {need / 1e9:,.0f} GB of GPU memory; "
+                                f"the fleet is split and its largest connected part has only "
+                                f"{best / 1e9:,.0f} GB")
+
+
+def load_network(args):
+    from planner.core.fleet import complete
+
+    if args.fleet:
+        try:
+            from planner.fleetio import load_fleet_with_report
+        except ModuleNotFoundError as exc:
+            raise InputError(f"fleet files cannot be read in this build ({exc.name} is missing)",
+                             field="--fleet") from None
+        if not Path(args.fleet).exists():
+            raise InputError("no such file or folder", path=args.fleet, field="--fleet")
+        fleet, issues = load_fleet_with_report(args.fleet)
+    else:
+        if not Path(args.db).is_file():
+            raise InputError("no such store (expected the SQLite file `serve --db` writes)",
+                             path=args.db, field="--db")
+        try:
+            from planner.graph import fleet_from_store
+            from planner.store import Store
+        except ModuleNotFoundError as exc:
+            raise InputError(f"--db is not available in this build ({exc.name} is missing)",
+                             field="--db") from None
+        with Store(args.db) as store:
+            fleet, issues = fleet_from_store(store, name=Path(args.db).stem), []
+        if not fleet.nodes:
+            raise PlanningError(f"{args.db}: the store knows no nodes yet (no agent has registered)")
+    return fleet, complete(fleet), issues
+
+
+# ----------------------------------------------------------------------------------- run
+
+@dataclass
+class MethodResult:
+    method: str
+    plan: object | None      # Plan
+    report: object | None    # PlanReport
+    seconds: float
+    error: str | None = None
+
+
+def run_method(method, jobs, net, seed, progress: LazyProgress, *, required: bool) -> MethodResult:
+    from planner.planfile import evaluate
+
+    try:
+        fn = planner_for(method)
+    except InputError as exc:
+        if required:
+            raise
+        return MethodResult(method, None, None, 0.0, error=str(exc).split(": ", 1)[-1])
+    progress.begin(f"planning: {LABELS.get(method, method)}")
+    t0 = time.perf_counter()
+    try:
+        plan = fn(jobs, net, seed=seed, progress=progress)
+    except HulkError as exc:
+        if required:
+            raise
+        return MethodResult(method, None, None, time.perf_counter() - t0, error=str(exc))
+    finally:
+        progress.end()
+    seconds = time.perf_counter() - t0
+    return MethodResult(method, plan, evaluate(plan, net), seconds)
+
+
+def run(args) -> int:
+    from rich.console import Console
+
+    from planner.jobfile import load_jobs
+
+    console = Console()
+    if not console.is_terminal:  # piped or captured: rich would assume 80 columns
+        console = Console(width=140)
+    err_console = Console(stderr=True)
+    if args.out and args.method == "system-c":
+        raise InputError("System C (tensor parallel) cannot be written as pipeline stages; "
+                         "drop --out or choose another method", field="--out")
+    jobs = load_jobs(args.jobs)
+    fleet, net, issues = load_network(args)
+    check_plannable(jobs, net)
+    progress = LazyProgress(err_console)
+
+    chosen = run_method(args.method, jobs, net, args.seed, progress, required=True)
+    results = {args.method: chosen}
+    if args.compare:
+        for method in COMPARED:
+            if method not in results:
+                results[method] = run_method(method, jobs, net, args.seed, progress, required=False)
+
+    from planner.core.costmodel import compute_bound_s
+
+    bound = compute_bound_s(jobs, net)
+    if issues:  # shown with the plan, so an error stays a single line
+        console.print(f"[yellow]{len(issues)} flaw(s) repaired while reading the fleet "
+                      f"(first: {issues[0]})[/yellow]", highlight=False)
+    print_plan(console, chosen, net)
+    if args.compare:
+        print_comparison(console, args.method, results, bound)
+    else:
+        console.print(f"compute bound: {fmt_s(bound)}; this plan is "
+                      f"{ratio(chosen.report.makespan_s, bound)} of it")
+    if args.out:
+        from planner.planfile import write_plan
+
+        write_plan(chosen.plan, net, args.out, chosen.report)
+        console.print(f"plan written to {args.out}")
+    if getattr(args, "push", False):
+        from planner.mqtt import push_from_args
+
+        console.print(push_from_args(args, chosen.plan, net, jobs))
+    if args.plot:
+        from planner.plot_plan import plot_reports
+
+        reports = {LABELS.get(m, m): r.report for m, r in results.items() if r.report is not None}
+        plot_reports(reports, args.plot, title=f"{len(jobs)} jobs on {net.n} nodes")
+        console.print(f"plot written to {args.plot}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------- output
+
+def fmt_s(seconds: float | None) -> str:
+    """Seconds as a short human duration."""
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "-"
+    if not math.isfinite(seconds):
+        return "inf"
+    if seconds == 0:
+        return "0 s"
+    if seconds < 1:
+        return f"{seconds * 1000:.1f} ms"
+    if seconds < 120:
+        return f"{seconds:.2f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def ratio(x: float, y: float) -> str:
+    if not (math.isfinite(x) and math.isfinite(y)) or y <= 0:
+        return "-"
+    return f"{x / y:.2f}x"
+
+
+def _listing(values: list[str]) -> str:
+    if len(values) <= MAX_LISTED_NODES:
+        return ", ".join(values)
+    return ", ".join(values[:MAX_LISTED_NODES - 2]) + f", ... ({len(values)} nodes)"
+
+
+def print_plan(console, result: MethodResult, net) -> None:
+    from rich.table import Table
+
+    report = result.report
+    console.print(f"[bold]{LABELS.get(result.method, result.method)}[/bold]: planned in "
+                  f"{result.seconds:.2f} s on {net.n} nodes", highlight=False)
+    for jr in report.jobs:
+        e = jr.estimate
+        head = (f"[bold]{jr.name}[/bold]  phase {jr.phase}  starts {fmt_s(jr.start_s)}  "
+                f"job {fmt_s(e.job_s)}  iteration {fmt_s(e.iteration_s)} = compute "
+                f"{fmt_s(e.compute_s)} + communication {fmt_s(e.communication_s)}")
+        p = jr.placement
+        if p is None:
+            console.print(head + "  (tensor parallel over all nodes)", highlight=False)
+            continue
+        ids = net.ids
+        cities = sorted({net.nodes[i].city_key or "?" for i in p.nodes})
+        head += (f"\n  {p.num_stages} stage(s) x {p.replicas} replica(s), micro-batch "
+                 f"{p.micro_batch} ({e.micro_batches} per replica), {len(p.nodes)} nodes in "
+                 f"{len(cities)} cities: {_listing(cities)}")
+        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+        table.add_column("stage", justify="right")
+        table.add_column("layers")
+        table.add_column("nodes (replica 0, 1, ...)")
+        table.add_column("cities")
+        for k, st in enumerate(p.stages):
+            table.add_row(str(k), f"[{st.lo}, {st.hi})", _listing([ids[i] for i in st.nodes]),
+                          _listing(sorted({net.nodes[i].city_key or "?" for i in st.nodes})))
+        console.print(head, highlight=False)
+        console.print(table)
+    for u in report.unplaced:
+        console.print(f"[red]not placed[/red] {u.name}: {u.reason}", highlight=False)
+    for note in getattr(result.plan, "notes", []):
+        console.print(f"[dim]note: {note}[/dim]", highlight=False)
+    console.print(f"makespan {fmt_s(report.makespan_s)}, sum of job completion times "
+                  f"{fmt_s(report.sum_jct_s)}", highlight=False)
+
+
+def print_comparison(console, chosen: str, results: dict[str, MethodResult], bound: float) -> None:
+    from rich.table import Table
+
+    mine = results[chosen].report
+    unavailable: list[str] = []
+    table = Table(title="comparison (reference cost model)", header_style="bold")
+    for col in ("method", "makespan", "sum JCT", "makespan / this", "sum JCT / this",
+                "x compute bound", "planning"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for method, r in results.items():
+        label = LABELS.get(method, method) + (" [this plan]" if method == chosen else "")
+        if r.report is None:
+            table.add_row(label, "n/a", "", "", "", "", "")
+            unavailable.append(f"{LABELS.get(method, method)}: {r.error}")
+            continue
+        rep = r.report
+        if not rep.complete:
+            note = f"{len(rep.unplaced)} job(s) infeasible"
+            table.add_row(label, note, "", "", "", "", f"{r.seconds:.2f} s")
+            continue
+        table.add_row(label, fmt_s(rep.makespan_s), fmt_s(rep.sum_jct_s),
+                      ratio(rep.makespan_s, mine.makespan_s), ratio(rep.sum_jct_s, mine.sum_jct_s),
+                      ratio(rep.makespan_s, bound), f"{r.seconds:.2f} s")
+    table.add_row("compute bound", fmt_s(bound), "", ratio(bound, mine.makespan_s), "", "1.00x", "")
+    console.print(table)
+    for line in unavailable:
+        console.print(f"[dim]{line}[/dim]", highlight=False)
+    baselines = [results[m].report for m in ("system-a", "system-b", "system-c")
+                 if m in results and results[m].report is not None and results[m].report.complete]
+    if baselines and mine.complete:
+        best = min(b.makespan_s for b in baselines)
+        console.print(f"best of Systems A/B/C: {fmt_s(best)}, {ratio(best, mine.makespan_s)} this "
+                      f"plan's makespan", highlight=False)
+

@@ -1,0 +1,196 @@
+"""jobs.yaml (DESIGN.md) -> list[Job], validated with one-line errors naming file, line, job and field."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import yaml
+
+from hulk.errors import InputError
+from planner.core.jobs import MODEL_CATALOG, Job
+
+INT_FIELDS = ("layers", "hidden", "seq_len", "global_batch", "micro_batch", "steps")
+NUMBER_FIELDS = ("params",) + INT_FIELDS
+# What a model outside the catalog must give; micro_batch and steps have defaults.
+REQUIRED_WITHOUT_CATALOG = ("params", "layers", "hidden", "seq_len", "global_batch")
+JOB_KEYS = frozenset({"name", "model", "command", *NUMBER_FIELDS})
+TOP_KEYS = frozenset({"jobs"})
+
+
+class _Mapping(dict):
+    """A dict that remembers the 1-based line of the mapping and of each key."""
+
+    line: int | None = None
+    key_lines: dict
+
+
+class _LineLoader(yaml.SafeLoader):
+    def construct_mapping(self, node, deep=False):  # noqa: D401 - PyYAML hook
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                continue  # PyYAML itself reports unhashable keys below
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        mapping = _Mapping(super().construct_mapping(node, deep=deep))
+        mapping.line = node.start_mark.line + 1
+        mapping.key_lines = seen
+        return mapping
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                            _LineLoader.construct_mapping)
+
+
+def _line(mapping, key: str | None = None) -> int | None:
+    if isinstance(mapping, _Mapping):
+        if key is not None and key in mapping.key_lines:
+            return mapping.key_lines[key]
+        return mapping.line
+    return None
+
+
+def parse_jobs(text: str, path: str = "<jobs>") -> list[Job]:
+    """Parse and validate jobs.yaml text; ``path`` only names the source in errors."""
+    try:
+        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise InputError(f"not valid YAML: {problem}", path=path, line=line) from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"not valid YAML: {exc}".splitlines()[0], path=path) from None
+    if data is None:
+        raise InputError("empty file: expected a mapping with a 'jobs' list", path=path)
+    if not isinstance(data, dict):
+        raise InputError(f"expected a mapping with a 'jobs' list, got {type(data).__name__}",
+                         path=path)
+    for key in data:
+        if key not in TOP_KEYS:
+            raise InputError(f"unknown key {key!r} (expected: jobs)", path=path,
+                             line=_line(data, key))
+    entries = data.get("jobs")
+    if not isinstance(entries, list) or not entries:
+        raise InputError("'jobs' must be a non-empty list of jobs", path=path,
+                         line=_line(data, "jobs"), field="jobs")
+    jobs: list[Job] = []
+    lines: dict[str, int | None] = {}
+    for index, entry in enumerate(entries):
+        job = _parse_job(entry, index, path)
+        if job.name in lines:
+            where = f" (first at line {lines[job.name]})" if lines[job.name] else ""
+            raise InputError(f"job {job.name!r}: duplicate name{where}", path=path,
+                             line=_line(entry, "name"), field="name")
+        lines[job.name] = _line(entry, "name")
+        jobs.append(job)
+    return jobs
+
+
+def load_jobs(path: str | Path) -> list[Job]:
+    """Read and validate a jobs.yaml file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError("no such file", path=str(path)) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, expected a jobs.yaml file", path=str(path)) from None
+    except UnicodeDecodeError:
+        raise InputError("not a text file (expected UTF-8 YAML)", path=str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", path=str(path)) from None
+    return parse_jobs(text, str(path))
+
+
+def _parse_job(entry, index: int, path: str) -> Job:
+    label = f"job #{index + 1}"
+    if not isinstance(entry, dict):
+        raise InputError(f"{label}: expected a mapping of job fields, got {type(entry).__name__}",
+                         path=path)
+    if "name" in entry:
+        name = entry["name"]
+        if not isinstance(name, (str, int)) or isinstance(name, bool) or not str(name).strip():
+            raise InputError(f"{label}: name must be a non-empty string", path=path,
+                             line=_line(entry, "name"), field="name")
+        name = str(name).strip()
+    elif "model" in entry and isinstance(entry["model"], str):
+        name = entry["model"].strip()
+    else:
+        raise InputError(f"{label}: missing (each job needs a name or a catalog model)",
+                         path=path, line=_line(entry), field="name")
+    label = f"job {name!r}"
+
+    def fail(field: str, message: str) -> InputError:
+        return InputError(f"{label}: {message}", path=path, line=_line(entry, field), field=field)
+
+    for key in entry:
+        if key not in JOB_KEYS:
+            raise fail(str(key), f"unknown key (expected one of: {', '.join(sorted(JOB_KEYS))})")
+
+    model = entry.get("model")
+    if model is not None:
+        if not isinstance(model, str) or not model.strip():
+            raise fail("model", "must be a model name")
+        model = model.strip()
+    fields: dict = {}
+    if model is not None and model.casefold() in MODEL_CATALOG:
+        model = model.casefold()
+        fields.update(MODEL_CATALOG[model])
+    else:
+        absent = [f for f in REQUIRED_WITHOUT_CATALOG if f not in entry]
+        if absent:
+            what = (f"model {model!r} is not in the catalog" if model is not None
+                    else "no catalog model given")
+            raise fail(absent[0], f"{what} and the job does not describe it: missing "
+                                  f"{', '.join(absent)} (catalog: {', '.join(sorted(MODEL_CATALOG))})")
+
+    for key in NUMBER_FIELDS:
+        if key not in entry:
+            continue
+        value = entry[key]
+        if key == "params":
+            fields[key] = _positive_number(value, fail)
+        else:
+            fields[key] = _positive_int(value, key, fail)
+
+    command = entry.get("command")
+    if command is not None and not isinstance(command, str):
+        raise fail("command", "must be a string (the command agents launch)")
+    fields.setdefault("micro_batch", 1)
+    fields.setdefault("steps", 1000)
+    if fields["micro_batch"] > fields["global_batch"]:
+        raise fail("micro_batch", f"{fields['micro_batch']} is larger than global_batch "
+                                  f"{fields['global_batch']}")
+    return Job(name=name, model=model, command=command, **fields)
+
+
+def _positive_number(value, fail) -> float:
+    if isinstance(value, str):  # YAML 1.1 reads 175e9 (no dot) as a string
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise fail("params", f"expected a positive number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise fail("params", f"expected a positive number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise fail("params", f"expected a positive number, got {value!r}")
+    return float(value)
+
+
+def _positive_int(value, key: str, fail) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise fail(key, f"expected a positive integer, got {value!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise fail(key, f"expected a positive integer, got {value!r}")
+        value = int(value)
+    if value <= 0:
+        raise fail(key, f"expected a positive integer, got {value!r}")
+    return value
