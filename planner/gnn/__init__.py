@@ -1,0 +1,12 @@
+"""The Hulk GNN (torch-geometric): edge pooling, GCN layers, node classification into job slots.
+
+Import cost matters for the CLI, so this package's ``__init__`` imports nothing heavy; use
+``planner.gnn.infer.plan_gnn`` for planning and ``planner.gnn.train`` for training.
+"""
+
+
+def plan_gnn(*args, **kwargs):
+    """Lazy alias of :func:`planner.gnn.infer.plan_gnn`."""
+    from planner.gnn.infer import plan_gnn as _plan_gnn
+
+    return _plan_gnn(*args, **kwargs)
