@@ -1,0 +1,419 @@
+"""Issue 5 end to end in the WAN lab: real namespaces and switch, mosquitto and `hulk-planner serve
+--mqtt` in the hub, one agent per host namespace, `hulk-planner plan --push` from the hub.
+
+1. The example program (examples/train_gpt.py) runs as two pipeline stages over two namespaces
+   from a pushed placement: the real `hulk-agent` CLI launches it under torchrun, both ranks
+   complete, and the launch state (exited, code 0) reaches the planner's store over gRPC.
+2. SIGKILLing the agent of the rank-0 node of a pushed job gets the surviving agents a new
+   placement without the dead node; the time from the kill to the last new placement.json is
+   measured and must stay under 30 s.
+
+The RTTs the planner learns are compared with the matrix (max(1 ms, 5%)) by
+tests/lab/test_run.py, from the store's `fleet export`; not repeated here.
+
+Lab hosts have no GPUs. Test 1 plans on the learned fleet declared with GPUs, as `lab.run` does.
+Test 2 needs the *store* to know GPUs (the planner re-plans from the store) and heartbeats faster
+than the CLI's fixed 10 s (so a 5 s node timeout has no false alarms); its agents are the real
+AgentRuntime started from the real CLI arguments, with two constructor arguments set: the GPU
+inventory (8 x A100, like tests/placements/test_recovery_e2e.py) and the heartbeat interval.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from lab import matrix as lab_matrix
+from lab.netns import HUB_ADDRESS
+from lab.run import (MQTT_PORT, PLANNER_PORT, Services, cities_plausible, export_fleet,
+                     lab_fleet_with_gpus, learned_rtts, read_placements, wait_port)
+from lab.wan import HUB, REPO, WanLab
+from planner.core.costmodel import stage_memory_bytes
+from planner.jobfile import parse_jobs
+from planner.store import Store
+
+pytestmark = [pytest.mark.root, pytest.mark.integration]
+
+FLEET = "lab"
+MQTT_URL = f"mqtt://{HUB_ADDRESS}:{MQTT_PORT}"
+PYTHON = sys.executable
+EXAMPLE = REPO / "examples" / "train_gpt.py"
+A100 = "NVIDIA A100-SXM4-40GB"
+STEPS = 3
+NODE_TIMEOUT_S = 5.0
+RECOVERY_BOUND_S = 30.0
+
+# The real agent (CLI arguments, gRPC client, ICMP prober, MQTT subscriber, launcher) with its
+# GPU inventory and heartbeat interval given as constructor arguments. argv: HEARTBEAT_S, then the
+# `hulk-agent` flags.
+AGENT_WITH_DECLARED_GPUS = textwrap.dedent("""
+    import asyncio, signal, sys
+    from agent.cli import build_parser, config_from_args, setup_logging
+    from agent.placement import PlacementComponent
+    from agent.records import GpuInfo, Inventory
+    from agent.runtime import AgentRuntime
+
+    heartbeat_s = float(sys.argv[1])
+    config = config_from_args(build_parser().parse_args(sys.argv[2:]))
+    setup_logging(config.log_level)
+    gpu = GpuInfo(name="NVIDIA A100-SXM4-40GB", uuid="", compute_capability=8.0,
+                  memory_bytes=40 * 10**9)
+
+    async def main():
+        runtime = AgentRuntime.from_config(
+            config, components=[PlacementComponent.from_config(config)],
+            inventory_reader=lambda: Inventory(gpus=(gpu,) * 8), heartbeat_interval_s=heartbeat_s)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, runtime.request_stop)
+        return await runtime.run()
+
+    sys.exit(asyncio.run(main()))
+""")
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+class LabFleet:
+    """A lab with the hub's broker and planner and one agent per host, all real processes."""
+
+    def __init__(self, lab: WanLab, work: Path):
+        self.lab, self.work = lab, work
+        self.services = Services(lab, work, PYTHON)
+        self.db = work / "planner.db"
+        self.state_root = work / "agents"
+        self.agents: dict[str, subprocess.Popen] = {}
+
+    def start_hub(self, *serve_args: str) -> None:
+        conf = self.work / "mosquitto.conf"
+        conf.write_text(f"listener {MQTT_PORT} {HUB_ADDRESS}\nallow_anonymous true\npersistence false\n")
+        self.services.start("mosquitto", HUB, ["mosquitto", "-c", str(conf)])
+        wait_port(self.lab, HUB, HUB_ADDRESS, MQTT_PORT)
+        self.services.start("planner", HUB, [
+            PYTHON, "-m", "planner.cli", "serve", "--db", str(self.db),
+            "--listen", f"{HUB_ADDRESS}:{PLANNER_PORT}", "--insecure", "--fleet-name", FLEET,
+            "--mqtt", MQTT_URL, "--rollup-seconds", "1", *serve_args])
+        wait_port(self.lab, HUB, HUB_ADDRESS, PLANNER_PORT, timeout_s=60)
+
+    def start_agents(self, program: list[str]) -> None:
+        """``program``: the agent's command before its flags (the CLI, or the CLI plus seams)."""
+        send_cities = cities_plausible(self.lab.matrix)
+        for host in self.lab.matrix.hosts:
+            argv = [*program, "--planner", f"{HUB_ADDRESS}:{PLANNER_PORT}", "--node-id", host.name,
+                    "--address", self.lab.address(host.name), "--interval", "1",
+                    "--state-dir", str(self.state_root / host.name), "--insecure",
+                    "--mqtt", MQTT_URL, "--log-level", "INFO"]
+            if send_cities and host.city:
+                argv += ["--city", host.city]
+            self.agents[host.name] = self.services.start(f"agent-{host.name}", host.name, argv)
+
+    def kill_agent(self, host: str) -> None:
+        """SIGKILL the agent of ``host`` (no goodbye to anyone) and stop watching it."""
+        proc = self.agents.pop(host)
+        os.killpg(proc.pid, signal.SIGKILL)
+        self.services.procs = [(name, p) for name, p in self.services.procs if p is not proc]
+        proc.wait(timeout=10)
+
+    def logs(self) -> str:
+        """The tail of every log, for failure messages."""
+        parts = []
+        for path in sorted(self.work.glob("*.log")) + sorted(self.state_root.glob("*/jobs/*.log")):
+            parts.append(f"--- {path.relative_to(self.work)}\n{path.read_text(errors='replace')[-1500:]}")
+        return "\n".join(parts)
+
+    def wait(self, predicate: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.5):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.services.check()
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}\n{self.logs()}")
+            time.sleep(poll_s)
+
+    def wait_for_rtts(self, timeout_s: float = 60, min_samples: int = 3) -> dict:
+        """The store's fleet once every pair of hosts has a measured RTT."""
+        names = self.lab.matrix.names
+        want = {frozenset((a, b)) for i, a in enumerate(names) for b in names[i + 1:]}
+
+        def measured():
+            fleet = export_fleet(PYTHON, self.db, self.work / "fleet.json")
+            return fleet if fleet and want <= set(learned_rtts(fleet, min_samples)) else None
+
+        return self.wait(measured, timeout_s, "every pair's RTT in the planner's store", poll_s=1)
+
+    def plan_push(self, jobs: Path, *source: str):
+        """`hulk-planner plan --push` inside the hub (the broker is only reachable from the lab)."""
+        out = self.work / "plan.json"
+        proc = self.lab.run(HUB, [PYTHON, "-m", "planner.cli", "plan", str(jobs), *source,
+                                  "--no-compare", "--out", str(out), "--push", "--mqtt", MQTT_URL,
+                                  "--fleet-name", FLEET],
+                            timeout=180, cwd=REPO, env=self.services.env)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + self.logs()
+        assert "pushed to" in proc.stdout, proc.stdout
+        return json.loads(out.read_text()), proc.stdout
+
+    def placements(self) -> dict[str, dict | None]:
+        return read_placements(self.state_root, self.lab.matrix.names)
+
+    def store_nodes(self) -> dict[str, dict]:
+        with Store(self.db) as store:
+            return {r["id"]: r for r in store.nodes()}
+
+
+@pytest.fixture
+def lab_fleet(make_wan_lab, tmp_path) -> Iterator[Callable[[lab_matrix.LatencyMatrix], LabFleet]]:
+    """Build a lab and its services; the services stop before the lab is torn down."""
+    if shutil.which("mosquitto") is None:
+        pytest.skip("mosquitto is not installed")
+    started: list[LabFleet] = []
+
+    def build(matrix: lab_matrix.LatencyMatrix) -> LabFleet:
+        work = tmp_path / f"fleet{len(started)}"
+        work.mkdir()
+        fleet = LabFleet(make_wan_lab(matrix), work)
+        started.append(fleet)
+        return fleet
+
+    yield build
+    for fleet in started:
+        fleet.services.stop()
+
+
+def torchrun_processes(lab: WanLab, program: str) -> dict[str, list[str]]:
+    """Host -> argv of the torchrun running ``program`` in that host's namespace (other labs on
+    the machine run their own)."""
+    hosts = {os.stat(f"/run/netns/{lab.ns(h).netns}").st_ino: h for h in lab.hosts}
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            if any(a.endswith("torchrun") for a in argv[:2]) and program in argv:
+                host = hosts.get(os.stat(proc / "ns" / "net").st_ino)
+                if host:
+                    found[host] = argv
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def stages_of(plan: dict, job: str) -> list[dict]:
+    (entry,) = [j for j in plan["jobs"] if j["name"] == job]
+    return entry["stages"]
+
+
+def roles_for(placement: dict | None, job: str) -> list[dict]:
+    return [r for r in (placement or {}).get("roles", []) if r["job"] == job]
+
+
+# ------------------------------------------------------------------ 1. two stages, two namespaces
+
+TRAIN_JOB = "train-gpt"
+
+
+def train_jobs_file(path: Path) -> Path:
+    # The cost model's view of examples/train_gpt.py at its defaults (4 blocks of width 64,
+    # 32-token sequences), as in lab/jobs.yaml.
+    path.write_text(textwrap.dedent(f"""\
+        jobs:
+          - name: {TRAIN_JOB}
+            params: 0.25e6
+            layers: 4
+            hidden: 64
+            seq_len: 32
+            global_batch: 16
+            micro_batch: 2
+            steps: {STEPS}
+            command: "python {EXAMPLE} --steps {STEPS} --timeout 90"
+        """))
+    return path
+
+
+def memory_forcing_two_stages(jobs: Path) -> float:
+    """Declared GPU memory (GB) per host: below the whole model's state, so one node cannot hold
+    the job, and above the most a half can need (any micro-batch), so two stages fit."""
+    (job,) = parse_jobs(jobs.read_text(), str(jobs))
+    whole = stage_memory_bytes(job, job.layers, 1, 1, 1)
+    half = stage_memory_bytes(job, job.layers // 2, job.global_batch, job.global_batch, 2)
+    assert half < whole
+    return (half + whole) / 2 / 1e9
+
+
+def test_the_example_trains_as_two_pipeline_stages_over_two_namespaces_from_a_pushed_plan(lab_fleet):
+    fleet = lab_fleet(lab_matrix.from_cities(["Beijing", "Neimeng"]).scaled(0.5))
+    first, second = fleet.lab.hosts
+    fleet.start_hub()
+    fleet.start_agents([PYTHON, "-m", "agent"])  # the real `hulk-agent` CLI
+
+    # The agents register and measure; the store's fleet, declared with GPUs, is what we plan on.
+    learned = fleet.wait_for_rtts()
+    jobs = train_jobs_file(fleet.work / "jobs.yaml")
+    declared = lab_fleet_with_gpus(learned, fleet.lab.matrix, 1, A100,
+                                   memory_gb=memory_forcing_two_stages(jobs))
+    assert {n["id"] for n in declared["nodes"]} == {first, second}
+    fleet_file = fleet.work / "fleet-declared.json"
+    fleet_file.write_text(json.dumps(declared))
+
+    plan, _ = fleet.plan_push(jobs, "--fleet", str(fleet_file))
+    stages = stages_of(plan, TRAIN_JOB)
+    assert [len(st["nodes"]) for st in stages] == [1, 1], plan
+    assert {st["nodes"][0] for st in stages} == {first, second}
+
+    # Each agent holds exactly its own role of the same plan.
+    def both_placed() -> dict | None:
+        p = fleet.placements()
+        return p if all(p.values()) else None
+
+    placements = fleet.wait(both_placed, 30, "both placements")
+    plan_ids = {p["plan_id"] for p in placements.values()}
+    assert len(plan_ids) == 1, placements
+    plan_id = plan_ids.pop()
+    for k, st in enumerate(stages):
+        node = st["nodes"][0]
+        assert placements[node]["node"] == node
+        (role,) = roles_for(placements[node], TRAIN_JOB)
+        assert (role["stage"], role["num_stages"], role["replica"], role["num_replicas"]) == (k, 2, 0, 1)
+        assert (role["rank"], role["world_size"], role["layers"]) == (k, 2, st["layers"])
+        assert role["command"].startswith("python ") and str(EXAMPLE) in role["command"]
+
+    # torchrun runs both ranks to the end; the exit reaches the planner with the next heartbeat.
+    torchruns: dict[str, list[str]] = {}
+
+    def exited() -> dict | None:
+        torchruns.update(torchrun_processes(fleet.lab, str(EXAMPLE)))
+        nodes = fleet.store_nodes()
+        done = all(nodes.get(n, {}).get("launch_state") == "exited"
+                   and nodes[n].get("launch_plan_id") == plan_id for n in (first, second))
+        return nodes if done else None
+
+    t0 = time.monotonic()
+    nodes = fleet.wait(exited, 180, "both launches to exit and be reported")
+    print(f"\npush to both exits reported: {time.monotonic() - t0:.1f} s")
+    for n in (first, second):
+        assert nodes[n]["launch_exit_code"] == 0, (nodes[n], fleet.logs())
+        assert nodes[n]["launch_job"] == TRAIN_JOB
+    # Seen while running: a static-rendezvous torchrun in each node's namespace, with the rank of
+    # its placement and the rank-0 node as the rendezvous.
+    assert set(torchruns) == {first, second}, torchruns
+    for k, st in enumerate(stages):
+        argv = torchruns[st["nodes"][0]]
+        assert argv[argv.index("--node-rank") + 1] == str(k), argv
+        assert argv[argv.index("--nnodes") + 1] == "2" and "static" in argv, argv
+        assert argv[argv.index("--master-addr") + 1] == stages[0]["nodes"][0], argv
+
+    # The training output: every step on both stages, and a finite loss per step on the last.
+    for k, st in enumerate(stages):
+        node = st["nodes"][0]
+        log = (fleet.state_root / node / "jobs" / f"{TRAIN_JOB}.log").read_text(errors="replace")
+        for step in range(1, STEPS + 1):
+            assert f"step {step}/{STEPS} stage {k} replica 0" in log, log[-3000:]
+        agent_log = (fleet.work / f"agent-{node}.log").read_text(errors="replace")
+        assert f"launch {TRAIN_JOB}: exited (code 0)" in agent_log, agent_log[-2000:]
+    last_log = (fleet.state_root / stages[1]["nodes"][0] / "jobs" / f"{TRAIN_JOB}.log").read_text()
+    losses = [float(line.rsplit("loss ", 1)[1]) for line in last_log.splitlines()
+              if line.startswith("step ") and " loss " in line]
+    assert len(losses) == STEPS and all(math.isfinite(v) for v in losses), last_log[-2000:]
+
+    shown = fleet.lab.run(HUB, [PYTHON, "-m", "planner.cli", "fleet", "show", "--db", str(fleet.db)],
+                          cwd=REPO, env=fleet.services.env)
+    assert shown.returncode == 0, shown.stderr
+    rows = {line.split()[1]: line for line in shown.stdout.splitlines()
+            if len(line.split()) > 1 and line.split()[1] in (first, second)}
+    assert set(rows) == {first, second}, shown.stdout
+    assert all("exited" in row and TRAIN_JOB in row for row in rows.values()), shown.stdout
+
+
+# ------------------------------------------------------------------------- 2. a node is lost
+
+RECOVERY_JOB = "big"
+DECLARED_SERVER_GB = 8 * 40  # what the agents of test 2 declare: 8 x A100-40GB
+
+
+def recovery_jobs_file(path: Path) -> Path:
+    """One job that needs the memory of three servers: the plan uses three or all four hosts,
+    and after one is lost exactly the three left, so every surviving agent of the job gets a
+    role again (whatever the planner prefers)."""
+    path.write_text(textwrap.dedent(f"""\
+        jobs:
+          - {{name: {RECOVERY_JOB}, params: 45e9, layers: 48, hidden: 6144, seq_len: 2048,
+             global_batch: 512, micro_batch: 1}}
+        """))
+    (job,) = parse_jobs(path.read_text(), str(path))
+    server = DECLARED_SERVER_GB * 1e9
+    assert stage_memory_bytes(job, job.layers // 2, 1, 1, 2) > server  # two servers are too few
+    assert stage_memory_bytes(job, job.layers // 3, 1, 3, 3) < server  # three are enough
+    return path
+
+
+def test_killing_an_agent_gets_the_affected_agents_a_new_placement_within_30_s(lab_fleet):
+    fleet = lab_fleet(lab_matrix.from_cities(["Beijing", "Neimeng", "Nanjing", "Tokyo"]).scaled(0.25))
+    fleet.start_hub("--node-timeout", f"{NODE_TIMEOUT_S:g}", "--recovery-interval", "0.5")
+    fleet.start_agents([PYTHON, "-c", AGENT_WITH_DECLARED_GPUS, "1"])
+    fleet.wait_for_rtts()
+    fleet.wait(lambda: all((fleet.store_nodes().get(n) or {}).get("gpu_count") == 8
+                           for n in fleet.lab.hosts), 20, "every node's GPUs in the store")
+
+    jobs = recovery_jobs_file(fleet.work / "jobs.yaml")
+    plan, _ = fleet.plan_push(jobs, "--db", str(fleet.db))  # the store, as in production
+    old_nodes = [n for st in stages_of(plan, RECOVERY_JOB) for n in st["nodes"]]
+    assert len(old_nodes) >= 3, plan
+
+    def pushed() -> dict | None:
+        p = fleet.placements()
+        ids = {p[n]["plan_id"] for n in old_nodes if p[n]}
+        return p if all(p[n] for n in old_nodes) and len(ids) == 1 else None
+
+    before = fleet.wait(pushed, 30, "the first placements")
+    old_plan_id = before[old_nodes[0]]["plan_id"]
+    # The rank-0 node: every other node's placement names it as the rendezvous.
+    (victim,) = [n for n in old_nodes if roles_for(before[n], RECOVERY_JOB)[0]["rank"] == 0]
+    victim_address = fleet.lab.address(victim)
+    assert all(roles_for(before[n], RECOVERY_JOB)[0]["rendezvous"]["address"] == victim_address
+               for n in old_nodes)
+    survivors = [n for n in old_nodes if n != victim]
+
+    def replanned() -> dict | None:
+        p = fleet.placements()
+        new = {n: p[n] for n in fleet.lab.hosts if n != victim and p[n]
+               and p[n]["plan_id"] != old_plan_id and roles_for(p[n], RECOVERY_JOB)}
+        if not new:
+            return None
+        world = roles_for(next(iter(new.values())), RECOVERY_JOB)[0]["world_size"]
+        # Every survivor of the old group holds a role of the new plan, and the group is complete.
+        return new if set(survivors) <= set(new) and len(new) == world else None
+
+    t_kill = time.monotonic()
+    fleet.kill_agent(victim)
+    new = fleet.wait(replanned, RECOVERY_BOUND_S + 15, "the new placements", poll_s=0.05)
+    elapsed = time.monotonic() - t_kill
+    print(f"\nkill to new placements on {len(new)} agent(s): {elapsed:.2f} s "
+          f"(node timeout {NODE_TIMEOUT_S:g} s, agents' heartbeat 1 s)")
+    assert elapsed < RECOVERY_BOUND_S, fleet.logs()
+
+    new_plan_ids = {p["plan_id"] for p in new.values()}
+    assert len(new_plan_ids) == 1 and old_plan_id not in new_plan_ids
+    roles = {n: roles_for(p, RECOVERY_JOB)[0] for n, p in new.items()}
+    assert victim not in new
+    assert sorted(r["rank"] for r in roles.values()) == list(range(len(roles)))
+    rank0 = next(n for n, r in roles.items() if r["rank"] == 0)
+    for n, r in roles.items():
+        assert r["rendezvous"]["address"] == fleet.lab.address(rank0) != victim_address, r
+        assert r["plan_id"] in new_plan_ids
+        assert victim not in json.dumps(new[n])
+    # The planner logs the recovery right after its push returns.
+    fleet.wait(lambda: f"recovery: re-planned ['{RECOVERY_JOB}']" in
+               (fleet.work / "planner.log").read_text(), 10, "the planner's recovery log line")
