@@ -246,8 +246,10 @@ def add_serve_arguments(p: Any) -> None:
                    help="seconds between checks for silent nodes (default: a third of --node-timeout)")
 
 
-def add_to_runtime(runtime: Any, args: Any) -> Replanner | None:
-    """With ``--mqtt``: run a Replanner as the serve runtime's background task ``recovery``."""
+def add_to_runtime(runtime: Any, args: Any, *, search: SearchFn | None = None) -> Replanner | None:
+    """With ``--mqtt``: run a Replanner as the serve runtime's background task ``recovery``.
+    ``search`` plans the affected jobs (default: the search planner; serve passes the GNN when
+    a model dir is given)."""
     if not getattr(args, "mqtt", None):
         return None
     from hulk.broker import parse_broker_url
@@ -261,7 +263,7 @@ def add_to_runtime(runtime: Any, args: Any) -> Replanner | None:
     publisher = MqttPublisher(parse_broker_url(args.mqtt, source="--mqtt"),
                               identifier=f"hulk-planner-serve-{runtime.fleet}-{os.getpid()}")
     replanner = Replanner(publisher, fleet=runtime.fleet, timeout_s=args.node_timeout,
-                          **store_sources(runtime, getattr(args, "window_days", 90)))
+                          search=search, **store_sources(runtime, getattr(args, "window_days", 90)))
     runtime.add_task(BackgroundTask("recovery", replanner.run_once, interval, in_store_thread=False))
     log.info("recovery: nodes silent for %.0f s lose their roles; checking every %.1f s via %s",
              args.node_timeout, interval, publisher.broker)

@@ -48,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from planner.recovery import add_serve_arguments  # --mqtt, --node-timeout (issue 5)
 
     add_serve_arguments(p)
+    from planner.gnn.online import add_serve_arguments as add_gnn_arguments  # --model-dir, --retrain
+
+    add_gnn_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -112,8 +115,11 @@ async def serve(runtime: PlannerRuntime) -> None:
 
 def run(args: argparse.Namespace) -> int:
     runtime = build_runtime(args)
+    from planner.gnn.online import add_to_runtime as add_gnn, serve_search
     from planner.recovery import add_to_runtime  # re-plan silent nodes' jobs when --mqtt is set
 
-    add_to_runtime(runtime, args)
+    # With --model-dir: re-planning uses the active GNN checkpoint, fine-tuned as the fleet changes.
+    active = add_gnn(runtime, args)
+    add_to_runtime(runtime, args, search=serve_search(active))
     asyncio.run(serve(runtime))
     return 0

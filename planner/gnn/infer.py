@@ -1,10 +1,12 @@
-"""Planning with the GNN: class scores -> Algorithm 1 -> (optionally) search refinement.
+"""Planning with the GNN: class scores -> groups -> Algorithm 1 -> (optionally) search refinement.
 
-``plan_gnn(..., refine=False)`` is ``--method gnn-raw``: the GNN's grouping made feasible by
-Algorithm 1, each group placed on its own by the search planner's ``best_placement``, with no
-moves of nodes between groups. ``refine=True`` (``--method gnn``) hands that plan to
-``plan_search`` as its starting point. A checkpoint that is missing or damaged never stops
-planning: the search planner plans alone, with a logged warning and a note in the plan.
+``plan_gnn(..., refine=False)`` is ``--method gnn-raw``: groups read off the GNN's scores
+(:func:`best_grouping_plan`: cluster-coherent groups, :func:`coherent_scores`, or the balanced
+arg-max, whichever the cost model rates best), made feasible by Algorithm 1, each group placed
+on its own by the search planner's ``best_placement``, with no moves of nodes between groups.
+``refine=True`` (``--method gnn``) hands that grouping to ``plan_search`` as its starting point.
+A checkpoint that is missing or damaged never stops planning: the search planner plans alone,
+with a logged warning and a note in the plan.
 """
 
 from __future__ import annotations
@@ -84,21 +86,200 @@ def balance_scores(scores: np.ndarray, thr: np.ndarray, iterations: int = 30) ->
     return best / best.sum(axis=1, keepdims=True).clip(min=1e-12)
 
 
+LOCAL_RTT_MS = 8.0   # nodes this close (or in one city) form a locality cluster (the search's rule)
+
+
+def locality_clusters(net: Network, threshold_ms: float = LOCAL_RTT_MS) -> np.ndarray:
+    """Cluster label per node: single linkage over links of at most ``threshold_ms`` and over
+    shared cities. (Kept here rather than imported so the GNN's grouping does not depend on the
+    search planner's internals.)"""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    n = net.n
+    rows, cols = np.nonzero(net.rtt_ms <= threshold_ms)
+    close = csr_matrix((np.ones(rows.size, dtype=bool), (rows, cols)), shape=(n, n))
+    first: dict[str, int] = {}
+    heads = np.array([first.setdefault(node.city_key, i) if node.city_key is not None else i
+                      for i, node in enumerate(net.nodes)], dtype=np.int64)
+    close = close + csr_matrix((np.ones(n, dtype=bool), (np.arange(n), heads)), shape=(n, n))
+    return connected_components(close, directed=False)[1].astype(np.int64)
+
+
+def _cluster_rtt(net: Network, labels: np.ndarray) -> np.ndarray:
+    """(clusters, clusters) mean RTT over the links between two clusters (inf: no link)."""
+    k = int(labels.max()) + 1
+    onehot = np.zeros((net.n, k))
+    onehot[np.arange(net.n), labels] = 1.0
+    finite = np.isfinite(net.rtt_ms)
+    rtt = np.where(finite, net.rtt_ms, 0.0)
+    total = onehot.T @ rtt @ onehot
+    count = onehot.T @ finite.astype(float) @ onehot
+    out = np.where(count > 0, total / np.maximum(count, 1.0), np.inf)
+    np.fill_diagonal(out, 0.0)
+    return out
+
+
+def _grow(job: Job, net: Network, home: int, target: float, labels, crtt, comps, free, free_thr,
+          score, thr, widen: float = 1.0) -> tuple[np.ndarray, float]:
+    """Free nodes for ``job`` from cluster ``home`` outwards (best score first within a cluster)
+    until it fits and has ``target`` throughput; returns the nodes and the largest RTT between the
+    clusters it needed to fit. Further clusters are added by least farthest-RTT to those taken; once the group
+    fits, only clusters within ``widen`` times its current span are added (a group inside one
+    cluster stays there: cross-cluster data parallelism rarely pays)."""
+    from planner.core.algorithm1 import _take_until_fit, fits
+
+    comp = comps[np.flatnonzero(labels == home)[0]]
+    chosen, taken, got, span, c = [home], [], 0.0, 0.0, home
+    fit_span = None
+    while True:
+        cand = np.flatnonzero((labels == c) & free & (comps == comp))
+        cand = cand[np.lexsort((cand, -score[cand]))]
+        k = min(int(np.searchsorted(np.cumsum(thr[cand]), target - got)) + 1, cand.size)
+        group = np.concatenate(taken) if taken else cand[:0]
+        if not fits(job, net, np.concatenate([group, cand[:k]])):
+            k = max(k, _take_until_fit(job, net, group, cand).size)
+        taken.append(cand[:k])
+        got += float(thr[cand[:k]].sum())
+        group = np.concatenate(taken)
+        ok = fits(job, net, group)
+        if ok and fit_span is None:
+            fit_span = span
+        if ok and got >= target:
+            return group, fit_span
+        far = crtt[chosen].max(axis=0)
+        far[chosen] = np.inf
+        far[free_thr <= 0] = np.inf
+        nxt = int(np.argmin(far))
+        if not np.isfinite(far[nxt]) or (ok and far[nxt] > widen * span):
+            return group, (fit_span if ok else span)
+        span = max(span, float(far[nxt]))
+        chosen.append(nxt)
+        c = nxt
+
+
+def coherent_scores(jobs: list[Job], net: Network, scores: np.ndarray,
+                    labels: np.ndarray | None = None, widen: float = 1.0) -> np.ndarray:
+    """One-hot class scores that keep every job inside few nearby locality clusters.
+
+    The GNN's scores say *where* each job belongs; arg-max over them scatters a job over cities
+    (and leaves big jobs with nothing when their probability is spread thinly). Here each job, in
+    order of FLOPs, gets a target throughput (its FLOP share of the fleet, at least what its
+    memory threshold needs on average nodes) and a home cluster: the free cluster where its mean
+    score times the throughput it can get there is largest. It takes the home's best-scoring
+    free nodes up to the target; a job that does not fit in one cluster grows into the clusters
+    nearest (by farthest RTT) to those taken, and among the 8 best homes the one whose group fits
+    within the least RTT span wins (see :func:`_grow` for ``widen``). Leftover nodes of a cluster
+    go to the job in that cluster with the longest estimated time (FLOPs / throughput); clusters
+    no job uses stay idle. Algorithm 1 then makes the result feasible exactly as for raw scores.
+    """
+    from planner.core.algorithm1 import _take_until_fit, component_labels, fits, memory_threshold
+
+    n, num = net.n, len(jobs)
+    out = np.zeros((n, num + 1))
+    out[:, -1] = 1.0
+    if num == 0 or n == 0:
+        return out
+    labels = locality_clusters(net) if labels is None else labels
+    crtt = _cluster_rtt(net, labels)
+    comps = component_labels(net)
+    thr = np.asarray(net.thr, dtype=float)
+    mean_mem, mean_thr = float(net.mem.mean()), float(thr.mean())
+    flops = np.array([j.total_flops for j in jobs], dtype=float)
+    target = flops / flops.sum() * thr.sum()
+    need = np.array([memory_threshold(j, min(j.layers, 16)) / mean_mem * mean_thr for j in jobs])
+    target = np.maximum(target, need)
+    owner = np.full(n, -1, dtype=np.int64)
+    for j in sorted(range(num), key=lambda j: (-flops[j], j)):
+        free = owner < 0
+        if not free.any():
+            break
+        free_thr = np.bincount(labels[free], weights=thr[free], minlength=crtt.shape[0])
+        mass = np.bincount(labels[free], weights=scores[free, j] * thr[free],
+                           minlength=crtt.shape[0])
+        # Home: where the job scores well per unit of throughput and can get its share. A job
+        # too big for one cluster instead starts where its grown group spans the least RTT.
+        density = mass / np.maximum(free_thr, 1e-30)
+        key = density * np.minimum(free_thr, target[j])
+        homes = [int(c) for c in np.argsort(-key)[:8] if free_thr[c] > 0]
+        best = None
+        for home in homes:
+            group, span = _grow(jobs[j], net, home, target[j], labels, crtt, comps, free,
+                                free_thr, scores[:, j], thr, widen)
+            ok = group.size > 0 and fits(jobs[j], net, group)
+            rank = (not ok, span if ok else 0.0, -float((scores[group, j] * thr[group]).sum()))
+            if best is None or rank < best[0]:
+                best = (rank, group)
+            if ok and span == 0.0:
+                break                     # one cluster holds it: the best-scoring such home
+        if best is not None:
+            owner[best[1]] = j
+    # Leftovers of used clusters: to the slowest job already in that cluster.
+    est = np.array([flops[j] / max(thr[owner == j].sum(), 1e-9) for j in range(num)])
+    for c in np.unique(labels[owner < 0]):
+        members = np.flatnonzero(labels == c)
+        present = np.unique(owner[members][owner[members] >= 0])
+        if present.size == 0:
+            continue
+        for i in members[owner[members] < 0][np.argsort(-thr[members[owner[members] < 0]])]:
+            j = int(present[np.argmax(est[present])])
+            owner[i] = j
+            est[j] = flops[j] / thr[owner == j].sum()
+    mine = owner >= 0
+    out[mine] = 0.0
+    out[np.flatnonzero(mine), owner[mine]] = 1.0
+    return out
+
+
 def grouping_plan(jobs: list[Job], net: Network, scores: np.ndarray,
-                  method: str = "gnn-raw") -> tuple[Plan, "object"]:
-    """Algorithm 1 on ``scores``, then the best placement of each job inside its own group."""
+                  method: str = "gnn-raw", effort: str = "normal",
+                  grouping=None) -> tuple[Plan, "object"]:
+    """Algorithm 1 on ``scores`` (or a ready ``grouping``), then the best placement of each job
+    inside its own group at the search planner's ``effort``."""
     from planner.core.algorithm1 import algorithm1
     from planner.core.search import best_placement
 
-    grouping = algorithm1(jobs, net, scores)
+    if grouping is None:
+        grouping = algorithm1(jobs, net, scores)
     by_name = {j.name: j for j in jobs}
     placements = []
     for name, members in grouping.groups.items():
-        placement, _ = best_placement(by_name[name], list(members), net)
+        placement, _ = best_placement(by_name[name], list(members), net, effort=effort)
         placements.append(_with_phase(placement, grouping.phase[name]))
     order = {j.name: k for k, j in enumerate(jobs)}
     placements.sort(key=lambda p: (p.phase, order[p.job.name]))
     return Plan(method=method, placements=placements, notes=list(grouping.notes)), grouping
+
+
+def best_grouping_plan(jobs: list[Job], net: Network, probs: np.ndarray,
+                       widen: tuple[float, ...] = (1.0, 2.0),
+                       full_effort: bool = True) -> tuple[Plan, "object"]:
+    """The grouping of least estimated makespan among the cluster-coherent ones (one per
+    ``widen``) and the balanced arg-max of ``probs``; all are read off the GNN's scores, the cost
+    model only picks among them. ``full_effort=False`` skips the second, full-effort
+    placement of the closest candidates (for ``plan_gnn(refine=True)``, whose search refinement
+    starts from the grouping and places every job again anyway)."""
+    from planner.core.costmodel import estimate_plan
+
+    labels = locality_clusters(net)
+    candidates = [coherent_scores(jobs, net, probs, labels, widen=w) for w in widen]
+    candidates.append(balance_scores(probs, net.thr))
+    tried = []
+    for scores in candidates:
+        plan, grouping = grouping_plan(jobs, net, scores, method="gnn-raw")
+        tried.append((estimate_plan(plan.placements, net).makespan_s, plan, grouping))
+    tried.sort(key=lambda t: t[0])
+    # The groupings close to the best once more, each job placed with the search's full effort
+    # (normal effort can misjudge a big job's group; full effort on all is slow at scale).
+    best = tried[0]
+    for makespan, _, grouping in (tried if full_effort else []):
+        if makespan > 1.5 * tried[0][0]:
+            break
+        plan, _ = grouping_plan(jobs, net, None, method="gnn-raw", effort="full", grouping=grouping)
+        full = estimate_plan(plan.placements, net).makespan_s
+        if full < best[0]:
+            best = (full, plan, grouping)
+    return best[1], best[2]
 
 
 def _with_phase(placement, phase: int):
@@ -128,8 +309,8 @@ def plan_gnn(jobs: list[Job], net: Network, *, seed: int = 0,
         plan = _search(jobs, net, seed=seed, progress=progress, **search_kwargs)
         plan.notes.append(f"GNN checkpoint unavailable ({exc}); planned by search instead")
         return plan
-    scores = balance_scores(node_scores(jobs, net, model), net.thr)
-    raw, grouping = grouping_plan(jobs, net, scores, method="gnn-raw")
+    raw, grouping = best_grouping_plan(jobs, net, node_scores(jobs, net, model),
+                                       full_effort=not refine)
     if len(jobs) > F.MAX_SLOTS:
         raw.notes.append(f"the GNN scores the {F.MAX_SLOTS} largest jobs; "
                          f"{len(jobs) - F.MAX_SLOTS} smaller ones were grouped from idle nodes")

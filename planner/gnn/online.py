@@ -232,24 +232,131 @@ class RetrainWatch:
 
 def serve_retrain_task(runtime, active_path: str | Path, *, interval_s: float = 3600.0,
                        thresholds: ChangeThresholds = ChangeThresholds(),
-                       config: RetrainConfig = RetrainConfig()):
+                       config: RetrainConfig = RetrainConfig(),
+                       on_result: Callable[[RetrainResult], None] | None = None):
     """A ``planner.server.BackgroundTask`` for ``hulk-planner serve``: every ``interval_s`` it
     reads the fleet from the store (on the store thread, like the rollup task) and, when it has
     changed beyond ``thresholds``, hands it to a :class:`Retrainer` working on ``active_path``
     (seeded from the shipped / HULK_MODEL checkpoint). Re-planning in serve should then call
-    ``plan_gnn(..., checkpoint=active_path)``; the loader notices a switched file by its mtime."""
+    ``plan_gnn(..., checkpoint=active_path)``; the loader notices a switched file by its mtime.
+    Returns ``(task, retrainer)``."""
     from planner.graph import fleet_from_store
-    from planner.gnn import checkpoint as ckpt
     from planner.server import BackgroundTask
+
+    active = seed_active_checkpoint(active_path)
+    retrainer = Retrainer(active, config=config, on_result=on_result)
+    watch = RetrainWatch(retrainer, thresholds)
+
+    def run() -> bool:
+        # Only the store read happens here (store thread); fine-tuning runs on the retrainer's
+        # own thread, so ingestion never waits for it.
+        fleet = fleet_from_store(runtime.store, runtime.window_days, runtime.fleet)
+        submitted = watch.check(fleet)
+        if submitted:
+            log.info("fleet %s changed (%d nodes): GNN fine-tuning started in the background",
+                     runtime.fleet, len(fleet.nodes))
+        return submitted
+
+    return BackgroundTask("gnn-retrain", run, interval_s, in_store_thread=True,
+                          run_at_start=True), retrainer
+
+
+ACTIVE_NAME = "hulk-gnn.pt"
+RESULTS_NAME = "retrain.jsonl"
+
+
+def seed_active_checkpoint(active_path: str | Path) -> Path:
+    """The active checkpoint, first copied from the shipped / HULK_MODEL one when absent."""
+    from planner.gnn import checkpoint as ckpt
 
     active = Path(active_path)
     if not active.is_file():
         active.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ckpt.default_path(), active)
-    watch = RetrainWatch(Retrainer(active, config=config), thresholds)
+    return active
 
-    def run() -> bool:
-        fleet = fleet_from_store(runtime.store, runtime.window_days, runtime.fleet)
-        return watch.check(fleet)
 
-    return BackgroundTask("gnn-retrain", run, interval_s, in_store_thread=True, run_at_start=True)
+def append_result(path: Path, result: RetrainResult) -> None:
+    """One JSON line per fine-tuning run (what operators and tests read)."""
+    import json
+    import time
+
+    row = {"time_ms": int(time.time() * 1000), "fleet": result.fleet_name,
+           "switched": result.switched, "old_val_acc": result.old_val_acc,
+           "new_val_acc": result.new_val_acc, "examples": result.examples, "error": result.error,
+           "checkpoint": str(result.path) if result.path else None}
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def add_serve_arguments(p) -> None:
+    """``hulk-planner serve`` flags for the GNN (planner/commands/serve.py calls this)."""
+    import argparse
+
+    d = RetrainConfig()
+    p.add_argument("--model-dir", type=Path, metavar="DIR",
+                   help=f"folder of the active GNN checkpoint ({ACTIVE_NAME}, seeded from the "
+                        "shipped one or HULK_MODEL; the replaced one is kept as *.prev.pt). "
+                        "With it, re-planning uses the GNN and it is fine-tuned as the fleet changes")
+    p.add_argument("--retrain", action=argparse.BooleanOptionalAction, default=None,
+                   help="fine-tune the GNN in the background when the fleet changes "
+                        "(default: on when --model-dir is given)")
+    p.add_argument("--retrain-check-interval", type=float, default=300.0, metavar="SECONDS",
+                   help="seconds between fleet-change checks (default 300)")
+    p.add_argument("--retrain-job-sets", type=int, default=d.job_sets, metavar="N",
+                   help=f"teacher-labelled job sets per fine-tuning run (default {d.job_sets})")
+    p.add_argument("--retrain-epochs", type=int, default=d.epochs, metavar="E",
+                   help=f"epochs per fine-tuning run (default {d.epochs})")
+    p.add_argument("--retrain-teacher-budget", type=float, default=d.teacher_budget_s,
+                   metavar="SECONDS",
+                   help=f"search-planner budget per teacher label (default {d.teacher_budget_s:g})")
+
+
+def add_to_runtime(runtime, args) -> Path | None:
+    """Set up the active checkpoint from ``--model-dir`` and, unless ``--no-retrain``, the
+    background fine-tuning task. Returns the active checkpoint path (None without --model-dir)."""
+    from hulk.errors import ConfigError
+
+    model_dir = getattr(args, "model_dir", None)
+    retrain = getattr(args, "retrain", None)
+    if model_dir is None:
+        if retrain:
+            raise ConfigError("--retrain needs --model-dir (where the fine-tuned checkpoint goes)",
+                              field="--retrain")
+        return None
+    if model_dir.exists() and not model_dir.is_dir():
+        raise ConfigError(f"{model_dir}: expected a folder", field="--model-dir")
+    for flag, value in (("--retrain-check-interval", args.retrain_check_interval),
+                        ("--retrain-teacher-budget", args.retrain_teacher_budget)):
+        if not value > 0:
+            raise ConfigError(f"expected seconds > 0, got {value}", field=flag)
+    for flag, value in (("--retrain-job-sets", args.retrain_job_sets),
+                        ("--retrain-epochs", args.retrain_epochs)):
+        if value < (2 if flag == "--retrain-job-sets" else 1):
+            raise ConfigError(f"expected a larger count, got {value}", field=flag)
+    active = seed_active_checkpoint(model_dir / ACTIVE_NAME)
+    if retrain is False:
+        log.info("GNN: planning with %s; fine-tuning off (--no-retrain)", active)
+        return active
+    results = model_dir / RESULTS_NAME
+    config = RetrainConfig(job_sets=args.retrain_job_sets, epochs=args.retrain_epochs,
+                           teacher_budget_s=args.retrain_teacher_budget)
+    task, _ = serve_retrain_task(runtime, active, interval_s=args.retrain_check_interval,
+                                 config=config, on_result=lambda r: append_result(results, r))
+    runtime.add_task(task)
+    log.info("GNN: planning with %s; fine-tuning when the fleet changes (checked every %.0f s, "
+             "results in %s)", active, args.retrain_check_interval, results)
+    return active
+
+
+def serve_search(active: Path | None):
+    """The planning function serve's re-planner uses: the GNN with the active checkpoint (it
+    falls back to search with a warning when the checkpoint is missing or damaged), or the search
+    planner when there is no model dir."""
+    if active is None:
+        return None
+    from functools import partial
+
+    from planner.gnn.infer import plan_gnn
+
+    return partial(plan_gnn, checkpoint=active)

@@ -59,3 +59,23 @@ def test_retrain_watch_submits_only_on_change():
     grown = generate_fleet(24, seed=2)
     assert watch.check(grown)
     assert rec.submitted == [fleet, grown]
+
+
+def test_serve_search_plans_with_the_active_checkpoint_or_falls_back(tiny_checkpoint, tmp_path):
+    """What serve's re-planner calls: the GNN with the active checkpoint, search when it is bad."""
+    from planner.core.costmodel import problems
+    from planner.core.fleet import complete
+    from planner.core.generate import generate_jobs
+    from planner.gnn.online import serve_search
+
+    assert serve_search(None) is None                      # no model dir: the default search
+    net = complete(generate_fleet(12, seed=5))
+    jobs = generate_jobs(2, seed=5, max_params=float(net.mem.sum()) / 16 / 3)
+    plan = serve_search(tiny_checkpoint)(jobs, net, seed=0)
+    assert plan.method == "gnn" and plan.placements
+    assert all(problems(p, net) == [] for p in plan.placements)
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"not a checkpoint")
+    fallback = serve_search(corrupt)(jobs, net, seed=0)
+    assert fallback.method != "gnn" and fallback.placements
+    assert any("planned by search instead" in note for note in fallback.notes)
