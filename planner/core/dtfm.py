@@ -43,7 +43,7 @@ from planner.core.search import (_cluster_distance, _grid, _growth_sets, _match_
 DEFAULT_GENERATIONS = 60
 OFFSPRING = 4
 MAX_POOLS_PER_SEED = 8     # growing sets of nearby clusters tried from each seed cluster
-SCREENED = 4               # partitions (pool, D) given every micro-batch size
+SCREENED = 6               # partitions (pool, D) given every micro-batch size
 GROUP_SAMPLE = 8           # nodes per stage group used for the path-order cost
 
 
@@ -109,12 +109,20 @@ def _path_key(dist: np.ndarray, path: list[int]) -> tuple[float, float]:
     return (float(hops.max(initial=0.0)), float(hops.sum()))
 
 
-def _score(job: Job, net: Network, groups: np.ndarray, b: int) -> tuple[Placement | None, Estimate]:
-    """Order the stage groups, match replicas, balance layers, and judge by the cost model."""
+def _ordered(job: Job, net: Network, groups: np.ndarray, b: int) -> np.ndarray:
+    """Stage groups in open-path order (step 3)."""
+    if groups.shape[0] <= 1:
+        return groups
+    return groups[_path_order(_group_path_cost(net, groups, job.activation_bytes(b)))]
+
+
+def _score(job: Job, net: Network, groups: np.ndarray, b: int, reorder: bool = True
+           ) -> tuple[Placement | None, Estimate]:
+    """Order the stage groups (unless ``reorder`` is False: keep the given order), match
+    replicas, balance layers, and judge by the cost model."""
     act = job.activation_bytes(b)
-    if groups.shape[0] > 1:
-        order = _path_order(_group_path_cost(net, groups, act))
-        groups = groups[order]
+    if reorder:
+        groups = _ordered(job, net, groups, b)
     grid = _match_rows(net, groups, act)
     placement = _placement_from_grid(job, net, grid, b)
     if placement is None:
@@ -126,9 +134,15 @@ def _score(job: Job, net: Network, groups: np.ndarray, b: int) -> tuple[Placemen
 def _evolve(job: Job, net: Network, groups: np.ndarray, spare: np.ndarray, b: int,
             placement: Placement, est: Estimate, rng: np.random.Generator,
             generations: int) -> tuple[Placement, Estimate]:
-    """(1 + lambda) evolution over the partition: swap nodes between groups or with spare nodes."""
-    best_groups, best_spare = groups.copy(), spare.copy()
+    """(1 + lambda) evolution over the partition: swap nodes between groups or with spare nodes.
+
+    Offspring keep their parent's stage order (a swap of one or two nodes rarely changes the
+    best open path, and ordering costs as much as the rest of the scoring); the champion is
+    re-ordered at the end. Large partitions get fewer generations (EVOLVE_FULL_NODES)."""
     k, d = groups.shape
+    generations = _generations_for(generations, k * d)
+    best_groups, best_spare = _ordered(job, net, groups, b), spare.copy()
+    start = (placement, est)
     for _ in range(generations):
         champion = None
         for _ in range(OFFSPRING):
@@ -141,12 +155,28 @@ def _evolve(job: Job, net: Network, groups: np.ndarray, spare: np.ndarray, b: in
                     a, b2 = rng.choice(k * d, size=2, replace=False)
                     ra, ca, rb, cb = a // d, a % d, b2 // d, b2 % d
                     g[ra, ca], g[rb, cb] = g[rb, cb], g[ra, ca]
-            p, e = _score(job, net, g, b)
+            p, e = _score(job, net, g, b, reorder=False)
             if p is not None and (champion is None or e.iteration_s < champion[3].iteration_s):
                 champion = (g, sp, p, e)
         if champion is not None and champion[3].iteration_s < est.iteration_s * (1 - 1e-12):
             best_groups, best_spare, placement, est = champion
+    if (placement, est) is not start:
+        p, e = _score(job, net, best_groups, b)
+        if p is not None and e.iteration_s < est.iteration_s * (1 - 1e-12):
+            placement, est = p, e
     return placement, est
+
+
+EVOLVE_FULL_NODES = 256    # partitions up to this many nodes get every generation
+
+
+def _generations_for(generations: int, nodes: int) -> int:
+    """Generations for a partition of ``nodes`` nodes: all of them up to EVOLVE_FULL_NODES,
+    then fewer in proportion (at least a sixth): each costs about linearly more there, and
+    single swaps move a large partition's iteration time very little."""
+    if nodes <= EVOLVE_FULL_NODES or generations <= 0:
+        return generations
+    return max(generations // 6, round(generations * EVOLVE_FULL_NODES / nodes))
 
 
 def dtfm_placement(job: Job, net: Network, nodes=None, *, seed: int = 0,
@@ -190,7 +220,9 @@ def dtfm_placement(job: Job, net: Network, nodes=None, *, seed: int = 0,
                     keep = np.argsort(-net.thr[groups].min(axis=1), kind="stable")[:job.layers]
                     groups = groups[np.sort(keep)]
                 b0 = min(job.micro_batch, _micro_batches(job, d)[-1])
-                p, e = _score(job, net, groups, b0)
+                # Screening keeps the groups in cluster path order (_grid builds them so);
+                # the open-path ordering is applied to the SCREENED best below.
+                p, e = _score(job, net, groups, b0, reorder=False)
                 screened.append((e.iteration_s, len(screened), d, b0, groups))
                 if d == 1:
                     break  # both variants coincide

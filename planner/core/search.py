@@ -25,6 +25,12 @@ Pipeline of the planner, every step judged by the reference cost model (costmode
    exchanges to the critical job, accepted when they lower the phase's makespan, then free nodes
    for the other jobs (sum of completion times); later-phase jobs are pulled into an earlier
    phase when free nodes allow it.
+6. **Growing the bottleneck** (:meth:`_Planner.grow_bottleneck`): the job that sets the
+   makespan is re-solved over a dense range of replica counts (:func:`_deep_solve`, stage groups
+   per cluster and per city, trimmed to the fastest rows when extra rows only add hops, bubble
+   and all-reduce) on its own nodes, plus the idle nodes of its clusters, plus those of the 1, 2
+   and 4 nearest clusters, or on a larger idle cluster; failing that, a job sharing its clusters
+   moves to idle clusters and leaves it the nodes. Each step is kept only when the makespan drops.
 
 Determinism: all choices depend only on the inputs and ``seed`` (ties broken by node index, the
 seeded generator only orders equal candidates). The amount of work is set by ``max_rounds`` and
@@ -355,19 +361,88 @@ def _micro_batches(job: Job, d: int) -> list[int]:
     return sorted({b for b in MICRO_BATCH_CANDIDATES + (job.micro_batch,) if 1 <= b <= per_replica})
 
 
-def _evaluate(job: Job, net: Network, grid: np.ndarray, b: int) -> tuple[Placement | None, Estimate]:
-    grid = _match_rows(net, grid, job.activation_bytes(b))
-    placement = _placement_from_grid(job, net, grid, b)
-    if placement is None:
-        return None, INFEASIBLE
-    est = estimate(placement, net)
-    if not est.feasible:
-        return None, INFEASIBLE
-    return placement, est
+def _evaluate(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool = False
+              ) -> tuple[Placement | None, Estimate]:
+    """Match, balance and judge a grid; ``trim``: also try keeping only its fastest rows."""
+    best: tuple[Placement | None, Estimate] = (None, INFEASIBLE)
+    for g in (_trimmed_grids(job, net, grid, b) if trim else [grid]):
+        g = _match_rows(net, g, job.activation_bytes(b))
+        placement = _placement_from_grid(job, net, g, b)
+        if placement is None:
+            continue
+        est = estimate(placement, net)
+        if est.feasible and (best[0] is None
+                             or est.iteration_s < best[1].iteration_s * (1 - 1e-12)):
+            best = (placement, est)
+    return best
+
+
+TRIM_FRACTIONS = (0.85, 0.7, 0.55, 0.4, 0.25, 0.12)
+
+
+def _trimmed_grids(job: Job, net: Network, grid: np.ndarray, b: int) -> list[np.ndarray]:
+    """The grid itself and, when the cost model's formula says it is faster, the grid keeping
+    only its fastest stage groups (rows, in their order). Using every row is often slower: a
+    slow row still needs a whole layer and sets max(x), integer layers leave the longest stage
+    with one layer more than the others, and every extra stage adds to the bubble. Rows are
+    scored with the section-4 formula on the unmatched grid (matching only lowers hops)."""
+    k, d = grid.shape
+    if k <= 2:
+        return [grid]
+    m = math.ceil(job.global_batch / d / b)
+    f = job.flops_per_layer(b)
+    act = job.activation_bytes(b)
+    row_thr = net.thr[grid].min(axis=1)
+    row_mem = net.mem[grid].min(axis=1)
+    if d > 1:
+        ring_next = np.roll(grid, -1, axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a_max = (net.rtt_ms[grid, ring_next] / 2000.0).max(axis=1)
+            bw_min = net.bw[grid, ring_next].min(axis=1)
+            ar_per_layer = 2.0 * (d - 1) * (2.0 * job.params / job.layers) / (d * bw_min)
+        ar_base = 2.0 * (d - 1) * a_max
+    fastest = np.lexsort((np.arange(k), -row_thr))
+    sizes = sorted({k} | {max(1, int(round(k * x))) for x in TRIM_FRACTIONS}
+                   | {min(k, job.layers)}, reverse=True)
+
+    def approx(rows: np.ndarray) -> float:
+        kk = rows.size
+        u = job.state_bytes / job.layers + act * min(m, kk, job.layers)
+        caps = np.floor(row_mem[rows] / u).astype(np.int64)
+        if (caps < 1).any() or kk > job.layers:
+            return math.inf
+        layers = _balance_layers(job, row_thr[rows], caps)
+        if layers is None:
+            return math.inf
+        c = f * layers / row_thr[rows]
+        if kk > 1:
+            src, dst = grid[rows[:-1]], grid[rows[1:]]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                hop = (2.0 * (net.rtt_ms[src, dst] / 2000.0 + act / net.bw[src, dst])).max(axis=1)
+            hop_sum, hop_max = float(hop.sum()), float(hop.max())
+        else:
+            hop_sum = hop_max = 0.0
+        t = float(c.sum()) + hop_sum + (m - 1) * max(float(c.max()), hop_max)
+        if d > 1:
+            t += float((ar_base[rows] + ar_per_layer[rows] * layers).max())
+        return t if math.isfinite(t) else math.inf
+
+    full_t = approx(np.arange(k))
+    best_t, best_rows = full_t, None
+    for size in sizes:
+        if size >= k:
+            continue
+        rows = np.sort(fastest[:size])
+        t = approx(rows)
+        if t < best_t * (1 - 1e-9):
+            best_t, best_rows = t, rows
+    if best_rows is None:
+        return [grid]
+    return [grid, grid[best_rows]]
 
 
 def _prune(job: Job, net: Network, placement: Placement, est: Estimate, passes: int,
-           labels_of: dict[int, int]) -> tuple[Placement, Estimate]:
+           labels_of: dict[int, int], trim: bool = False) -> tuple[Placement, Estimate]:
     """Local search over stage groups: drop a whole cluster's stages, the slowest stage, or the
     first/last stage, while that shortens the iteration."""
     b = placement.micro_batch
@@ -389,7 +464,7 @@ def _prune(job: Job, net: Network, placement: Placement, est: Estimate, passes: 
             cands.append(mask)
         best = (placement, est)
         for mask in cands:
-            p, e = _evaluate(job, net, grid[mask], b)
+            p, e = _evaluate(job, net, grid[mask], b, trim)
             if p is not None and e.iteration_s < best[1].iteration_s * (1 - 1e-9):
                 best = (p, e)
         if best[0] is placement:
@@ -471,7 +546,8 @@ def _configs_for(job: Job, net: Network, nodes: np.ndarray, clusters: list[np.nd
     return sorted(set(configs))
 
 
-def _try_configs(job: Job, net: Network, clusters: list[np.ndarray], configs) -> list:
+def _try_configs(job: Job, net: Network, clusters: list[np.ndarray], configs,
+                 trim: bool = False) -> list:
     results = []
     for d, b in configs:
         grids = [_grid(net, clusters, d, True)]
@@ -480,7 +556,7 @@ def _try_configs(job: Job, net: Network, clusters: list[np.ndarray], configs) ->
         for grid in grids:
             if grid is None:
                 continue
-            p, e = _evaluate(job, net, grid, b)
+            p, e = _evaluate(job, net, grid, b, trim)
             if p is not None:
                 results.append((e.iteration_s, d, b, p, e))
     results.sort(key=lambda r: (r[0], r[1], r[2]))
@@ -546,6 +622,52 @@ def _solve(job: Job, net: Network, nodes: np.ndarray, effort: Effort,
     best: tuple[Placement | None, Estimate] = (None, INFEASIBLE)
     for _, _, _, p, e in results[:effort.keep]:
         p, e = _prune(job, net, p, e, effort.prune_passes, labels_of)
+        if best[0] is None or e.iteration_s < best[1].iteration_s:
+            best = (p, e)
+    return best
+
+
+GROW_ROUNDS = 6
+CITY_SPLIT_MIN_NODES = 64   # smaller pools: rings are short, the latency term is small
+RELOCATE_NEIGHBOURS = 3     # jobs sharing the bottleneck's clusters that may move out
+MIGRATE_CLUSTERS = 2        # larger idle clusters the bottleneck job may move to
+RELOCATE_HOMES = 3          # roomiest idle clusters tried as their new home
+DEEP_REPLICAS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128,
+                 160, 192, 256)
+
+
+def _deep_solve(job: Job, net: Network, nodes: np.ndarray, labels: np.ndarray,
+                hint: tuple[int, int] | None = None) -> tuple[Placement | None, Estimate]:
+    """Best placement of ``job`` on all of ``nodes`` over a dense range of replica counts and
+    every micro-batch size (stage groups chunked per cluster, rows trimmed to the fastest by
+    :func:`_evaluate`), the best few refined by :func:`_prune`."""
+    nodes = np.unique(np.asarray(nodes, dtype=np.int64))
+    if nodes.size == 0 or not alg1.fits(job, net, nodes):
+        return None, INFEASIBLE
+    clusters = _node_order(net, nodes, labels if labels.size == nodes.size else
+                           cluster_labels(net.rtt_ms[np.ix_(nodes, nodes)],
+                                          cities=[net.nodes[i].city_key for i in nodes]))
+    max_d = max(1, min(nodes.size, int(net.mem[nodes].sum() // job.state_bytes), job.global_batch))
+    ds = {d for d in DEEP_REPLICAS if d <= max_d} | {cl.size for cl in clusters if cl.size <= max_d}
+    if hint is not None:
+        ds |= {d for d in (hint[0] - 1, hint[0], hint[0] + 1) if 1 <= d <= max_d}
+    configs = [(d, b) for d in sorted(ds) for b in _micro_batches(job, d)]
+    results = _try_configs(job, net, clusters, configs, trim=True)
+    # Stage groups inside one city: a ring pays 2 (D - 1) a_max, so for small models the
+    # latency of its worst link matters as much as bandwidth, and a locality cluster may join
+    # several cities a few ms apart.
+    names = {c: k for k, c in enumerate(sorted({str(net.nodes[i].city_key) for i in nodes}))}
+    if len(names) > len(clusters) and nodes.size >= CITY_SPLIT_MIN_NODES:
+        city = np.array([names[str(net.nodes[i].city_key)] for i in nodes])
+        by_city = _node_order(net, nodes, city)
+        results += _try_configs(job, net, by_city, configs, trim=True)
+        results.sort(key=lambda r: (r[0], r[1], r[2]))
+    if not results:
+        return None, INFEASIBLE
+    labels_of = {int(i): ci for ci, cl in enumerate(clusters) for i in cl}
+    best: tuple[Placement | None, Estimate] = (None, INFEASIBLE)
+    for _, _, _, p, e in results[:3]:
+        p, e = _prune(job, net, p, e, 4, labels_of, trim=True)
         if best[0] is None or e.iteration_s < best[1].iteration_s:
             best = (p, e)
     return best
@@ -738,6 +860,125 @@ class _Planner:
             if not self._improve_others(states, np.flatnonzero(~used), makespan):
                 break
 
+    def grow_bottleneck(self, states: dict[str, _JobState]) -> bool:
+        """Give idle nodes to the job that sets the makespan and re-solve its configuration over a
+        dense range of replica counts (:func:`_deep_solve`): first the idle nodes of its own
+        clusters (more replicas D inside a cluster), then those of the nearest clusters (longer
+        pipelines, or replicas across clusters where the ring S / (D bw) pays). Repeats while the
+        makespan drops; True when anything changed."""
+        net = self.net
+        changed = False
+        for _ in range(GROW_ROUNDS):
+            if self.out_of_time() or not states:
+                break
+            used = np.zeros(net.n, dtype=bool)
+            for s in states.values():
+                used[s.group] = True
+            times = {name: s.est.job_s for name, s in states.items()}
+            crit = max(times, key=lambda k: (times[k], k))
+            cs = states[crit]
+            makespan, total = times[crit], sum(times.values())
+            comp = self.components[cs.group[0]]
+            free = np.flatnonzero(~used & (self.components == comp))
+            best = None
+            for pool in self._grow_pools(cs.group, free):
+                p, e = _deep_solve(cs.job, net, pool, self.labels[pool], cs.hint)
+                if p is None or e.job_s >= makespan * (1 - 1e-9):
+                    continue
+                key = (e.job_s, len(p.nodes))
+                if best is None or key < best[0]:
+                    best = (key, p, e)
+            if best is not None:
+                upd = {crit: (best[1], best[2])}
+            else:
+                upd = self._relocate(states, crit, free, makespan)
+                if upd is None:
+                    break
+            new_times = dict(times)
+            for k, (p, e) in upd.items():
+                new_times[k] = e.job_s
+            if not (max(new_times.values()) < makespan * (1 - 1e-9)
+                    or (max(new_times.values()) <= makespan and sum(new_times.values()) < total)):
+                break
+            for k, (p, e) in upd.items():
+                states[k] = _JobState(states[k].job, np.array(sorted(p.nodes), dtype=np.int64), p,
+                                      e, (p.replicas, p.micro_batch))
+            changed = True
+        return changed
+
+    def _relocate(self, states: dict[str, _JobState], crit: str, free: np.ndarray,
+                  makespan: float):
+        """Move a job that shares the bottleneck job's clusters onto idle clusters, and give the
+        bottleneck job the nodes it leaves there. Returns {job: (placement, estimate)} for the
+        best such pair that lowers the makespan, else None."""
+        net = self.net
+        cs = states[crit]
+        mine = np.unique(self.labels[cs.group])
+        in_mine = np.isin(self.labels, mine)
+        outside = free[~in_mine[free]]
+        if outside.size == 0:
+            return None
+        same = free[in_mine[free]]
+        neighbours = [k for k in states if k != crit and in_mine[states[k].group].any()]
+        neighbours.sort(key=lambda k: (-int(in_mine[states[k].group].sum()), k))
+        lab = self.labels[outside]
+        free_clusters = sorted(np.unique(lab),
+                               key=lambda c: (-float(net.thr[outside[lab == c]].sum()), int(c)))
+        best = None
+        for name in neighbours[:RELOCATE_NEIGHBOURS]:
+            ds = states[name]
+            kept = ds.group[~in_mine[ds.group]]
+            # Homes for the neighbour: what it keeps outside plus one of the roomiest idle
+            # clusters, or plus all idle nodes outside the bottleneck's clusters.
+            homes = [np.union1d(kept, outside[lab == c]) for c in free_clusters[:RELOCATE_HOMES]]
+            homes.append(np.union1d(kept, outside))
+            moved = None
+            for home in homes:
+                if not alg1.fits(ds.job, net, home):
+                    continue
+                p, e = self.solve(ds.job, home, "fast", ds.hint)
+                if p is None or e.job_s >= makespan * (1 - 1e-9):
+                    continue
+                if moved is None or (e.job_s, len(p.nodes)) < (moved[1].job_s, len(moved[0].nodes)):
+                    moved = (p, e)
+            if moved is None:
+                continue
+            pool = np.setdiff1d(np.union1d(np.union1d(cs.group, same), ds.group[in_mine[ds.group]]),
+                                moved[0].nodes)
+            p, e = _deep_solve(cs.job, net, pool, self.labels[pool], cs.hint)
+            if p is None or e.job_s >= makespan * (1 - 1e-9):
+                continue
+            key = max(e.job_s, moved[1].job_s)
+            if best is None or key < best[0]:
+                best = (key, {crit: (p, e), name: moved})
+        return None if best is None else best[1]
+
+    def _grow_pools(self, group: np.ndarray, free: np.ndarray) -> list[np.ndarray]:
+        """Node pools for the bottleneck job: its group plus the idle nodes of its clusters, then
+        plus the idle nodes of the 1, 2 and 4 nearest other clusters."""
+        net = self.net
+        mine = np.unique(self.labels[group])
+        same = free[np.isin(self.labels[free], mine)]
+        pools = [group] + ([np.union1d(group, same)] if same.size else [])
+        others = free[~np.isin(self.labels[free], mine)]
+        if others.size:
+            near = net.rtt_ms[np.ix_(others, group)].min(axis=1)
+            lab = self.labels[others]
+            ranked = sorted(np.unique(lab), key=lambda c: (float(near[lab == c].min()), int(c)))
+            for count in (1, 2, 4):
+                if count > len(ranked) or (count > 1 and count // 2 >= len(ranked)):
+                    break
+                extra = others[np.isin(lab, ranked[:count])]
+                pools.append(np.union1d(np.union1d(group, same), extra))
+            # Or move to an idle cluster larger than its own (communication-bound jobs want
+            # many nodes joined by fast links).
+            own = max(int(np.isin(self.labels, [c]).sum()) for c in mine)
+            sizes = {int(c): int((lab == c).sum()) for c in np.unique(lab)}
+            big = sorted((c for c in sizes if sizes[c] > own), key=lambda c: (-sizes[c], c))
+            for c in big[:MIGRATE_CLUSTERS]:
+                pools.append(others[lab == c])
+        return pools
+
     def polish(self, states: dict[str, _JobState]) -> bool:
         """Re-solve every job on its own group with more effort; True when any job got faster."""
         improved = False
@@ -902,6 +1143,8 @@ class _Planner:
                 states[name] = st
             self.refine_phase(states, per_phase_rounds, tick)
             if self.polish(states):
+                self.refine_phase(states, second_rounds, tick)
+            if self.grow_bottleneck(states):
                 self.refine_phase(states, second_rounds, tick)
             phase_states.append(states)
         phase_states = self.pull_forward(phase_states)

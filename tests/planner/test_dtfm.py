@@ -77,3 +77,13 @@ def test_a_job_that_fits_nowhere_is_listed_unplaced():
     assert plan.placements == [] and plan.unplaced[0].name == "huge"
     with pytest.raises(PlanningError):
         dtfm_placement(huge, net, generations=2)
+
+
+def test_large_partitions_get_fewer_generations():
+    from planner.core.dtfm import EVOLVE_FULL_NODES, _generations_for
+
+    assert _generations_for(60, EVOLVE_FULL_NODES) == 60
+    assert _generations_for(0, 10 * EVOLVE_FULL_NODES) == 0
+    fewer = _generations_for(60, 4 * EVOLVE_FULL_NODES)
+    assert 10 <= fewer < 60
+    assert _generations_for(60, 100 * EVOLVE_FULL_NODES) == 10

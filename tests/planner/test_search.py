@@ -179,3 +179,54 @@ def test_heuristic_scores_give_every_job_a_group_that_fits():
     owner = scores.argmax(axis=1)
     for j, job in enumerate(jobs):
         assert alg1.fits(job, net, np.flatnonzero(owner == j)), job.name
+
+
+def test_trimming_drops_slow_stage_groups_when_that_is_faster():
+    # Four rows of two servers in one city: H100, H100, A100, T4. For a 1B model the pipeline
+    # hops and all-reduces of extra stages cost more than the slower rows add, so keeping only
+    # the fastest row beats the whole grid (which the untrimmed evaluation keeps).
+    from planner.core.search import _evaluate
+
+    kinds = [("NVIDIA H100 80GB HBM3", 8, 640.0)] * 2 + [("NVIDIA A100-SXM4-40GB", 8, 320.0),
+                                                        ("Tesla T4", 4, 64.0)]
+    specs = [k for k in kinds for _ in range(2)]
+    nodes = [Node(id=f"n{i}", city="here", gpus=g, gpu_name=name, memory_gb=mem)
+             for i, (name, g, mem) in enumerate(specs)]
+    net = Network.from_matrix(nodes, np.ones((8, 8)))
+    job = Job("small", params=1.0e9, layers=24, hidden=2048, seq_len=1024, global_batch=512,
+              micro_batch=1, steps=10)
+    grid = np.arange(8).reshape(4, 2)
+    plain, plain_est = _evaluate(job, net, grid, 1)
+    trimmed, trimmed_est = _evaluate(job, net, grid, 1, trim=True)
+    assert plain is not None and trimmed is not None
+    assert trimmed_est.iteration_s < plain_est.iteration_s * 0.9
+    assert not {6, 7} & set(trimmed.nodes)
+    assert problems(trimmed, net) == []
+    assert trimmed_est == estimate(trimmed, net)
+
+
+def test_the_bottleneck_job_moves_to_a_larger_idle_city():
+    # The starting grouping puts the only job on a 2-server city; an idle city of 8 identical
+    # servers 100 ms away lets it run 4x as many data-parallel replicas over cheap rings.
+    nodes = [Node(id=f"n{i}", city="small" if i < 2 else "big", gpus=8,
+                  compute_capability=8.0, memory_gb=320.0) for i in range(10)]
+    city = np.array([0] * 2 + [1] * 8)
+    net = Network.from_matrix(nodes, np.where(city[:, None] == city[None, :], 1.0, 100.0))
+    job = Job("compute-heavy", params=1.0e9, layers=24, hidden=2048, seq_len=2048,
+              global_batch=4096, micro_batch=8, steps=10)
+    start = alg1.Grouping({job.name: (0, 1)}, {job.name: 0})
+    _, on_small = best_placement(job, [0, 1], net)
+    # The grow step on its own (the bottleneck job migrates to the larger idle cluster)...
+    from planner.core.search import _Planner
+
+    planner = _Planner([job], net, 0, None, None, None)
+    states = {job.name: planner.state(job, np.array([0, 1]))}
+    assert planner.grow_bottleneck(states)
+    grown = states[job.name]
+    assert grown.est.job_s < on_small.job_s * 0.9
+    assert set(grown.placement.nodes) <= set(range(2, 10))
+    assert grown.est == estimate(grown.placement, net)
+    # ...and the whole planner from that starting grouping.
+    plan = plan_search([job], net, initial=start)
+    assert_valid(plan, net, [job])
+    assert estimate(plan.placements[0], net).job_s <= grown.est.job_s * (1 + 1e-9)
