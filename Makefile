@@ -10,12 +10,16 @@ SHARED  ?= ../shared
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
-	@command -v mosquitto >/dev/null 2>&1 || { \
-	  echo "installing Debian's mosquitto (the MQTT broker the tests start)"; \
-	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q mosquitto mosquitto-clients) ; }
-	@command -v ip >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2)
-	@command -v ping >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -q iputils-ping)
-	@command -v systemd-analyze >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -q systemd || true)
+	@# Debian packages the tests use: the MQTT broker, ip/ping for the lab, systemd-analyze for the units.
+	@missing=""; \
+	  [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || missing="$$missing mosquitto mosquitto-clients"; \
+	  command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing="$$missing iproute2"; \
+	  command -v ping >/dev/null 2>&1 || [ -x /usr/bin/ping ] || missing="$$missing iputils-ping"; \
+	  command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	  fi
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel on local disk; an unpinned torch would pull a multi-gigabyte CUDA build.
