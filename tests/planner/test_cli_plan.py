@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -119,15 +118,6 @@ def test_missing_files_and_bad_flags(tmp_path, paper_fleet_dir):
                                        "system-c", "--out", tmp_path / "c.json"),
                           "System C", "--out")
     assert_one_line_error(hulk_planner("plan", jobs, "--db", tmp_path / "missing.db"), "--db")
-
-
-@pytest.mark.skipif(importlib.util.find_spec("planner.gnn.infer") is not None,
-                    reason="the GNN planner is built")
-def test_missing_method_module_is_a_clear_error(tmp_path, paper_fleet_dir):
-    jobs = tmp_path / "jobs.yaml"
-    jobs.write_text(SMALL_JOBS)
-    assert_one_line_error(hulk_planner("plan", jobs, "--fleet", paper_fleet_dir, "--method", "gnn"),
-                          "method 'gnn' is not available")
 
 
 def test_plan_from_the_live_store(tmp_path):
