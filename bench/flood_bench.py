@@ -21,7 +21,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -35,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.planner_process import start_planner  # noqa: E402
 from hulk.v1 import hulk_pb2, hulk_pb2_grpc  # noqa: E402
 from planner.auth import CredentialStore  # noqa: E402
 from planner.tls import init_pki  # noqa: E402
@@ -44,31 +44,10 @@ FLOOD_FACTOR = 100
 BATCH = 50               # samples per Report
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_planner(db: Path, pki: dict[str, Path], log: Path,
                    extra: list[str]) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    script = Path(sys.executable).parent / "hulk-planner"
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "planner.cli"]
-    out = log.open("w")
-    proc = subprocess.Popen([*cmd, "--log-level", "WARNING", "serve", "--db", str(db),
-                             "--listen", f"127.0.0.1:{port}", "--tls-cert", str(pki["server_cert"]),
-                             "--tls-key", str(pki["server_key"]), *extra], cwd=REPO,
-                            stdout=out, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
-    out.close()
-    deadline = time.monotonic() + 60
-    while "listening on" not in log.read_text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"planner did not start:\n{log.read_text()}")
-        time.sleep(0.05)
-    return proc, f"127.0.0.1:{port}"
+    return start_planner(db, log, ["--tls-cert", str(pki["server_cert"]),
+                                   "--tls-key", str(pki["server_key"]), *extra], start_timeout_s=60)
 
 
 def _channel(target: str, ca: Path) -> grpc.aio.Channel:

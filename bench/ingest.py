@@ -18,7 +18,6 @@ import os
 import platform
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.planner_process import start_planner  # noqa: E402
 from hulk import geo  # noqa: E402
 from hulk.v1 import hulk_pb2, hulk_pb2_grpc  # noqa: E402
 
@@ -40,31 +40,9 @@ CITIES = ["Beijing", "Shanghai", "Tokyo", "Singapore", "Frankfurt", "London", "N
           "California", "Sao Paulo", "Sydney", "New Delhi", "Paris"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_planner(db: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    script = Path(sys.executable).parent / "hulk-planner"
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "planner.cli"]
-    out = log.open("w")
-    proc = subprocess.Popen([*cmd, "--log-level", "WARNING", "serve", "--db", str(db),
-                             "--listen", f"127.0.0.1:{port}", "--insecure",
-                             # Fold samples into rollups during the run, so their cost counts.
-                             "--rollup-seconds", "5"], cwd=REPO,
-                            stdout=out, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
-    out.close()
-    deadline = time.monotonic() + 30
-    while "listening on" not in log.read_text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"planner did not start:\n{log.read_text()}")
-        time.sleep(0.05)
-    return proc, f"127.0.0.1:{port}"
+    # Fold samples into rollups during the run, so their cost counts.
+    return start_planner(db, log, ["--insecure", "--rollup-seconds", "5"], start_timeout_s=30)
 
 
 def _make_batches(agents: int, batch: int, total_batches: int, seed: int) -> list[bytes]:
