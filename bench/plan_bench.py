@@ -211,29 +211,19 @@ def run(out_dir: Path, shared: Path, quick: bool = False, log=_log,
     return doc
 
 
-def _fmt_s(x) -> str:
-    if x is None:
-        return "-"
-    if x < 120:
-        return f"{x:.2f} s"
-    if x < 7200:
-        return f"{x / 60:.1f} min"
-    if x < 172800:
-        return f"{x / 3600:.1f} h"
-    return f"{x / 86400:.1f} d"
-
-
 def _fmt_x(x) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
 def summarize(doc: dict) -> str:
     """A markdown table per scenario (what `bench.run` puts in SUMMARY.md and the README)."""
+    from planner.commands.plan import fmt_s
+
     lines = ["Makespan by the reference cost model; *best A/B/C ÷ this* and *DT-FM ÷ this* say how "
              "many times faster this plan is; *× bound* is the makespan over the compute bound "
              "(lower is better).", ""]
     for r in doc["results"]:
-        lines += [f"**{r['scenario']}** (compute bound {_fmt_s(r['compute_bound_s'])})", "",
+        lines += [f"**{r['scenario']}** (compute bound {fmt_s(r['compute_bound_s'])})", "",
                   "| method | makespan | sum JCT | best A/B/C ÷ this | DT-FM ÷ this | × bound | planning |",
                   "|---|---|---|---|---|---|---|"]
         for method, row in r["methods"].items():
@@ -250,7 +240,7 @@ def summarize(doc: dict) -> str:
                 lines.append(f"| {method} | infeasible ({', '.join(row['unplaced'])} unplaced) | | | | | "
                              f"{row['planning_s']:.2f} s |")
                 continue
-            lines.append(f"| {method} | {_fmt_s(row['makespan_s'])} | {_fmt_s(row['sum_jct_s'])} | "
+            lines.append(f"| {method} | {fmt_s(row['makespan_s'])} | {fmt_s(row['sum_jct_s'])} | "
                          f"{_fmt_x(row['best_abc_over_this'])} | {_fmt_x(row['dtfm_over_this'])} | "
                          f"{_fmt_x(row['x_compute_bound'])} | {row['planning_s']:.2f} s |")
         lines.append("")
