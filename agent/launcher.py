@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from agent.records import LaunchState, LaunchStatus
-from planner.placements import NodePlacement, Role
+from planner.core.placements import NodePlacement, Role
 
 log = logging.getLogger(__name__)
 

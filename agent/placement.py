@@ -24,7 +24,7 @@ from typing import Any
 
 from hulk.broker import BrokerAddress, client_tls_kwargs, placement_topic
 from hulk.errors import InputError
-from planner.placements import NodePlacement, parse_placement
+from planner.core.placements import NodePlacement, parse_placement
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ if str(REPO) not in sys.path:
 
 from bench.planner_process import start_planner  # noqa: E402
 from hulk.v1 import hulk_pb2, hulk_pb2_grpc  # noqa: E402
-from planner.auth import CredentialStore  # noqa: E402
-from planner.tls import init_pki  # noqa: E402
+from planner.security.credentials import CredentialStore  # noqa: E402
+from planner.security.tls import init_pki  # noqa: E402
 
 NORMAL_HZ = 2.0          # an agent catching up on its spool: two batches a second
 FLOOD_FACTOR = 100

@@ -50,7 +50,7 @@ def _summary(ratios: list[float]) -> dict:
 
 def _makespans(jobs, net, model_path, search_makespan=None):
     from planner.core.costmodel import estimate_plan
-    from planner.core.search import plan_search
+    from planner.search import plan_search
     from planner.gnn.infer import plan_gnn
 
     out = {}
@@ -71,12 +71,12 @@ def _makespans(jobs, net, model_path, search_makespan=None):
 def run(out_dir: Path, shared: Path, quick: bool = False) -> dict:
     from planner.core.fleet import complete
     from planner.core.generate import generate_jobs, generate_network
-    from planner.fleetio import load_fleet
+    from planner.files.fleet import load_fleet
     from planner.gnn import checkpoint as ckpt
     from planner.gnn import data as gdata
     from planner.gnn import features as F
     from planner.gnn.infer import load_cached, node_scores
-    from planner.jobfile import load_jobs
+    from planner.files.jobs import load_jobs
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -114,7 +114,7 @@ def run(out_dir: Path, shared: Path, quick: bool = False) -> dict:
     net = complete(load_fleet(shared / "data" / "hulk-upstream"))
     for name in ("paper-4-jobs", "paper-6-jobs"):
         jobs = load_jobs(shared / "bench" / f"{name}.yaml")
-        from planner.core.search import plan_search
+        from planner.search import plan_search
 
         teacher = plan_search(jobs, net, seed=0)
         feats = F.featurize(jobs, net)

@@ -55,8 +55,8 @@ def scenarios(shared: Path, quick: bool) -> list[Scenario]:
 def load_scenario(sc: Scenario, shared: Path):
     from planner.core.fleet import complete
     from planner.core.generate import generate_fleet, generate_jobs, generate_network
-    from planner.fleetio import load_fleet
-    from planner.jobfile import load_jobs
+    from planner.files.fleet import load_fleet
+    from planner.files.jobs import load_jobs
 
     if sc.source.startswith("paper:"):
         net = complete(load_fleet(shared / "data" / "hulk-upstream"))
@@ -76,7 +76,7 @@ def _plan_row(method: str, jobs, net, bound: float) -> dict:
     """Plan with ``method`` and measure it (runs in a forked child; see :func:`_measure`)."""
     from hulk.errors import HulkError, InputError
     from planner.commands.plan import planner_for
-    from planner.planfile import evaluate
+    from planner.files.plan import evaluate
 
     try:
         fn = planner_for(method)

@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:
 from hulk import geo  # noqa: E402
 from planner.core import gpus as gpu_catalog  # noqa: E402
 from planner.core.fleet import Fleet, Link, Node  # noqa: E402
-from planner.fleetio import save_fleet_json  # noqa: E402
+from planner.files.fleet import save_fleet_json  # noqa: E402
 
 
 @dataclass(frozen=True)

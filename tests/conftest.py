@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = (REPO / ".." / "shared").resolve()
+from tests.helpers.paths import REPO, SHARED
 
 
 @pytest.fixture(scope="session")
@@ -27,4 +26,4 @@ def shared_dir() -> Path:
 def paper_fleet_dir(shared_dir: Path) -> Path:
     return shared_dir / "data" / "hulk-upstream"
 
-from tests.fixtures.broker import broker  # noqa: E402,F401  (a real mosquitto, tests/fixtures/broker.py)
+from tests.helpers.broker import broker  # noqa: E402,F401  (a real mosquitto, tests/fixtures/broker.py)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from hulk.errors import InputError, NotFoundError
 from hulk.settings import env
-from planner.auth import CredentialStore, check_node_id
-from planner.brokerauth import BrokerAccounts, placement_topic
+from planner.security.credentials import CredentialStore, check_node_id
+from planner.security.broker_accounts import BrokerAccounts, placement_topic
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -71,7 +71,7 @@ def _broker(args: argparse.Namespace, db: Path) -> BrokerAccounts | None:
 def run_enroll(args: argparse.Namespace) -> int:
     out: dict[str, str] = {}
     if args.init_ca:
-        from planner.tls import init_pki  # cryptography is only needed here
+        from planner.security.tls import init_pki  # cryptography is only needed here
         paths = init_pki(args.init_ca, args.host)
         out.update({k: str(v) for k, v in paths.items()})
         if not args.node_id:

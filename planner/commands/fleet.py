@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _load(args: argparse.Namespace) -> tuple[Fleet, list[dict] | None]:
     """The fleet named by --db or --fleet, and the store's node rows when it came from a store."""
     if getattr(args, "fleet", None):
-        from planner.fleetio import load_fleet
+        from planner.files.fleet import load_fleet
         return load_fleet(args.fleet), None
     db = getattr(args, "db", None) or env("HULK_DB")
     if not db:
@@ -63,8 +63,8 @@ def _load(args: argparse.Namespace) -> tuple[Fleet, list[dict] | None]:
     if not Path(db).is_file():
         raise InputError("no such store (expected the SQLite file `serve --db` writes)",
                          path=str(db))
-    from planner.graph import fleet_from_store
-    from planner.store import Store
+    from planner.service.graph import fleet_from_store
+    from planner.service.store import Store
     with Store(db) as store:
         fleet = fleet_from_store(store, args.window_days, name=Path(db).stem)
         rows = store.nodes()
@@ -155,7 +155,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from planner.fleetio import save_fleet_json
+    from planner.files.fleet import save_fleet_json
     fleet, _ = _load(args)
     save_fleet_json(fleet, args.out)
     print(f"wrote {args.out}: {len(fleet.nodes)} nodes, {len(fleet.links)} links")
@@ -163,8 +163,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from planner.fleetio import load_fleet_with_report
-    from planner.store import Store
+    from planner.files.fleet import load_fleet_with_report
+    from planner.service.store import Store
     # Read and check the whole file before the store is opened: a bad file changes nothing.
     fleet, issues = load_fleet_with_report(args.path)
     for issue in issues:
@@ -178,7 +178,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from planner.plot_fleet import plot_fleet
+    from planner.plots.fleet import plot_fleet
     fleet, _ = _load(args)
     out = plot_fleet(fleet, args.out, show_imputed=args.imputed)
     print(f"wrote {out}")

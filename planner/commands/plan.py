@@ -18,11 +18,11 @@ from hulk.errors import HulkError, InputError, PlanningError
 
 # method -> (module, function, extra keyword arguments). Seeded planners take seed=.
 METHODS: dict[str, tuple[str, str, dict]] = {
-    "search": ("planner.core.search", "plan_search", {}),
-    "system-a": ("planner.core.baselines", "plan_system_a", {}),
-    "system-b": ("planner.core.baselines", "plan_system_b", {}),
-    "system-c": ("planner.core.baselines", "plan_system_c", {}),
-    "dtfm": ("planner.core.dtfm", "plan_dtfm", {}),
+    "search": ("planner.search", "plan_search", {}),
+    "system-a": ("planner.baselines.systems", "plan_system_a", {}),
+    "system-b": ("planner.baselines.systems", "plan_system_b", {}),
+    "system-c": ("planner.baselines.systems", "plan_system_c", {}),
+    "dtfm": ("planner.baselines.dtfm", "plan_dtfm", {}),
     "gnn": ("planner.gnn.infer", "plan_gnn", {}),
     "gnn-raw": ("planner.gnn.infer", "plan_gnn", {"refine": False}),
 }
@@ -55,7 +55,7 @@ def register(subparsers) -> None:
                    help="also plan with Systems A/B/C and the DT-FM-style peer (default on)")
     p.add_argument("--cost-model", choices=["reference"], default="reference",
                    help="cost model used to judge plans (COSTMODEL.md)")
-    from planner.mqtt import add_plan_arguments  # --push --mqtt URL --fleet-name NAME (issue 5)
+    from planner.service.publisher import add_plan_arguments  # --push --mqtt URL --fleet-name NAME (issue 5)
 
     add_plan_arguments(p)
     p.set_defaults(func=run)
@@ -156,7 +156,7 @@ def load_network(args):
 
     if args.fleet:
         try:
-            from planner.fleetio import load_fleet_with_report
+            from planner.files.fleet import load_fleet_with_report
         except ModuleNotFoundError as exc:
             raise InputError(f"fleet files cannot be read in this build ({exc.name} is missing)",
                              field="--fleet") from None
@@ -168,8 +168,8 @@ def load_network(args):
             raise InputError("no such store (expected the SQLite file `serve --db` writes)",
                              path=args.db, field="--db")
         try:
-            from planner.graph import fleet_from_store
-            from planner.store import Store
+            from planner.service.graph import fleet_from_store
+            from planner.service.store import Store
         except ModuleNotFoundError as exc:
             raise InputError(f"--db is not available in this build ({exc.name} is missing)",
                              field="--db") from None
@@ -192,7 +192,7 @@ class MethodResult:
 
 
 def run_method(method, jobs, net, seed, progress: LazyProgress, *, required: bool) -> MethodResult:
-    from planner.planfile import evaluate
+    from planner.files.plan import evaluate
 
     try:
         fn = planner_for(method)
@@ -217,7 +217,7 @@ def run_method(method, jobs, net, seed, progress: LazyProgress, *, required: boo
 def run(args) -> int:
     from rich.console import Console
 
-    from planner.jobfile import load_jobs
+    from planner.files.jobs import load_jobs
 
     console = Console()
     if not console.is_terminal:  # piped or captured: rich would assume 80 columns
@@ -251,16 +251,16 @@ def run(args) -> int:
         console.print(f"compute bound: {fmt_s(bound)}; this plan is "
                       f"{ratio(chosen.report.makespan_s, bound)} of it")
     if args.out:
-        from planner.planfile import write_plan
+        from planner.files.plan import write_plan
 
         write_plan(chosen.plan, net, args.out, chosen.report)
         console.print(f"plan written to {args.out}")
     if getattr(args, "push", False):
-        from planner.mqtt import push_from_args
+        from planner.service.publisher import push_from_args
 
         console.print(push_from_args(args, chosen.plan, net, jobs))
     if args.plot:
-        from planner.plot_plan import plot_reports
+        from planner.plots.plan import plot_reports
 
         reports = {LABELS.get(m, m): r.report for m, r in results.items() if r.report is not None}
         plot_reports(reports, args.plot, title=f"{len(jobs)} jobs on {net.n} nodes")

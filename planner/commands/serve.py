@@ -12,10 +12,10 @@ import grpc
 
 from hulk.errors import ConfigError
 from hulk.settings import env
-from planner.auth import CredentialStore
-from planner.interceptors import NodeGuard, RateLimit
-from planner.server import PlannerRuntime
-from planner.tls import server_credentials
+from planner.security.credentials import CredentialStore
+from planner.security.guard import NodeGuard, RateLimit
+from planner.service.server import PlannerRuntime
+from planner.security.tls import server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="fleet name used in MQTT topics (HULK_FLEET)")
     p.add_argument("--rollup-seconds", type=float, default=30.0,
                    help="how often raw samples are folded into the daily rollups (default 30)")
-    from planner.recovery import add_serve_arguments  # --mqtt, --node-timeout (issue 5)
+    from planner.service.recovery import add_serve_arguments  # --mqtt, --node-timeout (issue 5)
 
     add_serve_arguments(p)
     from planner.gnn.online import add_serve_arguments as add_gnn_arguments  # --model-dir, --retrain
@@ -116,7 +116,7 @@ async def serve(runtime: PlannerRuntime) -> None:
 def run(args: argparse.Namespace) -> int:
     runtime = build_runtime(args)
     from planner.gnn.online import add_to_runtime as add_gnn, serve_search
-    from planner.recovery import add_to_runtime  # re-plan silent nodes' jobs when --mqtt is set
+    from planner.service.recovery import add_to_runtime  # re-plan silent nodes' jobs when --mqtt is set
 
     # With --model-dir: re-planning uses the active GNN checkpoint, fine-tuned as the fleet changes.
     active = add_gnn(runtime, args)

@@ -84,7 +84,7 @@ def labels_from_plan(plan: Plan, jobs: list[Job], n: int, slot_jobs: list[int]) 
 
 
 def search_teacher(jobs: list[Job], net: Network, seed: int, budget_s: float) -> Plan:
-    from planner.core.search import plan_search
+    from planner.search import plan_search
 
     return plan_search(jobs, net, seed=seed, budget_s=budget_s)
 

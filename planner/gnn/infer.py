@@ -127,7 +127,7 @@ def _grow(job: Job, net: Network, home: int, target: float, labels, crtt, comps,
     clusters it needed to fit. Further clusters are added by least farthest-RTT to those taken; once the group
     fits, only clusters within ``widen`` times its current span are added (a group inside one
     cluster stays there: cross-cluster data parallelism rarely pays)."""
-    from planner.core.algorithm1 import _take_until_fit, fits
+    from planner.search.algorithm1 import _take_until_fit, fits
 
     comp = comps[np.flatnonzero(labels == home)[0]]
     chosen, taken, got, span, c = [home], [], 0.0, 0.0, home
@@ -173,7 +173,7 @@ def coherent_scores(jobs: list[Job], net: Network, scores: np.ndarray,
     go to the job in that cluster with the longest estimated time (FLOPs / throughput); clusters
     no job uses stay idle. Algorithm 1 then makes the result feasible exactly as for raw scores.
     """
-    from planner.core.algorithm1 import _take_until_fit, component_labels, fits, memory_threshold
+    from planner.search.algorithm1 import _take_until_fit, component_labels, fits, memory_threshold
 
     n, num = net.n, len(jobs)
     out = np.zeros((n, num + 1))
@@ -236,8 +236,8 @@ def grouping_plan(jobs: list[Job], net: Network, scores: np.ndarray,
                   grouping=None) -> tuple[Plan, "object"]:
     """Algorithm 1 on ``scores`` (or a ready ``grouping``), then the best placement of each job
     inside its own group at the search planner's ``effort``."""
-    from planner.core.algorithm1 import algorithm1
-    from planner.core.search import best_placement
+    from planner.search.algorithm1 import algorithm1
+    from planner.search import best_placement
 
     if grouping is None:
         grouping = algorithm1(jobs, net, scores)
@@ -289,7 +289,7 @@ def _with_phase(placement, phase: int):
 
 
 def _search(jobs, net, *, seed, progress, initial=None, **kwargs) -> Plan:
-    from planner.core.search import plan_search
+    from planner.search import plan_search
 
     extra = {"initial": initial} if initial is not None else {}
     if progress is not None:

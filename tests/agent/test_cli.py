@@ -16,7 +16,7 @@ import pytest
 from hulk.v1 import hulk_pb2
 from tests.agent.planner_double import PlannerDouble, start_server, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO
 SCRIPT = Path(sys.executable).parent / "hulk-agent"
 # The installed console script when `make install` made it, else the same entry point by module.
 AGENT = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "agent"]

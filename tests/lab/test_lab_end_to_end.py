@@ -40,8 +40,8 @@ from lab.run import (MQTT_PORT, PLANNER_PORT, Services, cities_plausible, export
                      lab_fleet_with_gpus, learned_rtts, read_placements, wait_port)
 from lab.wan import HUB, REPO, WanLab
 from planner.core.costmodel import stage_memory_bytes
-from planner.jobfile import parse_jobs
-from planner.store import Store
+from planner.files.jobs import parse_jobs
+from planner.service.store import Store
 
 pytestmark = [pytest.mark.root, pytest.mark.integration]
 

@@ -1,0 +1,234 @@
+"""The planner's gRPC guard: who is calling, may it speak for that node, is it calling too often.
+
+One grpc.aio server interceptor wraps every unary method handler. Before the servicer runs it
+
+1. authenticates the caller from ``authorization: Bearer <token>`` metadata (UNAUTHENTICATED
+   without a valid, unrevoked token),
+2. applies the caller's per-node token bucket (RESOURCE_EXHAUSTED past it; a rejection costs a
+   dictionary lookup, so one flooding agent cannot starve the others),
+3. compares the verified node id with the ``node_id`` field of the request (PERMISSION_DENIED when
+   they differ) -- the single place this check is made, before anything is stored,
+4. exposes the verified node id to the servicer through :func:`current_node_id`.
+
+Without a credential store (``serve --insecure``) step 1 is skipped and the claimed node id is
+what the bucket is keyed by; the transport warning is logged by ``serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+import grpc
+from grpc import aio
+
+from hulk.errors import HulkError, UnauthenticatedError
+from planner.security.credentials import CredentialStore
+
+log = logging.getLogger(__name__)
+
+# Standard health checks stay open: load balancers and `grpc_health_probe` carry no token.
+PUBLIC_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
+# Request size and batch bounds are the server's (planner/service/server.py ServerLimits: 16 MiB per
+# message, 10,000 samples per Report), enforced before anything is stored.
+
+_current_node: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "hulk_authenticated_node", default=None)
+
+
+def current_node_id() -> str | None:
+    """The node id the current call was authenticated as (None outside a guarded call)."""
+    return _current_node.get()
+
+
+class TokenBucket:
+    """``rate`` tokens a second up to ``burst``; each call takes one."""
+
+    __slots__ = ("rate", "burst", "tokens", "stamp")
+
+    def __init__(self, rate: float, burst: float, now: float):
+        self.rate, self.burst, self.tokens, self.stamp = rate, burst, burst, now
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """Calls a second per node and the burst allowed above it.
+
+    Default: an agent reports once per probe round batch and heartbeats every few seconds, i.e.
+    well under 1 call/s in normal operation; 20/s with a burst of 40 leaves room for catching up
+    after an outage (spooled batches) without letting one node monopolise the planner.
+    """
+
+    per_second: float = 20.0
+    burst: float = 40.0
+
+
+class RateLimiter:
+    """A token bucket per key, least recently used evicted past ``max_keys``."""
+
+    def __init__(self, limit: RateLimit, *, clock: Callable[[], float] = time.monotonic,
+                 max_keys: int = 100_000):
+        self.limit, self._clock, self._max_keys = limit, clock, max_keys
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        self.rejected: dict[str, int] = {}
+
+    def allow(self, key: str) -> bool:
+        now = self._clock()
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = TokenBucket(self.limit.per_second, self.limit.burst, now)
+            if len(self._buckets) > self._max_keys:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+        if bucket.take(now):
+            return True
+        self.rejected[key] = self.rejected.get(key, 0) + 1
+        return False
+
+    def exhausted(self, key: str) -> bool:
+        """Whether ``key`` has no call left right now (nothing is spent)."""
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            return False
+        now = self._clock()
+        return min(bucket.burst, bucket.tokens + (now - bucket.stamp) * bucket.rate) < 1.0
+
+
+def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
+    for key, value in metadata or ():
+        if key.lower() == "authorization":
+            text = value.decode("latin-1") if isinstance(value, bytes) else value
+            scheme, _, token = text.strip().partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+            return ""  # present but not a bearer token
+    return None
+
+
+def _peer_host(context: aio.ServicerContext) -> str:
+    peer = context.peer() or ""          # e.g. "ipv4:127.0.0.1:54321", "ipv6:[::1]:5"
+    return peer.rsplit(":", 1)[0]
+
+
+class NodeGuard(aio.ServerInterceptor):
+    """Authenticate, rate-limit and bind every call to the node its credential names.
+
+    ``credentials`` None means no authentication (insecure development mode).
+    ``failed_auth_limit`` bounds failed (slow, scrypt) verifications per peer host; once spent,
+    that host's unverified tokens are refused without hashing.
+    """
+
+    def __init__(self, credentials: CredentialStore | None, *,
+                 rate_limit: RateLimit = RateLimit(),
+                 failed_auth_limit: RateLimit = RateLimit(per_second=2.0, burst=20.0),
+                 public_methods: frozenset[str] = PUBLIC_METHODS,
+                 clock: Callable[[], float] = time.monotonic):
+        self.credentials = credentials
+        self.node_limiter = RateLimiter(rate_limit, clock=clock)
+        self.auth_failures = RateLimiter(failed_auth_limit, clock=clock)
+        self.public_methods = public_methods
+        self.counts = {"ok": 0, "unauthenticated": 0, "permission_denied": 0,
+                       "resource_exhausted": 0}
+
+    async def intercept_service(
+            self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+            details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or details.method in self.public_methods:
+            return handler
+        metadata = tuple(details.invocation_metadata or ())
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def guarded(request, context):
+                await self._admit(request, metadata, context)
+                return await inner(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(
+                guarded, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def guarded_stream(request, context):
+                await self._admit(request, metadata, context)
+                async for item in inner_stream(request, context):
+                    yield item
+
+            return grpc.unary_stream_rpc_method_handler(
+                guarded_stream, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+
+        # Client-streaming methods carry the node id only inside messages; none exist in the
+        # contract, so refuse rather than let one through unchecked.
+        async def refuse(request_or_iterator, context):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"{details.method}: streaming requests are not accepted")
+
+        return grpc.stream_unary_rpc_method_handler(
+            refuse, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
+
+    async def _admit(self, request, metadata, context: aio.ServicerContext) -> None:
+        claimed = getattr(request, "node_id", None)
+        if self.credentials is None:
+            node_id = claimed or _peer_host(context)
+        else:
+            node_id = await self._authenticate(metadata, context)
+        if not self.node_limiter.allow(node_id):
+            self.counts["resource_exhausted"] += 1
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"node {node_id!r} exceeded {self.node_limiter.limit.per_second:g} "
+                                "calls/s; retry with backoff")
+        if self.credentials is not None and claimed is not None and claimed != node_id:
+            self.counts["permission_denied"] += 1
+            log.warning("node %r (peer %s) sent a request as node %r: denied",
+                        node_id, context.peer(), claimed)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"the credential is for node {node_id!r}, the request claims "
+                                f"node {claimed!r}")
+        _current_node.set(node_id)
+        self.counts["ok"] += 1
+
+    async def _authenticate(self, metadata, context: aio.ServicerContext) -> str:
+        token = bearer_token(metadata)
+        if not token:
+            self.counts["unauthenticated"] += 1
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "missing 'authorization: Bearer <token>' metadata (enrol the node "
+                                "with `hulk-planner enroll NODE_ID`)")
+        store = self.credentials
+        assert store is not None
+        host = _peer_host(context)
+        try:
+            if store.is_cached(token):
+                return store.verify(token)       # a row read, no scrypt
+            if self.auth_failures.exhausted(host):
+                self.counts["resource_exhausted"] += 1
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                    "too many failed authentications from this host; retry later")
+            # scrypt off the event loop: other nodes' calls keep flowing meanwhile.
+            return await asyncio.to_thread(store.verify, token)
+        except UnauthenticatedError as exc:
+            self.auth_failures.allow(host)       # spend one of the host's failure allowance
+            self.counts["unauthenticated"] += 1
+            log.info("unauthenticated call from %s: %s", context.peer(), exc)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        except HulkError as exc:
+            log.error("credential check failed: %s", exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "credential store unavailable")
+        raise AssertionError("unreachable: context.abort raises")

@@ -1,0 +1,117 @@
+"""The fleet graph: what the store (or a fleet file) knows, as values and as a networkx graph.
+
+``fleet_from_store`` turns the store's nodes and window statistics into a ``Fleet`` (one link per
+measured ordered pair, RTT = the window's exact mean; imported links where nothing was measured).
+``fleet_graph`` draws a Fleet or a completed Network as an undirected ``nx.Graph``: nodes carry
+their GPU features and computed throughput, edges the window statistics, and pairs completed by
+``planner.core.fleet.complete`` (COSTMODEL.md section 2) are present with ``imputed=True``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import networkx as nx
+import numpy as np
+
+from planner.core.fleet import Fleet, Link, Network, Node, complete
+from planner.core.rollup import DailyRollup, WindowStats
+from planner.service.store import PairRollup, Store
+
+
+def nodes_from_store(store: Store) -> list[Node]:
+    nodes = []
+    for row in store.nodes():
+        nodes.append(Node(
+            id=row["id"], city=row.get("city"),
+            gpus=int(row["gpu_count"] if row.get("gpu_count") is not None else 0),
+            gpu_name=row.get("gpu_name"), compute_capability=row.get("compute_capability"),
+            memory_gb=float(row.get("memory_gb") or 0.0),
+            latitude=row.get("latitude"), longitude=row.get("longitude")))
+    return nodes
+
+
+def fleet_from_store(store: Store, window_days: int = 90, name: str = "default") -> Fleet:
+    """The fleet of the store's last ``window_days``: measured ordered pairs with their mean RTT,
+    loss and sample count; links of an imported fleet file fill pairs never measured."""
+    nodes = nodes_from_store(store)
+    links: list[Link] = []
+    measured: set[frozenset[str]] = set()
+    for pair in store.window_rollups(window_days):
+        stats = pair.rollup.stats()
+        if stats.mean_ms is None:
+            continue  # every probe lost: no RTT to speak of (loss shows in the graph stats)
+        links.append(Link(pair.src, pair.dst, rtt_ms=stats.mean_ms, loss=stats.loss,
+                          samples=stats.samples))
+        measured.add(frozenset((pair.src, pair.dst)))
+    for row in store.imported_links():
+        if frozenset((row["src"], row["dst"])) in measured:
+            continue
+        links.append(Link(row["src"], row["dst"], rtt_ms=row["rtt_ms"],
+                          bandwidth_gbps=row["bandwidth_gbps"], loss=row["loss"] or 0.0,
+                          samples=row["samples"] or 0))
+    return Fleet(tuple(nodes), tuple(links), name=name)
+
+
+def pair_stats(pairs: Iterable[PairRollup]) -> dict[frozenset[str], WindowStats]:
+    """Window statistics per unordered pair: both directions' rollups merged (exact sums)."""
+    merged: dict[frozenset[str], DailyRollup] = {}
+    for p in pairs:
+        key = frozenset((p.src, p.dst))
+        merged.setdefault(key, DailyRollup()).merge(p.rollup)
+    return {k: r.stats() for k, r in merged.items()}
+
+
+def fleet_graph(source: Fleet | Network,
+                stats: dict[frozenset[str], WindowStats] | None = None) -> nx.Graph:
+    """The undirected fleet graph. Every pair that can communicate is an edge with ``rtt_ms``,
+    ``bandwidth_gbps`` and ``imputed``; measured edges also carry ``samples``, ``loss`` and, when
+    ``stats`` is given, ``jitter_ms``, ``p50_ms``, ``p99_ms``, ``min_ms``, ``max_ms``."""
+    network = complete(source) if isinstance(source, Fleet) else source
+    link_info: dict[frozenset[str], dict] = {}
+    if isinstance(source, Fleet):
+        for link in source.links:
+            if link.imputed or link.src == link.dst:
+                continue
+            info = link_info.setdefault(frozenset((link.src, link.dst)), {"samples": 0,
+                                                                          "loss_w": 0.0})
+            info["samples"] += link.samples
+            info["loss_w"] += link.loss * max(link.samples, 1)
+            info["n"] = info.get("n", 0) + max(link.samples, 1)
+    g = nx.Graph(name=getattr(source, "name", "fleet"))
+    for i, node in enumerate(network.nodes):
+        coords = node.coordinates
+        g.add_node(node.id, index=i, city=node.city_key, gpus=node.gpus, gpu_name=node.gpu_name,
+                   compute_capability=node.compute_capability, memory_gb=node.memory_gb,
+                   throughput=float(network.thr[i]),
+                   latitude=coords[0] if coords else None,
+                   longitude=coords[1] if coords else None)
+    ids = network.ids
+    n = network.n
+    for i in range(n):
+        for j in range(i + 1, n):
+            rtt = float(network.rtt_ms[i, j])
+            if not math.isfinite(rtt):
+                continue  # different components: no edge, they cannot communicate
+            bw = float(network.bw[i, j])
+            attrs = {"rtt_ms": rtt, "bandwidth_gbps": bw * 8 / 1e9 if np.isfinite(bw) else None,
+                     "imputed": bool(network.imputed[i, j])}
+            key = frozenset((ids[i], ids[j]))
+            info = link_info.get(key)
+            if info is not None:
+                attrs["samples"] = info["samples"]
+                attrs["loss"] = info["loss_w"] / info["n"] if info["n"] else 0.0
+            st = (stats or {}).get(key)
+            if st is not None and not attrs["imputed"]:
+                attrs.update(samples=st.samples, loss=st.loss, mean_ms=st.mean_ms,
+                             jitter_ms=st.jitter_ms, p50_ms=st.p50_ms, p99_ms=st.p99_ms,
+                             min_ms=st.min_ms, max_ms=st.max_ms)
+            g.add_edge(ids[i], ids[j], **attrs)
+    return g
+
+
+def store_graph(store: Store, window_days: int = 90, name: str = "default") -> nx.Graph:
+    """The fleet graph of the store's window, edges with the full window statistics."""
+    fleet = fleet_from_store(store, window_days, name=name)
+    return fleet_graph(fleet, pair_stats(store.window_rollups(window_days)))

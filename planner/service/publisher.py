@@ -1,0 +1,168 @@
+"""Pushing placements to the broker (aiomqtt behind a small interface).
+
+Every message is retained with QoS 1, so an agent that (re)connects later gets its placement from
+the broker, and a publish returns only once the broker has acknowledged it. An empty retained
+payload deletes the retained message: that is how a node that no longer has a role is cleared.
+aiomqtt/paho errors become :class:`hulk.errors.UnavailableError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from hulk.broker import BrokerAddress, client_tls_kwargs, placement_topic, plan_topic
+from hulk.errors import UnavailableError
+from planner.core.placements import NodePlacement, summary_bytes
+
+log = logging.getLogger(__name__)
+
+
+class Publisher(Protocol):
+    """What the planner needs from a broker: retained publishes and reading one retained topic."""
+
+    async def publish_retained(self, messages: Mapping[str, bytes]) -> None: ...
+
+    async def read_retained(self, topic: str, wait_s: float = 1.0) -> bytes | None: ...
+
+
+class MqttPublisher:
+    """aiomqtt client per call: connect, publish (QoS 1, retained), wait for acks, disconnect."""
+
+    def __init__(self, broker: BrokerAddress, *, identifier: str | None = None, timeout_s: float = 10.0,
+                 client_factory: Callable[..., Any] | None = None):
+        self.broker = broker
+        self.identifier = identifier or f"hulk-planner-{os.getpid()}"
+        self.timeout_s = timeout_s
+        self._client_factory = client_factory
+
+    def _client(self) -> Any:
+        factory = self._client_factory
+        if factory is None:
+            import aiomqtt
+
+            factory = aiomqtt.Client
+        return factory(self.broker.host, self.broker.port, identifier=self.identifier,
+                       username=self.broker.username, password=self.broker.password,
+                       timeout=self.timeout_s, **client_tls_kwargs(self.broker))
+
+    async def publish_retained(self, messages: Mapping[str, bytes]) -> None:
+        import aiomqtt
+
+        try:
+            async with self._client() as client:
+                # Publish concurrently; each call returns when the broker's PUBACK arrives.
+                await asyncio.gather(*(client.publish(topic, payload, qos=1, retain=True)
+                                       for topic, payload in messages.items()))
+        except (aiomqtt.MqttError, OSError) as exc:
+            raise UnavailableError(f"MQTT broker {self.broker.host}:{self.broker.port}: "
+                                   f"cannot publish ({exc})") from None
+
+    async def read_retained(self, topic: str, wait_s: float = 1.0) -> bytes | None:
+        """The retained payload of ``topic`` (None when there is none within ``wait_s``)."""
+        import aiomqtt
+
+        try:
+            async with self._client() as client:
+                await client.subscribe(topic, qos=1)
+                try:
+                    async with asyncio.timeout(wait_s):
+                        async for message in client.messages:
+                            if message.retain and isinstance(message.payload, (bytes, bytearray)):
+                                return bytes(message.payload) or None
+                except TimeoutError:
+                    return None
+        except (aiomqtt.MqttError, OSError) as exc:
+            raise UnavailableError(f"MQTT broker {self.broker.host}:{self.broker.port}: "
+                                   f"cannot read {topic} ({exc})") from None
+        return None
+
+
+def plan_messages(fleet: str, node_placements: Mapping[str, NodePlacement], summary: dict[str, Any] | None,
+                  *, clear: Iterable[str] = ()) -> dict[str, bytes]:
+    """Topic -> payload for a push: each node's placement, b"" for ``clear`` nodes, the summary."""
+    messages = {placement_topic(fleet, node): b"" for node in clear if node not in node_placements}
+    messages.update({placement_topic(fleet, node): np_.to_bytes() for node, np_ in node_placements.items()})
+    if summary is not None:
+        messages[plan_topic(fleet)] = summary_bytes(summary)
+    return messages
+
+
+async def push_plan(publisher: Publisher, fleet: str, node_placements: Mapping[str, NodePlacement],
+                    summary: dict[str, Any] | None, *, clear: Iterable[str] = ()) -> int:
+    """Publish a plan; returns the number of messages the broker acknowledged."""
+    messages = plan_messages(fleet, node_placements, summary, clear=clear)
+    await publisher.publish_retained(messages)
+    log.info("pushed %d placement(s), cleared %d node(s) on fleet %s", len(node_placements),
+             sum(1 for p in messages.values() if p == b""), fleet)
+    return len(messages)
+
+
+def new_plan_id(now_ms: int) -> str:
+    """Plan ids sort by time and differ between plans made in the same millisecond."""
+    return f"{now_ms:013d}-{os.urandom(3).hex()}"
+
+
+async def push_new_plan(publisher: Publisher, plan: Any, net: Any, *, fleet: str, plan_id: str,
+                        issued_at_ms: int, addresses: Mapping[str, str] | None = None,
+                        jobs: list[Any] | None = None) -> dict[str, NodePlacement]:
+    """Push a whole plan: every node of ``net`` with a role gets its placement, every other node
+    of ``net`` is cleared, and the summary is replaced. Returns the placements pushed."""
+    from planner.core.placements import build_node_placements, build_summary
+
+    placements = build_node_placements(plan, net, fleet=fleet, plan_id=plan_id, addresses=addresses)
+    summary = build_summary(plan, net, fleet=fleet, plan_id=plan_id, issued_at_ms=issued_at_ms,
+                            node_placements=placements, jobs=jobs)
+    await push_plan(publisher, fleet, placements, summary, clear=net.ids)
+    return placements
+
+
+# ----------------------------------------------------------------------- `plan --push` glue
+
+def add_plan_arguments(p: Any) -> None:
+    """``hulk-planner plan`` flags for pushing (planner/commands/plan.py calls this)."""
+    from hulk.settings import env
+
+    p.add_argument("--push", action="store_true",
+                   help="publish the plan to the agents (retained MQTT messages; needs --mqtt)")
+    p.add_argument("--mqtt", metavar="URL", default=env("HULK_MQTT"),
+                   help="broker mqtt://[user:pass@]HOST:PORT for --push (HULK_MQTT)")
+    p.add_argument("--fleet-name", default=env("HULK_FLEET", "default"),
+                   help="fleet name in the MQTT topics (HULK_FLEET; default 'default')")
+
+
+def registered_addresses(db_path: str | None) -> dict[str, str]:
+    """node id -> address its agent registered (rendezvous addresses); empty without a store."""
+    if not db_path:
+        return {}
+    from planner.service.store import Store
+
+    with Store(db_path) as store:
+        return {r["id"]: r["address"] for r in store.nodes() if r.get("address")}
+
+
+def push_from_args(args: Any, plan: Any, net: Any, jobs: list[Any] | None = None) -> str:
+    """Push ``plan`` as ``plan --push`` asked; returns the line to print."""
+    import time
+
+    from hulk.broker import check_name, parse_broker_url
+    from hulk.errors import ConfigError
+
+    if getattr(plan, "job_s_override", None):
+        raise ConfigError("this method's plan has jobs without pipeline stages (tensor parallel); "
+                          "it cannot be pushed", field="--push")
+    if not args.mqtt:
+        raise ConfigError("--push needs a broker: pass --mqtt mqtt://HOST:PORT or set HULK_MQTT",
+                          field="--mqtt")
+    broker = parse_broker_url(args.mqtt, source="--mqtt")
+    fleet = check_name(args.fleet_name, "--fleet-name")
+    now = int(time.time() * 1000)
+    plan_id = new_plan_id(now)
+    addresses = registered_addresses(getattr(args, "db", None))
+    placements = asyncio.run(push_new_plan(MqttPublisher(broker), plan, net, fleet=fleet, plan_id=plan_id,
+                                           issued_at_ms=now, addresses=addresses, jobs=jobs))
+    return (f"plan {plan_id} pushed to {len(placements)} node(s) of fleet {fleet} via "
+            f"{broker.host}:{broker.port}")

@@ -1,0 +1,125 @@
+"""The shipped deploy/ files: units that systemd accepts, an agent config the agent accepts."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.paths import REPO
+DEPLOY = REPO / "deploy"
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
+needs_systemd = pytest.mark.skipif(
+    SYSTEMD_ANALYZE is None,
+    reason="systemd-analyze not installed (Debian package 'systemd'; `make install` installs it)")
+
+
+def _directives(unit: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    text = unit.read_text().replace("\\\n", " ")
+    for line in text.splitlines():
+        if "=" in line and not line.lstrip().startswith(("#", ";", "[")):
+            key, value = line.split("=", 1)
+            out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+def _verify(unit: Path, tmp_path: Path, program: str) -> None:
+    """`systemd-analyze verify` on a copy of ``unit`` whose ExecStart runs this checkout's program
+    with the venv's Python (the installed /usr/local/bin path does not exist on a test machine).
+    Everything else is verified exactly as shipped."""
+    text = unit.read_text()
+    shipped = f"/usr/local/bin/{program}"
+    assert f"ExecStart={shipped} " in text
+    module = {"hulk-agent": "agent", "hulk-planner": "planner.cli"}[program]
+    copy = tmp_path / unit.name
+    copy.write_text(text.replace(f"ExecStart={shipped} ", f"ExecStart={sys.executable} -m {module} "))
+    done = subprocess.run([SYSTEMD_ANALYZE, "verify", str(copy)], capture_output=True, text=True,
+                          timeout=60)
+    complaints = [line for line in (done.stdout + done.stderr).splitlines() if unit.name in line]
+    assert done.returncode == 0, done.stderr
+    assert complaints == [], complaints   # unknown keys and bad values are only warnings
+
+
+@needs_systemd
+def test_agent_unit_verifies(tmp_path):
+    _verify(DEPLOY / "hulk-agent.service", tmp_path, "hulk-agent")
+
+
+@needs_systemd
+def test_planner_unit_verifies(tmp_path):
+    _verify(DEPLOY / "hulk-planner.service", tmp_path, "hulk-planner")
+
+
+@needs_systemd
+def test_verify_catches_a_broken_unit(tmp_path):
+    """The check above is not vacuous: a misspelt directive is reported."""
+    src = tmp_path / "src"
+    src.mkdir()
+    broken = src / "hulk-agent.service"
+    broken.write_text((DEPLOY / "hulk-agent.service").read_text()
+                      .replace("WatchdogSec=", "WatchdogSecs="))
+    with pytest.raises(AssertionError, match="Unknown key"):
+        _verify(broken, tmp_path, "hulk-agent")
+
+
+def test_agent_unit_has_the_required_service_settings():
+    d = _directives(DEPLOY / "hulk-agent.service")
+    assert d["Type"] == ["notify"]
+    assert int(d["WatchdogSec"][0]) > 0
+    assert d["Restart"] == ["on-failure"]
+    assert d.get("DynamicUser") == ["yes"] or d.get("User")
+    assert d["StateDirectory"] == ["hulk-agent"]
+    assert d["AmbientCapabilities"] == ["CAP_NET_RAW"]
+    assert d["CapabilityBoundingSet"] == ["CAP_NET_RAW"]
+    # NVML needs /dev/nvidia*: devices are filtered, not hidden.
+    assert "PrivateDevices" not in d or d["PrivateDevices"] == ["no"]
+    assert any("nvidia" in v for v in d["DeviceAllow"])
+    for hardening in ("NoNewPrivileges", "ProtectSystem", "ProtectKernelModules", "RestrictSUIDSGID"):
+        assert hardening in d
+
+
+def test_planner_unit_keeps_its_key_out_of_the_service_user_reach():
+    d = _directives(DEPLOY / "hulk-planner.service")
+    assert d["User"] == ["hulk-planner"]
+    assert any(v.startswith("tls.key:") for v in d["LoadCredential"])
+    exec_start = d["ExecStart"][0]
+    assert "--tls-cert" in exec_start and "${CREDENTIALS_DIRECTORY}/tls.key" in exec_start
+    assert "--insecure" not in exec_start
+
+
+def test_example_agent_config_is_accepted_by_the_agent(tmp_path):
+    from agent.config import load_config
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    text = (DEPLOY / "agent.yaml").read_text()
+    assert "token" not in re.sub(r"#.*", "", text), "the token belongs in agent.env, not the YAML"
+    config_file = tmp_path / "agent.yaml"
+    config_file.write_text(text.replace("/etc/hulk/tls/ca.pem", str(ca)))
+    config = load_config({"config": str(config_file)}, env_reader=lambda name: None)
+    assert config.node_id and not config.insecure and config.ca == ca
+    assert config.state_dir == Path("/var/lib/hulk-agent")
+    from hulk.broker import parse_broker_url
+    broker = parse_broker_url(config.mqtt)      # what the placement subscriber connects with
+    assert broker.tls and broker.port == 8883 and broker.ca == str(ca)
+    assert broker.username == config.node_id
+
+
+def test_shipped_broker_config_denies_anonymous_and_requires_tls():
+    text = (DEPLOY / "mosquitto" / "hulk.conf").read_text()
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    assert "allow_anonymous false" in lines
+    assert "per_listener_settings false" in lines
+    assert any(line.startswith("password_file ") for line in lines)
+    assert any(line.startswith("acl_file ") for line in lines)
+    listeners = [line for line in lines if line.startswith("listener ")]
+    # Every listener reachable from outside has a certificate; the plaintext one is loopback only.
+    for listener in listeners:
+        if not listener.endswith("127.0.0.1"):
+            block = text.split(listener, 1)[1].split("\nlistener ", 1)[0]
+            assert "certfile " in block and "keyfile " in block

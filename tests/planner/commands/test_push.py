@@ -1,0 +1,63 @@
+"""`hulk-planner plan --push` and the broker URL: errors are one line, pushes land on the broker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hulk.broker import parse_broker_url, placement_topic, plan_topic
+from hulk.errors import ConfigError
+from planner.service.publisher import MqttPublisher
+from planner.core.placements import parse_placement, parse_summary
+
+from tests.helpers.paths import REPO
+
+
+def test_broker_url_forms():
+    b = parse_broker_url("mqtt://user:p%40ss@10.0.0.1:1884")
+    assert (b.host, b.port, b.username, b.password) == ("10.0.0.1", 1884, "user", "p@ss")
+    assert "p@ss" not in repr(b)
+    assert parse_broker_url("mqtt://broker").port == 1883
+    for bad in ["", "tcp://x:1", "mqtt://", "mqtt://x:99999", "mqtt://x:1/path", "x:1883"]:
+        with pytest.raises(ConfigError, match="--mqtt: expected mqtt://"):
+            parse_broker_url(bad)
+
+
+def plan_cli(tmp_path, *extra):
+    fleet = {"nodes": [{"id": f"n{i}", "city": "Beijing", "gpus": 8, "gpu_name": "NVIDIA A100-SXM4-40GB",
+                        "compute_capability": 8.0, "memory_gb": 320} for i in range(3)],
+             "links": [{"src": "n0", "dst": "n1", "rtt_ms": 2.0}, {"src": "n1", "dst": "n2", "rtt_ms": 2.0},
+                       {"src": "n0", "dst": "n2", "rtt_ms": 2.0}]}
+    (tmp_path / "fleet.json").write_text(json.dumps(fleet))
+    (tmp_path / "jobs.yaml").write_text("jobs:\n  - {name: a, model: gpt2-xl}\n")
+    return subprocess.run([sys.executable, "-m", "planner.cli", "plan", str(tmp_path / "jobs.yaml"),
+                           "--fleet", str(tmp_path / "fleet.json"), "--no-compare", *extra],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_push_without_a_broker_url_is_a_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("HULK_MQTT", raising=False)
+    proc = plan_cli(tmp_path, "--push")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "--mqtt" in proc.stderr
+
+
+@pytest.mark.integration
+async def test_plan_push_publishes_every_placed_node_and_the_summary(broker, tmp_path):
+    proc = plan_cli(tmp_path, "--push", "--mqtt", broker.url, "--fleet-name", "ops")
+    assert proc.returncode == 0, proc.stderr
+    assert "pushed to" in proc.stdout
+    publisher = MqttPublisher(parse_broker_url(broker.url))
+    summary = parse_summary(await publisher.read_retained(plan_topic("ops")))
+    (job,) = summary.jobs
+    for node in job.node_ids:
+        placement = parse_placement(await publisher.read_retained(placement_topic("ops", node)))
+        assert placement.node == node and placement.roles[0].plan_id == summary.plan_id
+    broker.stop()
+    down = plan_cli(tmp_path, "--push", "--mqtt", broker.url)
+    assert down.returncode == 1 and f"127.0.0.1:{broker.port}" in down.stderr
+    assert down.stderr.strip().count("\n") == 0

@@ -1,0 +1,301 @@
+"""The shipped mosquitto configuration (deploy/mosquitto/hulk.conf), run for real with test paths
+and ports, with accounts made by `hulk-planner enroll`: each node reads only its own placement and
+publishes nothing."""
+
+from __future__ import annotations
+
+import grp
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from planner import cli
+from planner.security.tls import init_pki
+
+paho = pytest.importorskip("paho.mqtt.client")
+
+from tests.helpers.paths import REPO
+SHIPPED = REPO / "deploy" / "mosquitto" / "hulk.conf"
+MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+FLEET = "f1"
+
+pytestmark = pytest.mark.integration
+if not Path(MOSQUITTO).exists() or not shutil.which("mosquitto_passwd"):
+    pytestmark = [pytestmark, pytest.mark.skip(reason="mosquitto / mosquitto_passwd not installed "
+                                                      "(make install adds Debian's mosquitto)")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _topic(node: str) -> str:
+    return f"hulk/v1/{FLEET}/nodes/{node}/placement"
+
+
+class ShippedBroker:
+    """The shipped config with /etc/mosquitto/hulk -> a temp dir and test ports; files laid out as
+    INSTALL.md says (group mosquitto, setgid dir, keys 0640) so the broker reads them after it
+    drops to the mosquitto user."""
+
+    def __init__(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="hulk-mq-"))
+        self.tls_port, self.local_port = _free_port(), _free_port()
+        self.db = self.dir / "planner.sqlite"
+        pki = init_pki(self.dir / "tls", ["127.0.0.1", "localhost"])
+        self.ca = pki["ca"]
+        text = SHIPPED.read_text()
+        assert "listener 8883\n" in text and "listener 1883 127.0.0.1\n" in text
+        text = (text.replace("/etc/mosquitto/hulk", str(self.dir))
+                .replace("listener 8883\n", f"listener {self.tls_port} 127.0.0.1\n")
+                .replace("listener 1883 127.0.0.1\n", f"listener {self.local_port} 127.0.0.1\n"))
+        self.conf = self.dir / "mosquitto.conf"
+        self.conf.write_text(text + f"\nlog_dest file {self.dir}/mosquitto.log\nlog_type all\n")
+        self.proc: subprocess.Popen | None = None
+
+    def enroll(self, *args: str) -> dict[str, str]:
+        import contextlib
+        import io
+        import json
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert cli.main(["enroll", *args, "--db", str(self.db), "--mqtt-passwd",
+                             str(self.dir / "passwd"), "--mqtt-acl", str(self.dir / "acl"),
+                             "--json"]) == 0
+        self._share_with_broker()
+        return json.loads(out.getvalue())
+
+    def revoke(self, node: str) -> None:
+        assert cli.main(["revoke", node, "--db", str(self.db), "--mqtt-passwd",
+                         str(self.dir / "passwd"), "--mqtt-acl", str(self.dir / "acl")]) == 0
+        self._share_with_broker()
+
+    def _share_with_broker(self) -> None:
+        if os.geteuid() != 0:
+            return
+        gid = grp.getgrnam("mosquitto").gr_gid
+        for path in [self.dir, *self.dir.rglob("*")]:
+            os.chown(path, 0, gid)
+            os.chmod(path, 0o2750 if path.is_dir() else 0o640)
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mosquitto exited: {self.proc.stderr.read().decode()[:500]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.tls_port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("mosquitto did not start")
+
+    def reload(self) -> None:
+        self.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Client:
+    """A paho client over TLS that records what it receives."""
+
+    def __init__(self, broker: ShippedBroker, username: str | None, password: str | None, *,
+                 tls: bool = True):
+        self.received: list[tuple[str, bytes]] = []
+        self.connected = threading.Event()
+        self.reason = None
+        self.c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"t-{username}-{time.time_ns()}")
+        if username:
+            self.c.username_pw_set(username, password)
+        if tls:
+            self.c.tls_set(ca_certs=str(broker.ca), tls_version=ssl.PROTOCOL_TLS_CLIENT)
+        self.c.on_connect = self._on_connect
+        self.c.on_message = lambda c, u, m: self.received.append((m.topic, m.payload))
+        self.port = broker.tls_port
+
+    def _on_connect(self, client, userdata, flags, reason, properties):
+        self.reason = reason
+        self.connected.set()
+
+    def connect(self) -> bool:
+        try:
+            self.c.connect("127.0.0.1", self.port, keepalive=30)
+        except (OSError, ssl.SSLError):
+            return False
+        self.c.loop_start()
+        self.connected.wait(3)
+        return self.reason is not None and not self.reason.is_failure
+
+    def subscribe(self, topic: str) -> None:
+        done = threading.Event()
+        self.c.on_subscribe = lambda *a: done.set()
+        self.c.subscribe(topic, qos=1)
+        assert done.wait(5)
+
+    def publish(self, topic: str, payload: bytes, retain: bool = True) -> None:
+        self.c.publish(topic, payload, qos=1, retain=retain).wait_for_publish(5)
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
+
+
+@pytest.fixture(scope="module")
+def broker():
+    b = ShippedBroker()
+    accounts = {"planner": b.enroll("planner", "--role", "planner"),
+                "n1": b.enroll("n1"), "n2": b.enroll("n2")}
+    b.accounts = accounts
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def _client(broker, name: str) -> Client:
+    acc = broker.accounts[name]
+    client = Client(broker, acc["mqtt_username"], acc["mqtt_password"])
+    assert client.connect(), f"{name} could not connect"
+    return client
+
+
+def _wait(predicate, seconds: float = 3.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_acl_file_grants_each_node_only_its_own_placement(broker):
+    acl = (broker.dir / "acl").read_text()
+    assert "user n1\ntopic read hulk/v1/+/nodes/n1/placement\n" in acl
+    assert "user planner\ntopic readwrite hulk/v1/#\n" in acl
+    assert any(line.startswith("n1:$7$") for line in (broker.dir / "passwd").read_text().splitlines())
+    assert broker.accounts["n1"]["mqtt_password"] not in (broker.dir / "passwd").read_text()
+
+
+def test_node_reads_its_own_placement_but_not_another_nodes(broker):
+    planner = _client(broker, "planner")
+    planner.publish(_topic("n1"), b'{"for": "n1"}')
+    planner.publish(_topic("n2"), b'{"for": "n2"}')
+    n1 = _client(broker, "n1")
+    try:
+        n1.subscribe(_topic("n2"))
+        n1.subscribe(f"hulk/v1/{FLEET}/#")          # a wildcard reaches nothing extra either
+        n1.subscribe(_topic("n1"))
+        assert _wait(lambda: any(t == _topic("n1") for t, _ in n1.received))
+        time.sleep(1.0)  # give any wrongly delivered message time to arrive
+        assert {t for t, _ in n1.received} == {_topic("n1")}
+        assert all(p == b'{"for": "n1"}' for _, p in n1.received)
+    finally:
+        n1.close()
+        planner.close()
+
+
+def test_node_cannot_publish_placements(broker):
+    watcher = _client(broker, "planner")
+    watcher.subscribe(f"hulk/v1/{FLEET}/#")
+    time.sleep(0.3)
+    watcher.received.clear()
+    n1 = _client(broker, "n1")
+    try:
+        n1.publish(_topic("n1"), b'{"forged": true}')
+        n1.publish(_topic("n2"), b'{"forged": true}')
+        n1.publish(f"hulk/v1/{FLEET}/plan", b'{"forged": true}')
+        # Positive control: the planner's own publish does reach the watcher.
+        _client_planner = _client(broker, "planner")
+        _client_planner.publish(f"hulk/v1/{FLEET}/plan", b"real", retain=False)
+        assert _wait(lambda: (f"hulk/v1/{FLEET}/plan", b"real") in watcher.received)
+        time.sleep(0.5)
+        assert not [m for m in watcher.received if b"forged" in m[1]]
+        _client_planner.close()
+    finally:
+        n1.close()
+        watcher.close()
+
+
+def test_anonymous_wrong_password_and_plaintext_are_refused(broker):
+    assert not Client(broker, None, None).connect()
+    assert not Client(broker, "n1", "wrong-password").connect()
+    plain = Client(broker, "n1", broker.accounts["n1"]["mqtt_password"], tls=False)
+    assert not plain.connect()
+
+
+def test_revoked_node_cannot_connect_after_reload(broker):
+    n3 = broker.enroll("n3")
+    broker.reload()
+    client = Client(broker, "n3", n3["mqtt_password"])
+    assert client.connect()
+    client.close()
+    broker.revoke("n3")
+    broker.reload()
+    assert "user n3" not in (broker.dir / "acl").read_text()
+    assert not Client(broker, "n3", n3["mqtt_password"]).connect()
+
+
+def test_projects_own_clients_over_mqtts_deliver_only_the_nodes_placement(broker, tmp_path):
+    """planner/service/publisher.py publishing with the planner account and agent/placement.py subscribing with
+    n1's account, both over TLS (mqtts://...?ca=) to the shipped configuration."""
+    import asyncio
+    import contextlib
+
+    from agent.placement import PlacementSubscriber
+    from hulk.broker import parse_broker_url
+    from planner.service.publisher import MqttPublisher
+
+    def url(name: str) -> str:
+        acc = broker.accounts[name]
+        return (f"mqtts://{acc['mqtt_username']}:{acc['mqtt_password']}@127.0.0.1:"
+                f"{broker.tls_port}?ca={broker.ca}")
+
+    def placement(node: str) -> bytes:
+        return (b'{"format":"hulk-placement/1","fleet":"tlsf","node":"%s","plan_id":"p9",'
+                b'"roles":[]}' % node.encode())
+
+    async def scenario() -> tuple[list, bytes | None]:
+        publisher = MqttPublisher(parse_broker_url(url("planner")))
+        await publisher.publish_retained({"hulk/v1/tlsf/nodes/n1/placement": placement("n1"),
+                                          "hulk/v1/tlsf/nodes/n2/placement": placement("n2")})
+        changes: list = []
+        sub = PlacementSubscriber(parse_broker_url(url("n1")), fleet="tlsf", node_id="n1",
+                                  state_dir=tmp_path / "n1", on_change=changes.append,
+                                  backoff_initial_s=0.1, backoff_max_s=0.5)
+        task = asyncio.create_task(sub.run())
+        try:
+            for _ in range(200):
+                if changes:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        # n1's account reading n2's retained placement with the planner's own reader: nothing.
+        spy = MqttPublisher(parse_broker_url(url("n1")))
+        stolen = await spy.read_retained("hulk/v1/tlsf/nodes/n2/placement", wait_s=1.0)
+        return changes, stolen
+
+    changes, stolen = asyncio.run(scenario())
+    assert [c.node for c in changes] == ["n1"]
+    assert stolen is None

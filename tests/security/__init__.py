@@ -1,1 +1,0 @@
-"""Security: credentials, TLS, per-node broker access, rate limits, fuzzed parsers."""
