@@ -111,7 +111,10 @@ class Network:
 
     def __post_init__(self) -> None:
         self.thr = np.array([n.throughput for n in self.nodes], dtype=float)
-        self.mem = np.array([n.memory_bytes for n in self.nodes], dtype=float)
+        # A node with no compute (no GPUs, or an unknown GPU of zero throughput) holds no training
+        # state: zero memory keeps every planner from giving it layers it could never run.
+        self.mem = np.array([n.memory_bytes if thr > 0 else 0.0
+                             for n, thr in zip(self.nodes, self.thr)], dtype=float)
         self.index = {n.id: i for i, n in enumerate(self.nodes)}
 
     @property
