@@ -28,6 +28,7 @@ import zipfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from hulk.errors import InputError
@@ -42,6 +43,8 @@ NODE_KEYS = {"id", "city", "gpus", "gpu_name", "compute_capability", "memory_gb"
              "latitude", "longitude"}
 LINK_KEYS = {"src", "dst", "rtt_ms", "bandwidth_gbps", "loss", "samples", "imputed"}
 TOP_KEYS = {"nodes", "links", "name", "format"}
+MAX_MEMBER_BYTES = 256 << 20   # an archive member larger than this is no fleet (zip bombs)
+MAX_JSON_INT = 2 ** 53          # beyond this a JSON integer is no count, memory or RTT we can use
 
 
 @dataclass(frozen=True)
@@ -124,12 +127,27 @@ def _read_paper_zip(data: bytes, path: str) -> tuple[Fleet, list[ImportIssue]]:
         if PAPER_NODES not in members or PAPER_EDGES not in members:
             raise InputError(f"archive has no {PAPER_NODES} and {PAPER_EDGES} "
                              "(the paper's fleet format)", path=path)
-        nodes_bytes = archive.read(members[PAPER_NODES])
-        edges_bytes = archive.read(members[PAPER_EDGES])
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        nodes_bytes = _read_member(archive, members[PAPER_NODES], path)
+        edges_bytes = _read_member(archive, members[PAPER_EDGES], path)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError, EOFError,
+            ValueError) as exc:
         raise InputError(f"not a readable zip archive ({exc})", path=path) from exc
     return _read_paper(nodes_bytes, f"{path}!{members[PAPER_NODES]}",
                        edges_bytes, f"{path}!{members[PAPER_EDGES]}", name=Path(path).stem)
+
+
+def _read_member(archive: zipfile.ZipFile, name: str, path: str) -> bytes:
+    """One member, never more than MAX_MEMBER_BYTES of it (its header's size may lie)."""
+    info = archive.getinfo(name)
+    if info.file_size > MAX_MEMBER_BYTES:
+        raise InputError(f"{name} unpacks to {info.file_size} bytes; expected at most "
+                         f"{MAX_MEMBER_BYTES} for a fleet file", path=path)
+    with archive.open(info) as member:
+        data = member.read(MAX_MEMBER_BYTES + 1)
+    if len(data) > MAX_MEMBER_BYTES:
+        raise InputError(f"{name} unpacks to more than {MAX_MEMBER_BYTES} bytes; expected a "
+                         "fleet file", path=path)
+    return data
 
 
 def _text(data: bytes, path: str) -> str:
@@ -165,7 +183,11 @@ def _read_paper(nodes_bytes: bytes, nodes_path: str, edges_bytes: bytes, edges_p
 
 
 def _read_paper_nodes(text: str, path: str, issues: list[ImportIssue]) -> list[Node]:
-    rows = list(csv.reader(io.StringIO(text)))
+    reader = csv.reader(io.StringIO(text))
+    try:
+        rows = list(reader)
+    except csv.Error as exc:  # e.g. a field over the csv module's size limit
+        raise InputError(f"not a CSV table ({exc})", path=path, line=reader.line_num) from None
     header_line = next((i for i, r in enumerate(rows) if any(c.strip() for c in r)), None)
     if header_line is None:
         raise InputError("empty file (expected the header node,City,Capability,Memory)",
@@ -301,6 +323,40 @@ def _locating_loads(text: str) -> Any:
     return decoder.decode(text)
 
 
+class _LineFinder:
+    """Line numbers of a JSON document's objects, found only when a message needs one.
+
+    The document is read with the C parser; only a file with an error or a flaw to report pays
+    for the second, pure-Python parse that records where each object starts.
+    """
+
+    def __init__(self, text: str):
+        self.text = text
+        self._located: Any = None
+
+    def line(self, *keys: str | int) -> int | None:
+        if self._located is None:
+            try:
+                self._located = _locating_loads(self.text)
+            except (RecursionError, ValueError):
+                return None
+        node = self._located
+        for key in keys:
+            try:
+                node = node[key]
+            except (KeyError, IndexError, TypeError):
+                return None
+        return getattr(node, "line", None)
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # "\ud800" is valid JSON but no text a terminal or file can hold
+        return False
+    return True
+
+
 def _json_type(value: Any) -> str:
     if value is None:
         return "null"
@@ -311,14 +367,14 @@ def _json_type(value: Any) -> str:
 class _Fields:
     """Typed access to one JSON object's fields, with errors naming file, line and field."""
 
-    def __init__(self, obj: _Located, path: str, where: str):
-        self.obj, self.path, self.where = obj, path, where
+    def __init__(self, obj: dict[str, Any], path: str, where: str, line: Callable[[], int | None]):
+        self.obj, self.path, self.where, self.line = obj, path, where, line
 
     def fail(self, key: str, expected: str) -> InputError:
         got = self.obj.get(key, None)
-        shown = json.dumps(got) if key in self.obj else "nothing"
+        shown = json.dumps(got)[:80] if key in self.obj else "nothing"
         return InputError(f"expected {expected}, got {shown}", path=self.path,
-                          line=getattr(self.obj, "line", None), field=f"{self.where}.{key}")
+                          line=self.line(), field=f"{self.where}.{key}")
 
     def string(self, key: str, *, required: bool = False) -> str | None:
         value = self.obj.get(key)
@@ -326,6 +382,8 @@ class _Fields:
             return None
         if not isinstance(value, str) or (required and not value.strip()):
             raise self.fail(key, "a non-empty string" if required else "a string or null")
+        if not _is_unicode(value):
+            raise self.fail(key, "valid Unicode text (no lone surrogate escapes)")
         return value
 
     def number(self, key: str, *, required: bool = False, default: float | None = None,
@@ -343,7 +401,8 @@ class _Fields:
                 raise self.fail(key, kind + bounds)
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or (integer and not float(value).is_integer()) or not math.isfinite(value):
+                or (isinstance(value, int) and not -MAX_JSON_INT <= value <= MAX_JSON_INT) \
+                or not math.isfinite(value) or (integer and not float(value).is_integer()):
             raise self.fail(key, kind + bounds + ("" if required else " or null"))
         if (low is not None and value < low) or (high is not None and value > high):
             raise self.fail(key, kind + bounds)
@@ -353,38 +412,42 @@ class _Fields:
 def _read_json(data: bytes, path: str, default_name: str) -> tuple[Fleet, list[ImportIssue]]:
     text = _text(data, path)
     try:
-        doc = _locating_loads(text)
+        doc = json.loads(text)  # the C parser; line numbers come from _LineFinder when needed
     except json.JSONDecodeError as exc:
         raise InputError(f"not a fleet file: invalid JSON ({exc.msg} at column {exc.colno}); "
                          "expected fleet JSON, or a folder or .zip with "
                          f"{PAPER_NODES} and {PAPER_EDGES}", path=path, line=exc.lineno) from None
     except RecursionError:
         raise InputError("JSON nested too deeply", path=path) from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        raise InputError(f"not a fleet file: {exc}".split(";")[0], path=path) from None
     if not isinstance(doc, dict):
         raise InputError(f"expected a JSON object with 'nodes' and 'links', got {_json_type(doc)}",
                          path=path, line=1)
+    lines = _LineFinder(text)
     issues: list[ImportIssue] = []
-    unknown: dict[str, int] = {}
+    unknown: set[str] = set()
 
-    def note_unknown(obj: _Located, allowed: set[str], where: str) -> None:
+    def note_unknown(obj: dict[str, Any], allowed: set[str], where: str, *keys: str | int) -> None:
         for key in obj:
             if key not in allowed and f"{where}.{key}" not in unknown:
-                unknown[f"{where}.{key}"] = obj.line
-                issues.append(ImportIssue(path, obj.line, f"unknown field {where}.{key} ignored"))
+                unknown.add(f"{where}.{key}")
+                issues.append(ImportIssue(path, lines.line(*keys),
+                                          f"unknown field {where}.{key} ignored"))
 
     note_unknown(doc, TOP_KEYS, "fleet")
     name = doc.get("name", default_name)
     if not isinstance(name, str) or not name:
-        raise InputError(f"expected a non-empty string, got {json.dumps(name)}", path=path,
-                         line=doc.line, field="name")
+        raise InputError(f"expected a non-empty string, got {json.dumps(name)[:80]}", path=path,
+                         line=lines.line(), field="name")
     raw_nodes = doc.get("nodes")
     if not isinstance(raw_nodes, list):
         raise InputError(f"expected an array of node objects, got {_json_type(raw_nodes)}",
-                         path=path, line=doc.line, field="nodes")
+                         path=path, line=lines.line(), field="nodes")
     raw_links = doc.get("links", [])
     if not isinstance(raw_links, list):
         raise InputError(f"expected an array of link objects, got {_json_type(raw_links)}",
-                         path=path, line=doc.line, field="links")
+                         path=path, line=lines.line(), field="links")
 
     nodes: list[Node] = []
     seen: dict[str, int] = {}
@@ -392,18 +455,19 @@ def _read_json(data: bytes, path: str, default_name: str) -> tuple[Fleet, list[I
         where = f"nodes[{i}]"
         if not isinstance(obj, dict):
             raise InputError(f"expected an object, got {_json_type(obj)}", path=path,
-                             line=doc.line, field=where)
-        note_unknown(obj, NODE_KEYS, "nodes[]")
-        f = _Fields(obj, path, where)
+                             line=lines.line(), field=where)
+        note_unknown(obj, NODE_KEYS, "nodes[]", "nodes", i)
+        f = _Fields(obj, path, where, lambda i=i: lines.line("nodes", i))
         node_id = f.string("id", required=True)
         if node_id in seen:
-            raise InputError(f"node id {node_id!r} is used twice (first on line {seen[node_id]})",
-                             path=path, line=obj.line, field=f"{where}.id")
-        seen[node_id] = obj.line
+            raise InputError(f"node id {node_id!r} is used twice (first on line "
+                             f"{lines.line('nodes', seen[node_id])})",
+                             path=path, line=f.line(), field=f"{where}.id")
+        seen[node_id] = i
         raw_city = f.string("city")
         city = raw_city.strip() if raw_city else None
         if raw_city is not None and raw_city != city:
-            issues.append(ImportIssue(path, obj.line, f"city {raw_city!r} has surrounding "
+            issues.append(ImportIssue(path, f.line(), f"city {raw_city!r} has surrounding "
                                       f"spaces; read as {city!r}"))
         count = int(f.number("gpus", default=gpu_catalog.DEFAULT_GPUS_PER_NODE, low=0,
                              integer=True))
@@ -424,7 +488,8 @@ def _read_json(data: bytes, path: str, default_name: str) -> tuple[Fleet, list[I
         nodes.append(Node(id=node_id, city=city or None, gpus=count, gpu_name=gpu_name,
                           compute_capability=cc, memory_gb=memory, latitude=lat, longitude=lon))
     if not nodes:
-        raise InputError("expected at least one node", path=path, line=doc.line, field="nodes")
+        raise InputError("expected at least one node", path=path, line=lines.line(),
+                         field="nodes")
 
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     order: list[tuple[str, str]] = []
@@ -432,15 +497,15 @@ def _read_json(data: bytes, path: str, default_name: str) -> tuple[Fleet, list[I
         where = f"links[{i}]"
         if not isinstance(obj, dict):
             raise InputError(f"expected an object, got {_json_type(obj)}", path=path,
-                             line=doc.line, field=where)
-        note_unknown(obj, LINK_KEYS, "links[]")
-        f = _Fields(obj, path, where)
+                             line=lines.line(), field=where)
+        note_unknown(obj, LINK_KEYS, "links[]", "links", i)
+        f = _Fields(obj, path, where, lambda i=i: lines.line("links", i))
         src = f.string("src", required=True)
         dst = f.string("dst", required=True)
         for key, node in (("src", src), ("dst", dst)):
             if node not in seen:
                 raise InputError(f"unknown node {node!r} (not in nodes)", path=path,
-                                 line=obj.line, field=f"{where}.{key}")
+                                 line=f.line(), field=f"{where}.{key}")
         rtt = f.number("rtt_ms", required=True, low=0)
         bw = f.number("bandwidth_gbps", low=0)
         loss = f.number("loss", default=0.0, low=0, high=1)
@@ -449,24 +514,25 @@ def _read_json(data: bytes, path: str, default_name: str) -> tuple[Fleet, list[I
         if not isinstance(imputed, bool):
             raise f.fail("imputed", "true or false")
         if imputed:
-            issues.append(ImportIssue(path, obj.line, f"imputed link {src} -> {dst} ignored "
+            issues.append(ImportIssue(path, f.line(), f"imputed link {src} -> {dst} ignored "
                                       "(completion is recomputed from measured links)"))
             continue
         if src == dst:
-            issues.append(ImportIssue(path, obj.line, f"self-loop {src} -> {dst} dropped"))
+            issues.append(ImportIssue(path, f.line(), f"self-loop {src} -> {dst} dropped"))
             continue
         key = (src, dst)
         if key in merged:
             first = merged[key]
             conflicting = "conflicting " if rtt != first["rtts"][0] else ""
-            issues.append(ImportIssue(path, obj.line, f"{conflicting}duplicate of the link "
-                                      f"{src} -> {dst} on line {first['line']}; RTTs averaged"))
+            issues.append(ImportIssue(path, f.line(), f"{conflicting}duplicate of the link "
+                                      f"{src} -> {dst} on line {lines.line('links', first['index'])}"
+                                      "; RTTs averaged"))
             first["rtts"].append(rtt)
             first["samples"] += samples
             if bw is not None:
                 first["bws"].append(bw)
             continue
-        merged[key] = {"line": obj.line, "rtts": [rtt], "bws": [] if bw is None else [bw],
+        merged[key] = {"index": i, "rtts": [rtt], "bws": [] if bw is None else [bw],
                        "loss": loss, "samples": samples}
         order.append(key)
     links = []

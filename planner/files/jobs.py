@@ -16,6 +16,7 @@ NUMBER_FIELDS = ("params",) + INT_FIELDS
 REQUIRED_WITHOUT_CATALOG = ("params", "layers", "hidden", "seq_len", "global_batch")
 JOB_KEYS = frozenset({"name", "model", "command", *NUMBER_FIELDS})
 TOP_KEYS = frozenset({"jobs"})
+MAX_INT = 2 ** 53  # larger counts are typos or attacks; they would overflow the cost model
 
 
 class _Mapping(dict):
@@ -67,6 +68,10 @@ def parse_jobs(text: str, path: str = "<jobs>") -> list[Job]:
         raise InputError(f"not valid YAML: {problem}", path=path, line=line) from None
     except yaml.YAMLError as exc:
         raise InputError(f"not valid YAML: {exc}".splitlines()[0], path=path) from None
+    except RecursionError:
+        raise InputError("not a jobs file: YAML nested too deeply", path=path) from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        raise InputError(f"not valid YAML: {exc}".split(";")[0], path=path) from None
     if data is None:
         raise InputError("empty file: expected a mapping with a 'jobs' list", path=path)
     if not isinstance(data, dict):
@@ -177,8 +182,9 @@ def _positive_number(value, fail) -> float:
             value = float(value.strip())
         except ValueError:
             raise fail("params", f"expected a positive number, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise fail("params", f"expected a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or (isinstance(value, int) and value > MAX_INT):
+        raise fail("params", f"expected a positive number, got {_shown(value)}")
     if not math.isfinite(value) or value <= 0:
         raise fail("params", f"expected a positive number, got {value!r}")
     return float(value)
@@ -193,4 +199,11 @@ def _positive_int(value, key: str, fail) -> int:
         value = int(value)
     if value <= 0:
         raise fail(key, f"expected a positive integer, got {value!r}")
+    if value > MAX_INT:
+        raise fail(key, f"expected a positive integer up to 2**53, got {_shown(value)}")
     return value
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
