@@ -71,9 +71,20 @@ def _crypto():
     return x509, hashes, serialization, ec, NameOID, ExtendedKeyUsageOID
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def _write_private(path: Path, data: bytes, *, replace: bool = True) -> None:
+    """Write a private key with mode 0600, also over an existing file with a looser mode.
+
+    ``replace=False`` refuses an existing file (a CA key replaced by accident orphans every
+    certificate and node it signed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if replace else os.O_EXCL)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        raise ConfigError(f"{path} already exists: keeping it (move it away first to make a new "
+                          "CA; every certificate it signed must then be issued again)",
+                          field="--init-ca") from None
+    os.fchmod(fd, 0o600)  # O_CREAT's mode applies only to a new file
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
 
@@ -102,7 +113,7 @@ def create_ca(out_dir: str | os.PathLike, name: str = "Hulk fleet CA",
                                          encipher_only=False, decipher_only=False), critical=True)
             .sign(key, hashes.SHA256()))
     paths = CertPaths(out / "ca.pem", out / "ca.key")
-    _write_private(paths.key, _key_pem(key, serialization))
+    _write_private(paths.key, _key_pem(key, serialization), replace=False)
     paths.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return paths
 
