@@ -31,14 +31,14 @@ from typing import Callable
 import numpy as np
 
 from hulk.errors import PlanningError
-from planner.search import algorithm1 as alg1
 from planner.core.costmodel import INFEASIBLE, Estimate, Placement, estimate
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan, Unplaced
-from planner.search import (_cluster_distance, _grid, _growth_sets, _match_rows,
-                                 _micro_batches, _node_order, _open_path, _placement_from_grid,
-                                 network_clusters)
+from planner.search import algorithm1 as alg1
+from planner.search.arrangement import match_rows, placement_from_grid, stage_grid
+from planner.search.clusters import cluster_distance, network_clusters, open_path, ordered_clusters
+from planner.search.groups import growth_sets, micro_batches
 
 DEFAULT_GENERATIONS = 60
 OFFSPRING = 4
@@ -60,8 +60,8 @@ def _group_path_cost(net: Network, groups: np.ndarray, act: float) -> np.ndarray
     return bound
 
 
-def _path_order(dist: np.ndarray) -> list[int]:
-    """Open path minimising (largest hop, total): nearest neighbour from up to 8 starts, then
+def path_order(dist: np.ndarray) -> list[int]:
+    """Open path minimising (largest hop, total): nearest neighbour from up to 16 starts, then
     2-opt segment reversals."""
     k = dist.shape[0]
     if k <= 2:
@@ -104,16 +104,11 @@ def _path_order(dist: np.ndarray) -> list[int]:
     return path.tolist()
 
 
-def _path_key(dist: np.ndarray, path: list[int]) -> tuple[float, float]:
-    hops = dist[path[:-1], path[1:]]
-    return (float(hops.max(initial=0.0)), float(hops.sum()))
-
-
 def _ordered(job: Job, net: Network, groups: np.ndarray, b: int) -> np.ndarray:
     """Stage groups in open-path order (step 3)."""
     if groups.shape[0] <= 1:
         return groups
-    return groups[_path_order(_group_path_cost(net, groups, job.activation_bytes(b)))]
+    return groups[path_order(_group_path_cost(net, groups, job.activation_bytes(b)))]
 
 
 def _score(job: Job, net: Network, groups: np.ndarray, b: int, reorder: bool = True
@@ -123,8 +118,8 @@ def _score(job: Job, net: Network, groups: np.ndarray, b: int, reorder: bool = T
     act = job.activation_bytes(b)
     if reorder:
         groups = _ordered(job, net, groups, b)
-    grid = _match_rows(net, groups, act)
-    placement = _placement_from_grid(job, net, grid, b)
+    grid = match_rows(net, groups, act)
+    placement = placement_from_grid(job, net, grid, b)
     if placement is None:
         return None, INFEASIBLE
     est = estimate(placement, net)
@@ -187,7 +182,7 @@ def dtfm_placement(job: Job, net: Network, nodes=None, *, seed: int = 0,
     rng = np.random.default_rng(seed)
     nodes = np.arange(net.n) if nodes is None else np.unique(np.asarray(list(nodes), dtype=np.int64))
     labels = network_clusters(net)[nodes]
-    clusters = _node_order(net, nodes, labels)
+    clusters = ordered_clusters(net, nodes, labels)
     ordered = np.concatenate(clusters) if clusters else np.zeros(0, dtype=np.int64)
     n = ordered.size
     # Device pools: the whole fleet, and every growing set of nearby clusters that can hold the
@@ -195,13 +190,13 @@ def dtfm_placement(job: Job, net: Network, nodes=None, *, seed: int = 0,
     # the stronger, fairer comparison).
     pools = [clusters]
     if len(clusters) > 1:
-        dist = _cluster_distance(net, clusters)
+        dist = cluster_distance(net, clusters)
         per_seed: dict[int, int] = {}
-        for seed_cluster, chosen in _growth_sets(job, net, clusters, dist, 2):
+        for seed_cluster, chosen in growth_sets(job, net, clusters, dist, 2):
             per_seed[seed_cluster] = per_seed.get(seed_cluster, 0) + 1
             if per_seed[seed_cluster] > MAX_POOLS_PER_SEED:
                 continue
-            path = [chosen[i] for i in _open_path(dist[np.ix_(chosen, chosen)])]
+            path = [chosen[i] for i in open_path(dist[np.ix_(chosen, chosen)])]
             pools.append([clusters[i] for i in path])
     # Screen every (pool, D, chunking) at the job's own micro-batch, then give the best few every
     # micro-batch size.
@@ -213,14 +208,14 @@ def dtfm_placement(job: Job, net: Network, nodes=None, *, seed: int = 0,
         ds = sorted({d for d in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128) if d <= max_d})
         for d in ds:
             for variant in (True, False):
-                groups = _grid(net, pool, d, variant)
+                groups = stage_grid(pool, d, variant)
                 if groups is None:
                     continue
                 if groups.shape[0] > job.layers:
                     keep = np.argsort(-net.thr[groups].min(axis=1), kind="stable")[:job.layers]
                     groups = groups[np.sort(keep)]
-                b0 = min(job.micro_batch, _micro_batches(job, d)[-1])
-                # Screening keeps the groups in cluster path order (_grid builds them so);
+                b0 = min(job.micro_batch, micro_batches(job, d)[-1])
+                # Screening keeps the groups in cluster path order (stage_grid builds them so);
                 # the open-path ordering is applied to the SCREENED best below.
                 p, e = _score(job, net, groups, b0, reorder=False)
                 screened.append((e.iteration_s, len(screened), d, b0, groups))
@@ -230,7 +225,7 @@ def dtfm_placement(job: Job, net: Network, nodes=None, *, seed: int = 0,
     scored = []
     for t0, _, d, b0, groups in screened[:SCREENED]:
         spare = np.setdiff1d(ordered, groups.ravel())
-        for b in _micro_batches(job, d):
+        for b in micro_batches(job, d):
             p, e = _score(job, net, groups, b)
             if p is not None:
                 scored.append((e.iteration_s, len(scored), d, b, groups, spare, p, e))

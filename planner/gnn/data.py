@@ -25,6 +25,7 @@ from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan
 from planner.gnn import features as F
+from planner.search import plan_search
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,7 @@ def labels_from_plan(plan: Plan, jobs: list[Job], n: int, slot_jobs: list[int]) 
 
 
 def search_teacher(jobs: list[Job], net: Network, seed: int, budget_s: float) -> Plan:
-    from planner.search import plan_search
-
+    """The teacher: the search planner with a wall-clock cap of ``budget_s``."""
     return plan_search(jobs, net, seed=seed, budget_s=budget_s)
 
 

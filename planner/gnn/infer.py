@@ -14,17 +14,22 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
+from planner.core.costmodel import estimate_plan
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan
 from planner.gnn import checkpoint as ckpt
 from planner.gnn import features as F
+from planner.search import best_placement, network_clusters, plan_search
+from planner.search.algorithm1 import (Grouping, algorithm1, component_labels, fits,
+                                       memory_threshold, take_until_fit)
 
 log = logging.getLogger(__name__)
 
@@ -86,26 +91,6 @@ def balance_scores(scores: np.ndarray, thr: np.ndarray, iterations: int = 30) ->
     return best / best.sum(axis=1, keepdims=True).clip(min=1e-12)
 
 
-LOCAL_RTT_MS = 8.0   # nodes this close (or in one city) form a locality cluster (the search's rule)
-
-
-def locality_clusters(net: Network, threshold_ms: float = LOCAL_RTT_MS) -> np.ndarray:
-    """Cluster label per node: single linkage over links of at most ``threshold_ms`` and over
-    shared cities. (Kept here rather than imported so the GNN's grouping does not depend on the
-    search planner's internals.)"""
-    from scipy.sparse import csr_matrix
-    from scipy.sparse.csgraph import connected_components
-
-    n = net.n
-    rows, cols = np.nonzero(net.rtt_ms <= threshold_ms)
-    close = csr_matrix((np.ones(rows.size, dtype=bool), (rows, cols)), shape=(n, n))
-    first: dict[str, int] = {}
-    heads = np.array([first.setdefault(node.city_key, i) if node.city_key is not None else i
-                      for i, node in enumerate(net.nodes)], dtype=np.int64)
-    close = close + csr_matrix((np.ones(n, dtype=bool), (np.arange(n), heads)), shape=(n, n))
-    return connected_components(close, directed=False)[1].astype(np.int64)
-
-
 def _cluster_rtt(net: Network, labels: np.ndarray) -> np.ndarray:
     """(clusters, clusters) mean RTT over the links between two clusters (inf: no link)."""
     k = int(labels.max()) + 1
@@ -127,8 +112,6 @@ def _grow(job: Job, net: Network, home: int, target: float, labels, crtt, comps,
     clusters it needed to fit. Further clusters are added by least farthest-RTT to those taken; once the group
     fits, only clusters within ``widen`` times its current span are added (a group inside one
     cluster stays there: cross-cluster data parallelism rarely pays)."""
-    from planner.search.algorithm1 import _take_until_fit, fits
-
     comp = comps[np.flatnonzero(labels == home)[0]]
     chosen, taken, got, span, c = [home], [], 0.0, 0.0, home
     fit_span = None
@@ -138,7 +121,7 @@ def _grow(job: Job, net: Network, home: int, target: float, labels, crtt, comps,
         k = min(int(np.searchsorted(np.cumsum(thr[cand]), target - got)) + 1, cand.size)
         group = np.concatenate(taken) if taken else cand[:0]
         if not fits(job, net, np.concatenate([group, cand[:k]])):
-            k = max(k, _take_until_fit(job, net, group, cand).size)
+            k = max(k, take_until_fit(job, net, group, cand).size)
         taken.append(cand[:k])
         got += float(thr[cand[:k]].sum())
         group = np.concatenate(taken)
@@ -173,14 +156,12 @@ def coherent_scores(jobs: list[Job], net: Network, scores: np.ndarray,
     go to the job in that cluster with the longest estimated time (FLOPs / throughput); clusters
     no job uses stay idle. Algorithm 1 then makes the result feasible exactly as for raw scores.
     """
-    from planner.search.algorithm1 import _take_until_fit, component_labels, fits, memory_threshold
-
     n, num = net.n, len(jobs)
     out = np.zeros((n, num + 1))
     out[:, -1] = 1.0
     if num == 0 or n == 0:
         return out
-    labels = locality_clusters(net) if labels is None else labels
+    labels = network_clusters(net) if labels is None else labels
     crtt = _cluster_rtt(net, labels)
     comps = component_labels(net)
     thr = np.asarray(net.thr, dtype=float)
@@ -233,12 +214,9 @@ def coherent_scores(jobs: list[Job], net: Network, scores: np.ndarray,
 
 def grouping_plan(jobs: list[Job], net: Network, scores: np.ndarray,
                   method: str = "gnn-raw", effort: str = "normal",
-                  grouping=None) -> tuple[Plan, "object"]:
+                  grouping: Grouping | None = None) -> tuple[Plan, Grouping]:
     """Algorithm 1 on ``scores`` (or a ready ``grouping``), then the best placement of each job
     inside its own group at the search planner's ``effort``."""
-    from planner.search.algorithm1 import algorithm1
-    from planner.search import best_placement
-
     if grouping is None:
         grouping = algorithm1(jobs, net, scores)
     by_name = {j.name: j for j in jobs}
@@ -253,15 +231,13 @@ def grouping_plan(jobs: list[Job], net: Network, scores: np.ndarray,
 
 def best_grouping_plan(jobs: list[Job], net: Network, probs: np.ndarray,
                        widen: tuple[float, ...] = (1.0, 2.0),
-                       full_effort: bool = True) -> tuple[Plan, "object"]:
+                       full_effort: bool = True) -> tuple[Plan, Grouping]:
     """The grouping of least estimated makespan among the cluster-coherent ones (one per
     ``widen``) and the balanced arg-max of ``probs``; all are read off the GNN's scores, the cost
     model only picks among them. ``full_effort=False`` skips the second, full-effort
     placement of the closest candidates (for ``plan_gnn(refine=True)``, whose search refinement
     starts from the grouping and places every job again anyway)."""
-    from planner.core.costmodel import estimate_plan
-
-    labels = locality_clusters(net)
+    labels = network_clusters(net)
     candidates = [coherent_scores(jobs, net, probs, labels, widen=w) for w in widen]
     candidates.append(balance_scores(probs, net.thr))
     tried = []
@@ -283,14 +259,10 @@ def best_grouping_plan(jobs: list[Job], net: Network, probs: np.ndarray,
 
 
 def _with_phase(placement, phase: int):
-    from dataclasses import replace
-
     return replace(placement, phase=phase) if placement.phase != phase else placement
 
 
 def _search(jobs, net, *, seed, progress, initial=None, **kwargs) -> Plan:
-    from planner.search import plan_search
-
     extra = {"initial": initial} if initial is not None else {}
     if progress is not None:
         extra["progress"] = progress

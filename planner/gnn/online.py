@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 

@@ -29,6 +29,8 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
 
 from hulk.errors import PlanningError
 from planner.core.fleet import Network
@@ -86,9 +88,6 @@ def fits(job: Job, net: Network, nodes) -> bool:
 
 def component_labels(net: Network) -> np.ndarray:
     """Connected-component label per node (finite RTT), vectorised."""
-    from scipy.sparse import csr_matrix
-    from scipy.sparse.csgraph import connected_components
-
     finite = np.isfinite(net.rtt_ms)
     if finite.all():
         return np.zeros(net.n, dtype=np.int64)
@@ -191,7 +190,7 @@ def _one_phase(jobs, net, scores, pending, can_fit, comp_nodes, labels, threshol
         idle = members[owner[members] == -1]
         if idle.size:
             idle = idle[np.lexsort((idle, -scores[idle, j]))]
-            taken = _take_until_fit(jobs[j], net, group, idle)
+            taken = take_until_fit(jobs[j], net, group, idle)
             owner[taken] = j
             group = members[owner[members] == j]
             if fits(jobs[j], net, group):
@@ -229,7 +228,7 @@ def _one_phase(jobs, net, scores, pending, can_fit, comp_nodes, labels, threshol
         idle = members[owner[members] == -1]
         if idle.size and fits(jobs[j], net, idle):
             idle = idle[np.lexsort((idle, -scores[idle, j]))]
-            taken = _take_until_fit(jobs[j], net, np.zeros(0, dtype=np.int64), idle)
+            taken = take_until_fit(jobs[j], net, np.zeros(0, dtype=np.int64), idle)
             owner[taken] = j
             placed[j] = np.sort(taken)
         else:
@@ -237,7 +236,7 @@ def _one_phase(jobs, net, scores, pending, can_fit, comp_nodes, labels, threshol
     return placed
 
 
-def _take_until_fit(job: Job, net: Network, group: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+def take_until_fit(job: Job, net: Network, group: np.ndarray, candidates: np.ndarray) -> np.ndarray:
     """The shortest prefix of ``candidates`` that makes ``group`` fit (all of them if none does)."""
     if candidates.size == 0:
         return candidates

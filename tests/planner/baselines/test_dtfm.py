@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from hulk.errors import PlanningError
+from planner.baselines.dtfm import dtfm_placement, path_order, plan_dtfm
 from planner.core.costmodel import estimate, estimate_plan, problems
-from planner.baselines.dtfm import _path_order, dtfm_placement, plan_dtfm
 from planner.core.fleet import Network, Node
 from planner.core.generate import generate_jobs, generate_network
 from planner.core.jobs import Job
-from planner.search import _match_rows
+from planner.search.arrangement import match_rows
 
 
 def test_plan_is_valid_and_sequential_shortest_first():
@@ -51,7 +51,7 @@ def test_open_path_order_follows_a_line():
     # Points on a line, shuffled: the open path must visit them in line order.
     pos = np.array([5.0, 0.0, 3.0, 1.0, 4.0, 2.0])
     dist = np.abs(pos[:, None] - pos[None, :])
-    path = _path_order(dist)
+    path = path_order(dist)
     assert [pos[i] for i in path] in ([0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0])
 
 
@@ -64,7 +64,7 @@ def test_bottleneck_matching_pairs_each_node_with_its_neighbour():
     rtt = np.where(city[:, None] == city[None, :], 1.0, 150.0)
     net = Network.from_matrix(nodes, rtt)
     grid = np.array([[0, 1], [3, 2]])[:, ::-1].copy()   # [[1, 0], [2, 3]]: crossed
-    matched = _match_rows(net, grid, act=1e7)
+    matched = match_rows(net, grid, act=1e7)
     for p in range(2):
         assert city[matched[0, p]] == city[matched[1, p]]
 

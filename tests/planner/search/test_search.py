@@ -9,13 +9,16 @@ import numpy as np
 import pytest
 
 from hulk.errors import PlanningError
-from planner.search import algorithm1 as alg1
-from planner.core.costmodel import estimate, estimate_plan, problems
 from planner.baselines.dtfm import plan_dtfm
+from planner.core.costmodel import estimate, estimate_plan, problems
 from planner.core.fleet import Network, Node
 from planner.core.generate import generate_jobs, generate_network
 from planner.core.jobs import Job, catalog_job
-from planner.search import best_placement, cluster_labels, plan_search
+from planner.search import algorithm1 as alg1
+from planner.search import best_placement, cluster_labels, heuristic_scores, plan_search
+from planner.search.groups import evaluate_grid
+from planner.search.grow import grow_bottleneck
+from planner.search.state import SearchRun
 
 
 def assert_valid(plan, net, jobs):
@@ -170,8 +173,6 @@ def test_paper_fleet_six_jobs(paper_fleet_dir, shared_dir):
 
 
 def test_heuristic_scores_give_every_job_a_group_that_fits():
-    from planner.search import heuristic_scores
-
     net = generate_network(120, seed=13)
     jobs = generate_jobs(6, seed=13)
     scores = heuristic_scores(jobs, net)
@@ -185,8 +186,6 @@ def test_trimming_drops_slow_stage_groups_when_that_is_faster():
     # Four rows of two servers in one city: H100, H100, A100, T4. For a 1B model the pipeline
     # hops and all-reduces of extra stages cost more than the slower rows add, so keeping only
     # the fastest row beats the whole grid (which the untrimmed evaluation keeps).
-    from planner.search import _evaluate
-
     kinds = [("NVIDIA H100 80GB HBM3", 8, 640.0)] * 2 + [("NVIDIA A100-SXM4-40GB", 8, 320.0),
                                                         ("Tesla T4", 4, 64.0)]
     specs = [k for k in kinds for _ in range(2)]
@@ -196,8 +195,8 @@ def test_trimming_drops_slow_stage_groups_when_that_is_faster():
     job = Job("small", params=1.0e9, layers=24, hidden=2048, seq_len=1024, global_batch=512,
               micro_batch=1, steps=10)
     grid = np.arange(8).reshape(4, 2)
-    plain, plain_est = _evaluate(job, net, grid, 1)
-    trimmed, trimmed_est = _evaluate(job, net, grid, 1, trim=True)
+    plain, plain_est = evaluate_grid(job, net, grid, 1)
+    trimmed, trimmed_est = evaluate_grid(job, net, grid, 1, trim=True)
     assert plain is not None and trimmed is not None
     assert trimmed_est.iteration_s < plain_est.iteration_s * 0.9
     assert not {6, 7} & set(trimmed.nodes)
@@ -217,11 +216,9 @@ def test_the_bottleneck_job_moves_to_a_larger_idle_city():
     start = alg1.Grouping({job.name: (0, 1)}, {job.name: 0})
     _, on_small = best_placement(job, [0, 1], net)
     # The grow step on its own (the bottleneck job migrates to the larger idle cluster)...
-    from planner.search import _Planner
-
-    planner = _Planner([job], net, 0, None, None, None)
-    states = {job.name: planner.state(job, np.array([0, 1]))}
-    assert planner.grow_bottleneck(states)
+    run = SearchRun([job], net)
+    states = {job.name: run.state(job, np.array([0, 1]))}
+    assert grow_bottleneck(run, states)
     grown = states[job.name]
     assert grown.est.job_s < on_small.job_s * 0.9
     assert set(grown.placement.nodes) <= set(range(2, 10))

@@ -1,0 +1,179 @@
+"""Step 4a of the search: a K x D grid of nodes made into one job's placement.
+
+A grid row is a stage group of D nodes (one per data-parallel replica), rows in pipeline order.
+:func:`stage_grid` chunks ordered clusters into rows, :func:`match_rows` reorders each row so
+that consecutive stages' replicas pair up over cheap links, and :func:`placement_from_grid`
+gives each stage its layers (balanced by throughput within memory, with a cap on the largest
+stage's all-reduce where that pays).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from planner.core.costmodel import Placement, Stage
+from planner.core.fleet import Network
+from planner.core.jobs import Job
+
+
+def stage_grid(clusters: list[np.ndarray], d: int, carry_over: bool = True) -> np.ndarray | None:
+    """Stage groups of ``d`` nodes: chunks of each cluster (fastest together), clusters in path
+    order; leftovers carried into the next cluster's first chunk, or dropped (rings that cross
+    a WAN link are slow)."""
+    rows = []
+    carry = np.zeros(0, dtype=np.int64)
+    for cl in clusters:
+        pool = np.concatenate([carry, cl]) if carry_over else cl
+        full = pool.size // d
+        if full:
+            rows.append(pool[:full * d].reshape(full, d))
+        carry = pool[full * d:]
+    if not rows:
+        return None
+    return np.concatenate(rows, axis=0)
+
+
+def match_rows(net: Network, grid: np.ndarray, act: float) -> np.ndarray:
+    """Reorder each stage's nodes so replica p's hop k -> k+1 is a bottleneck-minded matching.
+
+    Only hops that can set the pipeline's largest transfer matter for (M - 1) * max(x): a
+    boundary whose worst pairing is no dearer than the unavoidable largest hop of the whole
+    chain (the largest lower bound of any boundary's bottleneck matching), or whose pairings are
+    all within 5% of each other, is left as it is."""
+    k, d = grid.shape
+    if d == 1 or k == 1:
+        return grid
+    src, dst = grid[:-1, :, None], grid[1:, None, :]
+    cost = 2.0 * (net.rtt_ms[src, dst] / 2000.0 + act / net.bw[src, dst])   # (K-1, D, D)
+    cost = np.where(np.isfinite(cost), cost, 1e12)
+    hi, lo = cost.max(axis=(1, 2)), cost.min(axis=(1, 2))
+    bound = np.maximum(cost.min(axis=2).max(axis=1), cost.min(axis=1).max(axis=1))
+    todo = np.flatnonzero((hi > lo * 1.05) & (hi > bound.max() * (1 + 1e-9)))
+    if todo.size == 0:
+        return grid
+    grid = grid.copy()
+    perm = np.tile(np.arange(d), (k, 1))
+    for s in todo + 1:
+        c = cost[s - 1][perm[s - 1]]           # rows: row s-1 as now ordered; cols: row s as built
+        scaled = (c / c.max()) ** 4  # sum of 4th powers: close to bottleneck assignment
+        _, cols = linear_sum_assignment(scaled)
+        perm[s] = cols
+        grid[s] = grid[s][cols]
+    return grid
+
+
+def balance_layers(job: Job, stage_thr: np.ndarray, caps: np.ndarray) -> np.ndarray | None:
+    """Layers per stage minimising max(l_k / thr_k) with 1 <= l_k <= cap_k, sum = L (greedy
+    water-filling, exact for this objective). None when memory cannot hold the model."""
+    k = stage_thr.size
+    if k > job.layers or (caps < 1).any() or caps.sum() < job.layers:
+        return None
+    layers = np.ones(k, dtype=np.int64)
+    left = job.layers - k
+    if left == 0:
+        return layers
+    # Start from the continuous optimum rounded down, then fill greedily.
+    share = np.minimum(caps, np.maximum(1, np.floor(job.layers * stage_thr / stage_thr.sum())))
+    share = share.astype(np.int64)
+    if share.sum() <= job.layers:
+        layers = share
+    left = job.layers - int(layers.sum())
+    heap = [((layers[i] + 1) / stage_thr[i], i) for i in range(k) if layers[i] < caps[i]]
+    heapq.heapify(heap)
+    while left > 0:
+        if not heap:
+            return None
+        _, i = heapq.heappop(heap)
+        layers[i] += 1
+        left -= 1
+        if layers[i] < caps[i]:
+            heapq.heappush(heap, ((layers[i] + 1) / stage_thr[i], i))
+    return layers
+
+
+def placement_from_grid(job: Job, net: Network, grid: np.ndarray, b: int) -> Placement | None:
+    """Layers for a K x D grid (dropping stages that cannot hold a layer); None if infeasible."""
+    d = grid.shape[1]
+    m = math.ceil(job.global_batch / d / b)
+    while grid.shape[0] > 0:
+        k = grid.shape[0]
+        u = job.state_bytes / job.layers + job.activation_bytes(b) * min(m, k, job.layers)
+        caps = np.floor(net.mem[grid].min(axis=1) / u).astype(np.int64)
+        if (caps < 1).any():
+            grid = grid[caps >= 1]
+            continue
+        if k > job.layers:
+            # Too many stages: keep the fastest stage groups, or the roomiest if those lack memory.
+            stage_thr = net.thr[grid].min(axis=1)
+            keep = np.argsort(-stage_thr, kind="stable")[:job.layers]
+            if caps[keep].sum() < job.layers:
+                keep = np.argsort(-caps, kind="stable")[:job.layers]
+            grid = grid[np.sort(keep)]
+            continue
+        stage_thr = net.thr[grid].min(axis=1)
+        layers = balance_layers(job, stage_thr, caps)
+        if layers is None:
+            return None
+        # A one-layer stage that is still the slowest is a bottleneck no layer split can fix:
+        # drop it when the others can hold the model and that lowers the slowest stage's time.
+        if k > 1:
+            load = layers / stage_thr
+            worst = int(np.argmax(load))
+            if layers[worst] == 1:
+                rest = np.delete(np.arange(k), worst)
+                alt = balance_layers(job, stage_thr[rest], caps[rest])
+                if alt is not None and (alt / stage_thr[rest]).max() < load[worst] * (1 - 1e-9):
+                    grid = grid[rest]
+                    continue
+        if d > 1:
+            layers = _trade_allreduce(job, net, grid, b, m, stage_thr, caps, layers)
+        bounds = np.concatenate([[0], np.cumsum(layers)])
+        stages = tuple(Stage(int(bounds[s]), int(bounds[s + 1]), tuple(int(i) for i in grid[s]))
+                       for s in range(k))
+        return Placement(job, stages, b)
+    return None
+
+
+def _trade_allreduce(job: Job, net: Network, grid: np.ndarray, b: int, m: int,
+                     stage_thr: np.ndarray, caps: np.ndarray, layers: np.ndarray) -> np.ndarray:
+    """Throughput-balanced layers can give a fast stage so many layers that its all-reduce
+    (which grows with its layers) dominates. Try caps on every stage's all-reduce time and keep
+    the split with the lowest approximate iteration time (pipeline + slowest all-reduce)."""
+    k, d = grid.shape
+    ring_next = np.roll(grid, -1, axis=1)
+    a_max = (net.rtt_ms[grid, ring_next] / 2000.0).max(axis=1)
+    bw_min = net.bw[grid, ring_next].min(axis=1)
+    per_layer_ar = 2.0 * (d - 1) * (2.0 * job.params / job.layers) / (d * bw_min)   # s per layer
+    base_ar = 2.0 * (d - 1) * a_max
+    f = job.flops_per_layer(b)
+    if k > 1:
+        src, dst = grid[:-1], grid[1:]
+        hops = (2.0 * (net.rtt_ms[src, dst] / 2000.0 + job.activation_bytes(b) / net.bw[src, dst])).max(axis=1)
+        hop_max, hop_sum = float(hops.max()), float(hops.sum())
+    else:
+        hop_max = hop_sum = 0.0
+
+    def approx(lay: np.ndarray) -> float:
+        c = f * lay / stage_thr
+        return (float(c.sum()) + hop_sum + (m - 1) * max(float(c.max()), hop_max)
+                + float((base_ar + per_layer_ar * lay).max()))
+
+    best, best_t = layers, approx(layers)
+    top = float((base_ar + per_layer_ar * layers).max())
+    for frac in (0.85, 0.7, 0.55, 0.4, 0.3):
+        limit = top * frac
+        ar_cap = np.floor((limit - base_ar) / per_layer_ar).astype(np.int64)
+        new_caps = np.minimum(caps, ar_cap)
+        if (new_caps < 1).any() or new_caps.sum() < job.layers:
+            break
+        alt = balance_layers(job, stage_thr, new_caps)
+        if alt is None:
+            break
+        t = approx(alt)
+        if t < best_t:
+            best, best_t = alt, t
+    return best

@@ -1,0 +1,382 @@
+"""Step 4b of the search: the best placement of one job on one node group.
+
+:func:`solve_group` screens sets of clusters grown by nearest neighbour from the fastest and
+roomiest clusters (:func:`growth_sets`; far clusters are left idle when they do not pay) with a
+few (D replicas, micro-batch b) configurations, gives the best sets every configuration (a
+log-spread of replica counts, :func:`micro_batches`), and refines the best placements by
+dropping stage groups. :func:`deep_solve` is the denser variant the bottleneck job gets. Every
+candidate grid is judged by the cost model (:func:`evaluate_grid`), optionally trimmed to its
+fastest rows first. :func:`best_placement` is the entry point for one job on one group.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from hulk.errors import PlanningError
+from planner.core.costmodel import INFEASIBLE, Estimate, Placement, estimate
+from planner.core.fleet import Network
+from planner.core.jobs import Job
+from planner.search import algorithm1 as alg1
+from planner.search.arrangement import balance_layers, match_rows, placement_from_grid, stage_grid
+from planner.search.clusters import cluster_distance, cluster_labels, open_path, ordered_clusters
+
+MICRO_BATCH_CANDIDATES = (1, 2, 4, 8)
+TRIM_FRACTIONS = (0.85, 0.7, 0.55, 0.4, 0.25, 0.12)   # shares of a grid's rows tried as trims
+CITY_SPLIT_MIN_NODES = 64   # smaller pools: rings are short, the latency term is small
+DEEP_REPLICAS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128,
+                 160, 192, 256)
+
+
+@dataclass(frozen=True)
+class Effort:
+    """How hard best_placement looks. ``replica_options``: how many values of D it tries;
+    ``prune_passes``: rounds of dropping stage groups; ``keep``: configurations refined;
+    ``seeds``: seed clusters grown into candidate sets; ``finalists``: sets given every (D, b);
+    ``screen_only``: finalists keep only the screening (D, b) values (used inside moves)."""
+
+    replica_options: int
+    prune_passes: int
+    keep: int
+    seeds: int
+    finalists: int
+    screen_only: bool = False
+    patience: int = 3
+
+
+EFFORTS = {
+    "fast": Effort(replica_options=5, prune_passes=2, keep=1, seeds=1, finalists=1, screen_only=True),
+    "normal": Effort(replica_options=8, prune_passes=4, keep=2, seeds=3, finalists=2),
+    "full": Effort(replica_options=14, prune_passes=8, keep=3, seeds=5, finalists=4),
+}
+
+
+def micro_batches(job: Job, d: int) -> list[int]:
+    """Micro-batch sizes to try with ``d`` replicas: 1, 2, 4, 8 and the job's own, up to the
+    batch one replica gets."""
+    per_replica = math.ceil(job.global_batch / d)
+    return sorted({b for b in MICRO_BATCH_CANDIDATES + (job.micro_batch,) if 1 <= b <= per_replica})
+
+
+def _replica_candidates(job: Job, net: Network, nodes: np.ndarray, clusters: list[np.ndarray],
+                        effort: Effort) -> list[int]:
+    """Replica counts D to try: small ones, the cluster sizes and a log-spread up to what
+    memory and the batch allow, ``effort.replica_options`` of them at most (plus the sizes)."""
+    n = nodes.size
+    max_d = max(1, min(n, int(net.mem[nodes].sum() // job.state_bytes), job.global_batch))
+    base = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+    sizes = sorted({cl.size for cl in clusters})
+    cands = sorted({x for x in base + sizes + [n] if 1 <= x <= max_d})
+    if len(cands) > effort.replica_options:
+        # Keep small values (pipelines), cluster sizes and a log-spread of the rest.
+        pick = set(cands[:3]) | {s for s in sizes if s <= max_d}
+        spread = np.unique(np.geomspace(1, len(cands), effort.replica_options).astype(int) - 1)
+        pick |= {cands[i] for i in spread}
+        cands = sorted(pick)
+    return cands
+
+
+def evaluate_grid(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool = False
+                  ) -> tuple[Placement | None, Estimate]:
+    """Match, balance and judge a grid; ``trim``: also try keeping only its fastest rows."""
+    best: tuple[Placement | None, Estimate] = (None, INFEASIBLE)
+    for g in (_trimmed_grids(job, net, grid, b) if trim else [grid]):
+        g = match_rows(net, g, job.activation_bytes(b))
+        placement = placement_from_grid(job, net, g, b)
+        if placement is None:
+            continue
+        est = estimate(placement, net)
+        if est.feasible and (best[0] is None
+                             or est.iteration_s < best[1].iteration_s * (1 - 1e-12)):
+            best = (placement, est)
+    return best
+
+
+def _trimmed_grids(job: Job, net: Network, grid: np.ndarray, b: int) -> list[np.ndarray]:
+    """The grid itself and, when the cost model's formula says it is faster, the grid keeping
+    only its fastest stage groups (rows, in their order). Using every row is often slower: a
+    slow row still needs a whole layer and sets max(x), integer layers leave the longest stage
+    with one layer more than the others, and every extra stage adds to the bubble. Rows are
+    scored with the section-4 formula on the unmatched grid (matching only lowers hops)."""
+    k, d = grid.shape
+    if k <= 2:
+        return [grid]
+    m = math.ceil(job.global_batch / d / b)
+    f = job.flops_per_layer(b)
+    act = job.activation_bytes(b)
+    row_thr = net.thr[grid].min(axis=1)
+    row_mem = net.mem[grid].min(axis=1)
+    if d > 1:
+        ring_next = np.roll(grid, -1, axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a_max = (net.rtt_ms[grid, ring_next] / 2000.0).max(axis=1)
+            bw_min = net.bw[grid, ring_next].min(axis=1)
+            ar_per_layer = 2.0 * (d - 1) * (2.0 * job.params / job.layers) / (d * bw_min)
+        ar_base = 2.0 * (d - 1) * a_max
+    fastest = np.lexsort((np.arange(k), -row_thr))
+    sizes = sorted({k} | {max(1, int(round(k * x))) for x in TRIM_FRACTIONS}
+                   | {min(k, job.layers)}, reverse=True)
+
+    def approx(rows: np.ndarray) -> float:
+        kk = rows.size
+        u = job.state_bytes / job.layers + act * min(m, kk, job.layers)
+        caps = np.floor(row_mem[rows] / u).astype(np.int64)
+        if (caps < 1).any() or kk > job.layers:
+            return math.inf
+        layers = balance_layers(job, row_thr[rows], caps)
+        if layers is None:
+            return math.inf
+        c = f * layers / row_thr[rows]
+        if kk > 1:
+            src, dst = grid[rows[:-1]], grid[rows[1:]]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                hop = (2.0 * (net.rtt_ms[src, dst] / 2000.0 + act / net.bw[src, dst])).max(axis=1)
+            hop_sum, hop_max = float(hop.sum()), float(hop.max())
+        else:
+            hop_sum = hop_max = 0.0
+        t = float(c.sum()) + hop_sum + (m - 1) * max(float(c.max()), hop_max)
+        if d > 1:
+            t += float((ar_base[rows] + ar_per_layer[rows] * layers).max())
+        return t if math.isfinite(t) else math.inf
+
+    full_t = approx(np.arange(k))
+    best_t, best_rows = full_t, None
+    for size in sizes:
+        if size >= k:
+            continue
+        rows = np.sort(fastest[:size])
+        t = approx(rows)
+        if t < best_t * (1 - 1e-9):
+            best_t, best_rows = t, rows
+    if best_rows is None:
+        return [grid]
+    return [grid, grid[best_rows]]
+
+
+def _prune(job: Job, net: Network, placement: Placement, est: Estimate, passes: int,
+           labels_of: dict[int, int], trim: bool = False) -> tuple[Placement, Estimate]:
+    """Local search over stage groups: drop a whole cluster's stages, the slowest stage, or the
+    first/last stage, while that shortens the iteration."""
+    b = placement.micro_batch
+    for _ in range(passes):
+        grid = placement.node_matrix()
+        k = grid.shape[0]
+        if k <= 1:
+            break
+        cands: list[np.ndarray] = []
+        row_cluster = np.array([labels_of.get(int(r[0]), -1) for r in grid])
+        for c in np.unique(row_cluster):
+            mask = row_cluster != c
+            if mask.any() and not mask.all():
+                cands.append(mask)
+        slow = int(np.argmin(net.thr[grid].min(axis=1)))
+        for r in {slow, 0, k - 1}:
+            mask = np.ones(k, dtype=bool)
+            mask[r] = False
+            cands.append(mask)
+        best = (placement, est)
+        for mask in cands:
+            p, e = evaluate_grid(job, net, grid[mask], b, trim)
+            if p is not None and e.iteration_s < best[1].iteration_s * (1 - 1e-9):
+                best = (p, e)
+        if best[0] is placement:
+            break
+        placement, est = best
+    return placement, est
+
+
+def growth_sets(job: Job, net: Network, clusters: list[np.ndarray], dist: np.ndarray,
+                seeds: int):
+    """Cluster sets to try: from each seed cluster (most throughput, most memory), add the
+    nearest cluster one at a time; every prefix that can hold the model is a candidate.
+    A generator of (seed, cluster indices); sending True stops growing from that seed."""
+    c = len(clusters)
+    thr = np.array([net.thr[cl].sum() for cl in clusters])
+    mem = np.array([net.mem[cl].sum() for cl in clusters])
+    order = list(np.lexsort((np.arange(c), -thr)))
+    seed_list = order[:seeds]
+    roomiest = int(np.lexsort((np.arange(c), -mem))[0])
+    if roomiest not in seed_list:
+        seed_list.append(roomiest)
+    seen: set[frozenset] = set()
+    for s in seed_list:
+        if not np.isfinite(dist[s]).any():
+            continue
+        chosen = [int(s)]
+        near = dist[s].astype(float).copy()
+        while True:
+            key = frozenset(chosen)
+            if key not in seen and alg1.fits(job, net, np.concatenate([clusters[i] for i in chosen])):
+                seen.add(key)
+                stop = yield s, list(chosen)
+                if stop:
+                    break
+            if len(chosen) == c:
+                break
+            near[chosen] = np.inf
+            if not np.isfinite(near).any():
+                break
+            best = np.flatnonzero(near == near.min())
+            nxt = int(best[np.argmax(thr[best])])
+            chosen.append(nxt)
+            near = np.minimum(near, dist[nxt])
+
+
+def _configs_for(job: Job, net: Network, nodes: np.ndarray, clusters: list[np.ndarray],
+                 effort: Effort, hint: tuple[int, int] | None, screening: bool) -> list[tuple[int, int]]:
+    """(D, b) configurations to try on ``nodes``: a few near the hint when ``screening``, else
+    every replica candidate with every micro-batch size, plus the hint's neighbours."""
+    n = nodes.size
+    if screening:
+        big = max(cl.size for cl in clusters)
+        ds = {1, 2, big}
+        bs = {job.micro_batch}
+        if hint is not None:
+            d0 = hint[0]
+            ds |= {d0 // 2, d0 - 1, d0, d0 + 1, d0 + 2, 2 * d0}
+            bs |= {hint[1]}
+        return sorted((d, b) for d in ds if 1 <= d <= n for b in bs if b in micro_batches(job, d))
+    configs = [(d, b) for d in _replica_candidates(job, net, nodes, clusters, effort)
+               for b in micro_batches(job, d)]
+    if hint is not None:
+        d0, b0 = hint
+        for d in (d0 // 2, d0 - 1, d0, d0 + 1, d0 * 2):
+            if 1 <= d <= n:
+                configs += [(d, b) for b in (b0 // 2, b0, b0 * 2) if b in micro_batches(job, d)]
+    return sorted(set(configs))
+
+
+def _try_configs(job: Job, net: Network, clusters: list[np.ndarray], configs,
+                 trim: bool = False) -> list:
+    """Every configuration on the clusters' grids (carrying leftovers over or not), as
+    (iteration time, D, b, placement, estimate), fastest first."""
+    results = []
+    for d, b in configs:
+        grids = [stage_grid(clusters, d, True)]
+        if d > 1 and len(clusters) > 1:
+            grids.append(stage_grid(clusters, d, False))
+        for grid in grids:
+            if grid is None:
+                continue
+            p, e = evaluate_grid(job, net, grid, b, trim)
+            if p is not None:
+                results.append((e.iteration_s, d, b, p, e))
+    results.sort(key=lambda r: (r[0], r[1], r[2]))
+    return results
+
+
+def solve_group(job: Job, net: Network, nodes: np.ndarray, effort: Effort,
+                hint: tuple[int, int] | None = None, labels: np.ndarray | None = None
+                ) -> tuple[Placement | None, Estimate]:
+    """Best placement of ``job`` on ``nodes`` (may use a subset); (None, INFEASIBLE) if none.
+
+    1. screening: for every growth set of clusters (:func:`growth_sets`), a few (D, b);
+    2. the best ``effort.finalists`` sets get every (D, b) candidate;
+    3. the best ``effort.keep`` configurations get the stage-dropping local search."""
+    nodes = np.unique(np.asarray(nodes, dtype=np.int64))
+    if nodes.size == 0:
+        return None, INFEASIBLE
+    if labels is None:
+        labels = cluster_labels(net.rtt_ms[np.ix_(nodes, nodes)],
+                                cities=[net.nodes[i].city_key for i in nodes])
+    clusters = ordered_clusters(net, nodes, labels)
+    dist = cluster_distance(net, clusters)
+    screened = []
+    gen = growth_sets(job, net, clusters, dist, effort.seeds)
+    stop = False
+    seed_best: dict[int, tuple[float, int]] = {}   # seed -> (best time, prefixes since it)
+    while True:
+        try:
+            seed, chosen = gen.send(stop) if screened or stop else next(gen)
+        except StopIteration:
+            break
+        path = [chosen[i] for i in open_path(dist[np.ix_(chosen, chosen)])]
+        sub = [clusters[i] for i in path]
+        sub_nodes = np.concatenate(sub)
+        res = _try_configs(job, net, sub, _configs_for(job, net, sub_nodes, sub, effort, hint, True))
+        t = res[0][0] if res else math.inf
+        if res:
+            screened.append((t, len(screened), sub, sub_nodes, res))
+        best_t, since = seed_best.get(seed, (math.inf, 0))
+        if t < best_t * (1 - 1e-9):
+            seed_best[seed] = (t, 0)
+            stop = False
+        else:
+            seed_best[seed] = (best_t, since + 1)
+            stop = since + 1 >= effort.patience
+    if not screened:
+        # Screening configurations may all miss memory; try every configuration on everything.
+        sub_nodes = np.concatenate(clusters)
+        res = _try_configs(job, net, clusters,
+                           _configs_for(job, net, sub_nodes, clusters, effort, hint, False))
+        if not res:
+            return None, INFEASIBLE
+        screened.append((res[0][0], 0, clusters, sub_nodes, res))
+    screened.sort(key=lambda r: (r[0], r[1]))
+    results = []
+    for _, _, sub, sub_nodes, res in screened[:effort.finalists]:
+        results += res
+        if effort.finalists > 0 and not effort.screen_only:
+            results += _try_configs(job, net, sub,
+                                    _configs_for(job, net, sub_nodes, sub, effort, hint, False))
+    results.sort(key=lambda r: (r[0], r[1], r[2]))
+    labels_of = {int(i): ci for ci, cl in enumerate(clusters) for i in cl}
+    best: tuple[Placement | None, Estimate] = (None, INFEASIBLE)
+    for _, _, _, p, e in results[:effort.keep]:
+        p, e = _prune(job, net, p, e, effort.prune_passes, labels_of)
+        if best[0] is None or e.iteration_s < best[1].iteration_s:
+            best = (p, e)
+    return best
+
+
+def deep_solve(job: Job, net: Network, nodes: np.ndarray, labels: np.ndarray,
+               hint: tuple[int, int] | None = None) -> tuple[Placement | None, Estimate]:
+    """Best placement of ``job`` on all of ``nodes`` over a dense range of replica counts and
+    every micro-batch size (stage groups chunked per cluster, rows trimmed to the fastest by
+    :func:`evaluate_grid`), the best few refined by :func:`_prune`."""
+    nodes = np.unique(np.asarray(nodes, dtype=np.int64))
+    if nodes.size == 0 or not alg1.fits(job, net, nodes):
+        return None, INFEASIBLE
+    clusters = ordered_clusters(net, nodes, labels if labels.size == nodes.size else
+                                cluster_labels(net.rtt_ms[np.ix_(nodes, nodes)],
+                                               cities=[net.nodes[i].city_key for i in nodes]))
+    max_d = max(1, min(nodes.size, int(net.mem[nodes].sum() // job.state_bytes), job.global_batch))
+    ds = {d for d in DEEP_REPLICAS if d <= max_d} | {cl.size for cl in clusters if cl.size <= max_d}
+    if hint is not None:
+        ds |= {d for d in (hint[0] - 1, hint[0], hint[0] + 1) if 1 <= d <= max_d}
+    configs = [(d, b) for d in sorted(ds) for b in micro_batches(job, d)]
+    results = _try_configs(job, net, clusters, configs, trim=True)
+    # Stage groups inside one city: a ring pays 2 (D - 1) a_max, so for small models the
+    # latency of its worst link matters as much as bandwidth, and a locality cluster may join
+    # several cities a few ms apart.
+    names = {c: k for k, c in enumerate(sorted({str(net.nodes[i].city_key) for i in nodes}))}
+    if len(names) > len(clusters) and nodes.size >= CITY_SPLIT_MIN_NODES:
+        city = np.array([names[str(net.nodes[i].city_key)] for i in nodes])
+        by_city = ordered_clusters(net, nodes, city)
+        results += _try_configs(job, net, by_city, configs, trim=True)
+        results.sort(key=lambda r: (r[0], r[1], r[2]))
+    if not results:
+        return None, INFEASIBLE
+    labels_of = {int(i): ci for ci, cl in enumerate(clusters) for i in cl}
+    best: tuple[Placement | None, Estimate] = (None, INFEASIBLE)
+    for _, _, _, p, e in results[:3]:
+        p, e = _prune(job, net, p, e, 4, labels_of, trim=True)
+        if best[0] is None or e.iteration_s < best[1].iteration_s:
+            best = (p, e)
+    return best
+
+
+def best_placement(job: Job, nodes, net: Network, *, effort: str = "normal"
+                   ) -> tuple[Placement, Estimate]:
+    """The best configuration of ``job`` on the node group ``nodes`` that this search finds:
+    which of the nodes to use, K stages x D replicas, the grid arrangement, layer ranges and
+    micro-batch size. Raises PlanningError when no valid placement exists on these nodes."""
+    p, e = solve_group(job, net, np.asarray(list(nodes), dtype=np.int64), EFFORTS[effort])
+    if p is None:
+        raise PlanningError(f"job {job.name} has no valid placement on the {len(list(nodes))} "
+                            f"given nodes (not enough memory)")
+    return p, e
+

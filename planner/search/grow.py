@@ -1,0 +1,143 @@
+"""Step 6 of the search: growing the job that sets the makespan.
+
+The bottleneck job is re-solved over a dense range of replica counts (:func:`deep_solve`: stage
+groups per cluster and per city, trimmed to the fastest rows when extra rows only add hops,
+bubble and all-reduce) on its own nodes, plus the idle nodes of its clusters, plus those of the
+1, 2 and 4 nearest clusters, or on a larger idle cluster; failing that, a job sharing its
+clusters moves to idle clusters and leaves it the nodes. Each step is kept only when the
+makespan drops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.search import algorithm1 as alg1
+from planner.search.groups import deep_solve
+from planner.search.state import JobState, SearchRun
+
+GROW_ROUNDS = 6
+RELOCATE_NEIGHBOURS = 3     # jobs sharing the bottleneck's clusters that may move out
+MIGRATE_CLUSTERS = 2        # larger idle clusters the bottleneck job may move to
+RELOCATE_HOMES = 3          # roomiest idle clusters tried as their new home
+
+
+def grow_bottleneck(run: SearchRun, states: dict[str, JobState]) -> bool:
+    """Give idle nodes to the job that sets the makespan and re-solve its configuration over a
+    dense range of replica counts (:func:`deep_solve`): first the idle nodes of its own
+    clusters (more replicas D inside a cluster), then those of the nearest clusters (longer
+    pipelines, or replicas across clusters where the ring S / (D bw) pays). Repeats while the
+    makespan drops; True when anything changed."""
+    net = run.net
+    changed = False
+    for _ in range(GROW_ROUNDS):
+        if run.out_of_time() or not states:
+            break
+        used = np.zeros(net.n, dtype=bool)
+        for s in states.values():
+            used[s.group] = True
+        times = {name: s.est.job_s for name, s in states.items()}
+        crit = max(times, key=lambda k: (times[k], k))
+        cs = states[crit]
+        makespan, total = times[crit], sum(times.values())
+        comp = run.components[cs.group[0]]
+        free = np.flatnonzero(~used & (run.components == comp))
+        best = None
+        for pool in _grow_pools(run, cs.group, free):
+            p, e = deep_solve(cs.job, net, pool, run.labels[pool], cs.hint)
+            if p is None or e.job_s >= makespan * (1 - 1e-9):
+                continue
+            key = (e.job_s, len(p.nodes))
+            if best is None or key < best[0]:
+                best = (key, p, e)
+        if best is not None:
+            upd = {crit: (best[1], best[2])}
+        else:
+            upd = _relocate(run, states, crit, free, makespan)
+            if upd is None:
+                break
+        new_times = dict(times)
+        for k, (p, e) in upd.items():
+            new_times[k] = e.job_s
+        if not (max(new_times.values()) < makespan * (1 - 1e-9)
+                or (max(new_times.values()) <= makespan and sum(new_times.values()) < total)):
+            break
+        for k, (p, e) in upd.items():
+            states[k] = JobState.of(states[k].job, p, e)
+        changed = True
+    return changed
+
+
+def _relocate(run: SearchRun, states: dict[str, JobState], crit: str, free: np.ndarray,
+              makespan: float):
+    """Move a job that shares the bottleneck job's clusters onto idle clusters, and give the
+    bottleneck job the nodes it leaves there. Returns {job: (placement, estimate)} for the
+    best such pair that lowers the makespan, else None."""
+    net = run.net
+    cs = states[crit]
+    mine = np.unique(run.labels[cs.group])
+    in_mine = np.isin(run.labels, mine)
+    outside = free[~in_mine[free]]
+    if outside.size == 0:
+        return None
+    same = free[in_mine[free]]
+    neighbours = [k for k in states if k != crit and in_mine[states[k].group].any()]
+    neighbours.sort(key=lambda k: (-int(in_mine[states[k].group].sum()), k))
+    lab = run.labels[outside]
+    free_clusters = sorted(np.unique(lab),
+                           key=lambda c: (-float(net.thr[outside[lab == c]].sum()), int(c)))
+    best = None
+    for name in neighbours[:RELOCATE_NEIGHBOURS]:
+        ds = states[name]
+        kept = ds.group[~in_mine[ds.group]]
+        # Homes for the neighbour: what it keeps outside plus one of the roomiest idle
+        # clusters, or plus all idle nodes outside the bottleneck's clusters.
+        homes = [np.union1d(kept, outside[lab == c]) for c in free_clusters[:RELOCATE_HOMES]]
+        homes.append(np.union1d(kept, outside))
+        moved = None
+        for home in homes:
+            if not alg1.fits(ds.job, net, home):
+                continue
+            p, e = run.solve(ds.job, home, "fast", ds.hint)
+            if p is None or e.job_s >= makespan * (1 - 1e-9):
+                continue
+            if moved is None or (e.job_s, len(p.nodes)) < (moved[1].job_s, len(moved[0].nodes)):
+                moved = (p, e)
+        if moved is None:
+            continue
+        pool = np.setdiff1d(np.union1d(np.union1d(cs.group, same), ds.group[in_mine[ds.group]]),
+                            moved[0].nodes)
+        p, e = deep_solve(cs.job, net, pool, run.labels[pool], cs.hint)
+        if p is None or e.job_s >= makespan * (1 - 1e-9):
+            continue
+        key = max(e.job_s, moved[1].job_s)
+        if best is None or key < best[0]:
+            best = (key, {crit: (p, e), name: moved})
+    return None if best is None else best[1]
+
+
+def _grow_pools(run: SearchRun, group: np.ndarray, free: np.ndarray) -> list[np.ndarray]:
+    """Node pools for the bottleneck job: its group plus the idle nodes of its clusters, then
+    plus the idle nodes of the 1, 2 and 4 nearest other clusters."""
+    net = run.net
+    mine = np.unique(run.labels[group])
+    same = free[np.isin(run.labels[free], mine)]
+    pools = [group] + ([np.union1d(group, same)] if same.size else [])
+    others = free[~np.isin(run.labels[free], mine)]
+    if others.size:
+        near = net.rtt_ms[np.ix_(others, group)].min(axis=1)
+        lab = run.labels[others]
+        ranked = sorted(np.unique(lab), key=lambda c: (float(near[lab == c].min()), int(c)))
+        for count in (1, 2, 4):
+            if count > len(ranked) or (count > 1 and count // 2 >= len(ranked)):
+                break
+            extra = others[np.isin(lab, ranked[:count])]
+            pools.append(np.union1d(np.union1d(group, same), extra))
+        # Or move to an idle cluster larger than its own (communication-bound jobs want
+        # many nodes joined by fast links).
+        own = max(int(np.isin(run.labels, [c]).sum()) for c in mine)
+        sizes = {int(c): int((lab == c).sum()) for c in np.unique(lab)}
+        big = sorted((c for c in sizes if sizes[c] > own), key=lambda c: (-sizes[c], c))
+        for c in big[:MIGRATE_CLUSTERS]:
+            pools.append(others[lab == c])
+    return pools
