@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 PYTHON  := $(BIN)/python
 SHARED  ?= ../shared
 
-.PHONY: install test demo bench model lab protos check-protos clean
+.PHONY: install test demo bench model lab protos check-protos clean agent-requirements
 
 install: $(VENV)/.installed
 
@@ -47,3 +47,11 @@ protos:
 
 clean:
 	rm -rf out build *.egg-info
+
+# The agent's pinned dependencies with their hashes (deploy/INSTALL.md installs them with
+# --require-hashes). pip-tools runs from a throwaway venv: it is no dependency of the project.
+agent-requirements:
+	test -x build/piptools/bin/pip-compile || { $(PY) -m venv build/piptools && build/piptools/bin/pip install -q pip-tools; }
+	cd deploy && PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= ../build/piptools/bin/pip-compile -q --generate-hashes \
+	    --index-url https://pypi.org/simple --no-emit-index-url --strip-extras \
+	    -o agent-requirements.txt agent-requirements.in

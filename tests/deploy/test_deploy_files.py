@@ -138,3 +138,34 @@ def test_units_score_low_exposure_in_systemd_analyze_security(unit, ceiling):
     d = _directives(DEPLOY / unit)
     assert "@system-service" in d["SystemCallFilter"] and d["UMask"] == ["0077"]
     assert d["ProtectProc"] == ["invisible"] and d["SystemCallErrorNumber"] == ["EPERM"]
+
+
+def test_agent_requirements_pin_every_agent_dependency_with_hashes():
+    """deploy/agent-requirements.txt (`make agent-requirements`) covers pyproject's agent
+    dependencies, each pinned to one version that satisfies pyproject's range, each with hashes."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = {Requirement(r).name.lower(): Requirement(r) for r in project["dependencies"]}
+    text = (DEPLOY / "agent-requirements.txt").read_text().replace("\\\n", " ")
+    pins: dict[str, tuple[str, list[str]]] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        spec, *hashes = line.split("--hash=")
+        name, _, version = spec.strip().partition("==")
+        assert version, f"not pinned: {line}"
+        assert hashes and all(h.strip().startswith("sha256:") for h in hashes), name
+        pins[name.lower()] = (version.strip(), hashes)
+    for name, requirement in wanted.items():
+        assert name in pins, f"{name} is not pinned in agent-requirements.txt"
+        assert requirement.specifier.contains(pins[name][0]), (name, pins[name][0])
+    direct = {Requirement(line).name.lower() for line in
+              (DEPLOY / "agent-requirements.in").read_text().splitlines()
+              if line.strip() and not line.startswith("#")}
+    assert direct == set(wanted), "agent-requirements.in differs from pyproject's dependencies"
+    assert "--require-hashes -r /path/to/hulk/deploy/agent-requirements.txt" in \
+        (DEPLOY / "INSTALL.md").read_text()
