@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from agent import __version__
-from agent.config import AgentConfig, load_config
+from agent.config import PROBE_DEFAULTS, AgentConfig, load_config
 from hulk.errors import HulkError
 
 PROG = "hulk-agent"
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "towards the planner)")
     add("--city", metavar="NAME", help="city from the gazetteer (e.g. Beijing)")
     add("--interval", metavar="SECONDS", help="seconds between probe rounds to each peer "
-                                              "(default 60)")
+                                              f"(default {PROBE_DEFAULTS.interval_s:g})")
     add("--state-dir", metavar="DIR", help="where the spool lives (default /var/lib/hulk-agent)")
     add("--config", metavar="FILE", help="YAML config file (default: $HULK_CONFIG)")
     add("--insecure", action="store_const", const=True, default=None,
@@ -49,9 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--ca", metavar="FILE", help="CA certificate that signs the planner's certificate")
     add("--mqtt", metavar="URL", help="broker URL mqtt://[user:pass@]HOST:PORT")
     add("--spool-max", metavar="N", help="most samples spooled before the oldest are dropped")
-    add("--packets-per-round", metavar="N", help="probe packets per round (default 5)")
-    add("--timeout", metavar="SECONDS", help="per-packet timeout (default 2)")
-    add("--max-concurrency", metavar="N", help="most probe rounds in flight (default 64)")
+    add("--packets-per-round", metavar="N", help="probe packets per round "
+                                                 f"(default {PROBE_DEFAULTS.packets_per_round})")
+    add("--timeout", metavar="SECONDS", help="per-packet timeout "
+                                             f"(default {PROBE_DEFAULTS.timeout_s:g})")
+    add("--max-concurrency", metavar="N", help="most probe rounds in flight "
+                                               f"(default {PROBE_DEFAULTS.max_concurrency})")
     add("--probe-port", metavar="PORT", help="TCP port to accept peers' connect probes on "
                                              "(default 0: none)")
     add("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR (default INFO)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +18,14 @@ import yaml
 
 from hulk import settings
 from hulk.errors import ConfigError
+from hulk.wire.records import ProbeSettings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DEFAULT_STATE_DIR = Path("/var/lib/hulk-agent")
+# Probe settings the operator leaves unset default to what the planner pushes (one set of
+# defaults, hulk.wire); the planner's answer replaces them at registration.
+PROBE_DEFAULTS = ProbeSettings()
 
 
 @dataclass(frozen=True)
@@ -30,17 +34,17 @@ class AgentConfig:
     node_id: str
     address: str = ""                 # "" = the outgoing interface's address towards the planner
     city: str = ""
-    interval_s: float = 60.0          # one probe round per peer per interval
+    interval_s: float = PROBE_DEFAULTS.interval_s     # one probe round per peer per interval
     state_dir: Path = DEFAULT_STATE_DIR
     insecure: bool = False
     token: str = ""
     ca: Path | None = None
     mqtt: str = ""
     spool_max: int = 1_000_000
-    packets_per_round: int = 5
-    timeout_s: float = 2.0
-    payload_bytes: int = 56           # 56 + 8-byte ICMP header = the 64-byte message `ping` sends
-    max_concurrency: int = 64
+    packets_per_round: int = PROBE_DEFAULTS.packets_per_round
+    timeout_s: float = PROBE_DEFAULTS.timeout_s
+    payload_bytes: int = PROBE_DEFAULTS.payload_bytes
+    max_concurrency: int = PROBE_DEFAULTS.max_concurrency
     log_level: str = "INFO"
     probe_port: int = 0               # TCP port peers connect-probe us on (0: no listener)
     # Fields set by a file, variable or flag (not defaults): these win over the planner's
@@ -274,5 +278,3 @@ def load_config(flags: Mapping[str, Any] | None = None, *,
                               "config file", field=name)
     return AgentConfig(**values, explicit=frozenset(explicit))
 
-
-FIELD_NAMES = tuple(f.name for f in fields(AgentConfig) if f.name != "explicit")

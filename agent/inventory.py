@@ -11,7 +11,7 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from agent.records import GpuInfo, Inventory
+from hulk.wire.records import GpuInfo, Inventory
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,3 @@ class NvmlInventoryReader:
             reason = "; ".join(failures) or "NVML reports no GPUs"
         return Inventory(gpus=tuple(gpus), driver_version=driver, unavailable_reason=reason)
 
-
-def read_inventory(nvml: Any = None) -> Inventory:
-    return NvmlInventoryReader(nvml)()

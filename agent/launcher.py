@@ -34,8 +34,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
-from agent.records import LaunchState, LaunchStatus
-from planner.core.placements import NodePlacement, Role
+from hulk.wire.placement import NodePlacement, Role
+from hulk.wire.records import LaunchState, LaunchStatus
 
 log = logging.getLogger(__name__)
 

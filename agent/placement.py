@@ -22,9 +22,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from hulk.broker import BrokerAddress, client_tls_kwargs, placement_topic
 from hulk.errors import InputError
-from planner.core.placements import NodePlacement, parse_placement
+from hulk.wire.broker import BrokerAddress, client_tls_kwargs, placement_topic
+from hulk.wire.placement import NodePlacement, parse_placement
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ class PlacementComponent:
 
     @classmethod
     def from_config(cls, config: Any) -> "PlacementComponent":
-        from hulk.broker import parse_broker_url
+        from hulk.wire.broker import parse_broker_url
 
         return cls(parse_broker_url(config.mqtt, source="--mqtt/HULK_MQTT"), state_dir=config.state_dir,
                    node_id=config.node_id)

@@ -19,11 +19,11 @@ from typing import Protocol
 import grpc
 
 from agent.clock import Clock, SystemClock
-from agent.records import (HeartbeatResult, LaunchStatus, NodeIdentity, Peer, ProbeSample,
-                           ProbeSettings, Registration, ReportResult)
 from agent.spool import Spool
 from hulk import errors
-from hulk.v1 import hulk_pb2, hulk_pb2_grpc
+from hulk.v1 import hulk_pb2_grpc
+from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, LaunchStatus, ProbeSample,
+                               RegisterAnswer, RegisterRequest, ReportRequest, ReportResult)
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class Backoff:
         self.attempt = 0
 
 
-# ----------------------------------------------------------------------- errors and conversion
+# -------------------------------------------------------------------------------- errors
 
 def translate_rpc_error(err: grpc.RpcError, method: str) -> errors.HulkError:
     """A grpc error as the matching hulk error, with a one-line message."""
@@ -79,49 +79,10 @@ def translate_rpc_error(err: grpc.RpcError, method: str) -> errors.HulkError:
     return mapping.get(code, errors.HulkError)(message)
 
 
-def sample_to_proto(sample: ProbeSample) -> hulk_pb2.Sample:
-    return hulk_pb2.Sample(peer_id=sample.peer_id, sent_at_ms=sample.sent_at_ms,
-                           kind=int(sample.kind), payload_bytes=sample.payload_bytes,
-                           lost=sample.lost, rtt_ms=sample.rtt_ms, timeout_ms=sample.timeout_ms)
-
-
-def identity_to_proto(identity: NodeIdentity) -> hulk_pb2.RegisterRequest:
-    inventory = identity.inventory
-    location = hulk_pb2.Location(city=identity.city)
-    if identity.coordinates is not None:
-        location.has_coordinates = True
-        location.latitude, location.longitude = identity.coordinates
-    return hulk_pb2.RegisterRequest(
-        node_id=identity.node_id, hostname=identity.hostname, location=location,
-        agent_version=identity.agent_version, address=identity.address,
-        probe_port=identity.probe_port,
-        inventory=hulk_pb2.GpuInventory(
-            gpus=[hulk_pb2.Gpu(name=g.name, uuid=g.uuid, compute_capability=g.compute_capability,
-                               memory_bytes=g.memory_bytes) for g in inventory.gpus],
-            driver_version=inventory.driver_version,
-            unavailable_reason=inventory.unavailable_reason))
-
-
-def launch_to_proto(status: LaunchStatus) -> hulk_pb2.LaunchStatus:
-    return hulk_pb2.LaunchStatus(plan_id=status.plan_id, job=status.job, state=int(status.state),
-                                 exit_code=status.exit_code, detail=status.detail,
-                                 changed_at_ms=status.changed_at_ms)
-
-
-def registration_from_proto(response: hulk_pb2.RegisterResponse) -> Registration:
-    s = response.settings
-    return Registration(
-        peers=tuple(Peer(p.node_id, p.address, p.probe_port) for p in response.peers),
-        settings=ProbeSettings(interval_s=s.interval_s, packets_per_round=s.packets_per_round,
-                               timeout_s=s.timeout_s, payload_bytes=s.payload_bytes,
-                               max_concurrency=s.max_concurrency, max_batch=s.max_batch),
-        fleet=response.fleet, server_time_ms=response.server_time_ms)
-
-
 # ------------------------------------------------------------------------------------ clients
 
 class PlannerClient(Protocol):
-    async def register(self, identity: NodeIdentity) -> Registration: ...
+    async def register(self, request: RegisterRequest) -> RegisterAnswer: ...
 
     async def report(self, node_id: str, batch_id: str, samples: tuple[ProbeSample, ...],
                      spool_dropped: int) -> ReportResult: ...
@@ -171,23 +132,18 @@ class GrpcPlannerClient:
         except grpc.RpcError as err:
             raise translate_rpc_error(err, method) from None
 
-    async def register(self, identity: NodeIdentity) -> Registration:
-        return registration_from_proto(await self._call("Register", identity_to_proto(identity)))
+    async def register(self, request: RegisterRequest) -> RegisterAnswer:
+        return RegisterAnswer.from_proto(await self._call("Register", request.to_proto()))
 
     async def report(self, node_id: str, batch_id: str, samples: tuple[ProbeSample, ...],
                      spool_dropped: int) -> ReportResult:
-        response = await self._call("Report", hulk_pb2.ReportRequest(
-            node_id=node_id, batch_id=batch_id, samples=[sample_to_proto(s) for s in samples],
-            spool_dropped=spool_dropped))
-        return ReportResult(response.accepted, response.rejected, response.duplicate)
+        request = ReportRequest(node_id, batch_id, samples, spool_dropped)
+        return ReportResult.from_proto(await self._call("Report", request.to_proto()))
 
     async def heartbeat(self, node_id: str, time_ms: int, spool_depth: int, spool_dropped: int,
                         launch: LaunchStatus) -> HeartbeatResult:
-        response = await self._call("Heartbeat", hulk_pb2.HeartbeatRequest(
-            node_id=node_id, time_ms=time_ms, spool_depth=spool_depth,
-            spool_dropped=spool_dropped, launch=launch_to_proto(launch)))
-        return HeartbeatResult(response.server_time_ms, response.reregister,
-                               response.peers_changed)
+        request = HeartbeatRequest(node_id, time_ms, spool_depth, spool_dropped, launch)
+        return HeartbeatResult.from_proto(await self._call("Heartbeat", request.to_proto()))
 
     async def close(self) -> None:
         await self._channel.close()

@@ -19,24 +19,22 @@ import logging
 import random
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Protocol
 
 from agent.clock import Clock, SystemClock, epoch_ms
-from agent.config import AgentConfig
+from agent.config import PROBE_DEFAULTS, AgentConfig
+from agent.icmp import IcmpPinger, detect_icmp_mode
 from agent.inventory import NvmlInventoryReader
-from agent.prober import (Connector, IcmpPinger, Pinger, Prober, ProbeListener, ProbeParams,
-                          TcpConnector, detect_icmp_mode)
-from agent.records import (Inventory, LaunchState, LaunchStatus, NodeIdentity, ProbeSample,
-                           ProbeSettings, Registration)
+from agent.prober import Connector, Pinger, Prober, ProbeListener, TcpConnector
 from agent.reporter import Backoff, GrpcPlannerClient, PlannerClient, Reporter
 from agent.spool import Spool
 from agent.systemd import SystemdNotifier
 from hulk import __version__, errors, geo
+from hulk.wire.records import (Inventory, LaunchState, LaunchStatus, NodeLocation, ProbeSample,
+                               ProbeSettings, RegisterAnswer, RegisterRequest)
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MAX_BATCH = 500
 
 
 class Component(Protocol):
@@ -47,19 +45,15 @@ class Component(Protocol):
     async def run(self, runtime: AgentRuntime) -> None: ...
 
 
-def effective_params(config: AgentConfig, settings: ProbeSettings | None,
-                     packet_gap_s: float = 0.2) -> ProbeParams:
-    """Probe parameters: a value the operator set locally wins, else the planner's (when it sent
-    one), else the local default."""
-    pairs = {"interval_s": "interval_s", "packets_per_round": "packets_per_round",
-             "timeout_s": "timeout_s", "payload_bytes": "payload_bytes",
-             "max_concurrency": "max_concurrency"}
+def effective_settings(config: AgentConfig, planner: ProbeSettings | None) -> ProbeSettings:
+    """The probe settings to use: a value the operator set locally wins, else the planner's
+    (when it sent one: 0 means not set), else the local default."""
     values = {}
-    for param, field in pairs.items():
-        local = getattr(config, field)
-        remote = getattr(settings, field) if settings is not None else 0
-        values[param] = local if field in config.explicit or not remote else type(local)(remote)
-    return ProbeParams(**values, packet_gap_s=packet_gap_s)
+    for name in (f.name for f in fields(ProbeSettings)):
+        local = getattr(config, name, getattr(PROBE_DEFAULTS, name))
+        remote = getattr(planner, name) if planner is not None else 0
+        values[name] = local if name in config.explicit or not remote else type(local)(remote)
+    return ProbeSettings(**values)
 
 
 def detect_address(planner: str) -> str:
@@ -101,15 +95,16 @@ class AgentRuntime:
         self.spool_write_s = spool_write_s
         self._unspooled: list[ProbeSample] = []
         self._register_backoff = register_backoff or Backoff(1.0, 2.0, 60.0, rng=rng)
-        self.registration: Registration | None = None
+        self.registration: RegisterAnswer | None = None
         self.inventory: Inventory | None = None
         self._launch = LaunchStatus(state=LaunchState.IDLE, changed_at_ms=epoch_ms(self.clock))
         self._pinger = pinger
         self.listener = ProbeListener(config.address, config.probe_port) if config.probe_port \
             else None
-        self.prober = Prober(effective_params(config, None), self._sink, pinger=pinger,
+        settings = effective_settings(config, None)
+        self.prober = Prober(settings, self._sink, pinger=pinger,
                              connector=connector or TcpConnector(), clock=self.clock, rng=rng)
-        self.reporter = Reporter(config.node_id, spool, client, max_batch=DEFAULT_MAX_BATCH,
+        self.reporter = Reporter(config.node_id, spool, client, max_batch=settings.max_batch,
                                  backoff=report_backoff or Backoff(1.0, 2.0, 60.0, rng=rng),
                                  clock=self.clock, linger_s=report_linger_s,
                                  on_unregistered=self.request_reregister)
@@ -153,7 +148,7 @@ class AgentRuntime:
             status = replace(status, changed_at_ms=epoch_ms(self.clock))
         self._launch = status
 
-    async def wait_registered(self) -> Registration:
+    async def wait_registered(self) -> RegisterAnswer:
         await self._events()[1].wait()
         assert self.registration is not None
         return self.registration
@@ -176,13 +171,14 @@ class AgentRuntime:
                                                               asyncio.Event())
         return self._stop, self._registered, self._reregister  # type: ignore[return-value]
 
-    def identity(self) -> NodeIdentity:
+    def register_request(self) -> RegisterRequest:
+        """What Register tells the planner about this node."""
         city = geo.canonical_city(self.config.city) or self.config.city
-        return NodeIdentity(node_id=self.config.node_id, hostname=self._hostname, city=city,
-                            coordinates=geo.coordinates(city), agent_version=__version__,
-                            address=self.config.address,
-                            probe_port=self.listener.port if self.listener else 0,
-                            inventory=self.inventory or Inventory())
+        return RegisterRequest(node_id=self.config.node_id, hostname=self._hostname,
+                               location=NodeLocation(city, geo.coordinates(city)),
+                               agent_version=__version__, inventory=self.inventory or Inventory(),
+                               address=self.config.address,
+                               probe_port=self.listener.port if self.listener else 0)
 
     async def run(self) -> int:
         """Run until request_stop(); returns the exit code (0)."""
@@ -287,18 +283,18 @@ class AgentRuntime:
             await self.clock.sleep(self.spool_write_s)
             self._write_spool()
 
-    async def _register_once(self) -> Registration:
-        registration = await self.client.register(self.identity())
+    async def _register_once(self) -> RegisterAnswer:
+        registration = await self.client.register(self.register_request())
         self.registration = registration
-        params = effective_params(self.config, registration.settings)
-        self.prober.set_params(params)
+        settings = effective_settings(self.config, registration.settings)
+        self.prober.set_settings(settings)
         self.prober.set_peers(registration.peers)
-        self.reporter.max_batch = registration.settings.max_batch or DEFAULT_MAX_BATCH
+        self.reporter.max_batch = settings.max_batch
         self.notifier.status(f"registered with {self.config.planner}; probing "
-                             f"{len(registration.peers)} peers every {params.interval_s:g} s")
+                             f"{len(registration.peers)} peers every {settings.interval_s:g} s")
         log.info("registered with %s (fleet %r): %d peers, a round every %g s",
                  self.config.planner, registration.fleet, len(registration.peers),
-                 params.interval_s)
+                 settings.interval_s)
         return registration
 
     async def _registrar_loop(self) -> None:

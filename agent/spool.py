@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.records import ProbeKind, ProbeSample
 from hulk.errors import StoreError
+from hulk.wire.records import ProbeKind, ProbeSample
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS samples (

@@ -14,7 +14,7 @@ from hulk.errors import ConfigError
 from hulk.settings import env
 from planner.security.credentials import CredentialStore
 from planner.security.guard import NodeGuard, RateLimit
-from planner.service.server import PlannerRuntime
+from planner.service.runtime import PlannerRuntime
 from planner.security.tls import server_credentials
 
 log = logging.getLogger(__name__)

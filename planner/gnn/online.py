@@ -234,14 +234,14 @@ def serve_retrain_task(runtime, active_path: str | Path, *, interval_s: float = 
                        thresholds: ChangeThresholds = ChangeThresholds(),
                        config: RetrainConfig = RetrainConfig(),
                        on_result: Callable[[RetrainResult], None] | None = None):
-    """A ``planner.service.server.BackgroundTask`` for ``hulk-planner serve``: every ``interval_s`` it
+    """A ``planner.service.runtime.BackgroundTask`` for ``hulk-planner serve``: every ``interval_s`` it
     reads the fleet from the store (on the store thread, like the rollup task) and, when it has
     changed beyond ``thresholds``, hands it to a :class:`Retrainer` working on ``active_path``
     (seeded from the shipped / HULK_MODEL checkpoint). Re-planning in serve should then call
     ``plan_gnn(..., checkpoint=active_path)``; the loader notices a switched file by its mtime.
     Returns ``(task, retrainer)``."""
     from planner.service.graph import fleet_from_store
-    from planner.service.server import BackgroundTask
+    from planner.service.runtime import BackgroundTask
 
     active = seed_active_checkpoint(active_path)
     retrainer = Retrainer(active, config=config, on_result=on_result)

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 # Standard health checks stay open: load balancers and `grpc_health_probe` carry no token.
 PUBLIC_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
-# Request size and batch bounds are the server's (planner/service/server.py ServerLimits: 16 MiB per
+# Request size and batch bounds are the server's (planner/service/ingest.py ServerLimits: 16 MiB per
 # message, 10,000 samples per Report), enforced before anything is stored.
 
 _current_node: contextvars.ContextVar[str | None] = contextvars.ContextVar(

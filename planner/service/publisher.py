@@ -14,9 +14,9 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from hulk.broker import BrokerAddress, client_tls_kwargs, placement_topic, plan_topic
 from hulk.errors import UnavailableError
-from planner.core.placements import NodePlacement, summary_bytes
+from hulk.wire.broker import BrokerAddress, client_tls_kwargs, placement_topic, plan_topic
+from hulk.wire.placement import NodePlacement, summary_bytes
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +148,8 @@ def push_from_args(args: Any, plan: Any, net: Any, jobs: list[Any] | None = None
     """Push ``plan`` as ``plan --push`` asked; returns the line to print."""
     import time
 
-    from hulk.broker import check_name, parse_broker_url
     from hulk.errors import ConfigError
+    from hulk.wire.broker import check_name, parse_broker_url
 
     if getattr(plan, "job_s_override", None):
         raise ConfigError("this method's plan has jobs without pipeline stages (tensor parallel); "

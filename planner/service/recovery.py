@@ -27,15 +27,16 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hulk.broker import plan_topic
 from hulk.errors import HulkError, PlanningError
+from hulk.wire.broker import plan_topic
+from hulk.wire.placement import parse_summary
 from planner.core.costmodel import Placement, Stage
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan, Unplaced
 from planner.service.publisher import Publisher, new_plan_id, push_plan
 from planner.core.placements import (build_node_placements, build_summary, job_from_spec,
-                                parse_summary, plan_from_summary)
+                                     plan_from_summary)
 
 log = logging.getLogger(__name__)
 
@@ -252,10 +253,10 @@ def add_to_runtime(runtime: Any, args: Any, *, search: SearchFn | None = None) -
     a model dir is given)."""
     if not getattr(args, "mqtt", None):
         return None
-    from hulk.broker import parse_broker_url
     from hulk.errors import ConfigError
+    from hulk.wire.broker import parse_broker_url
     from planner.service.publisher import MqttPublisher
-    from planner.service.server import BackgroundTask
+    from planner.service.runtime import BackgroundTask
 
     if not args.node_timeout > 0:
         raise ConfigError(f"expected seconds > 0, got {args.node_timeout}", field="--node-timeout")

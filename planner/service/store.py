@@ -1,78 +1,36 @@
-"""The planner's SQLite store (sqlite-utils, WAL mode).
-
-Tables:
-  nodes           one row per server: registration (hostname, city, coordinates, agent version,
-                  GPU inventory + reason, address, probe port), first/last seen, spool counters,
-                  launch status; imported fleets' nodes too (source = 'import')
-  batches         (node, batch id) of every stored Report: a retried batch is stored once
-  samples         raw probe samples, kept ``raw_days`` (default 7)
-  rollups         per ordered pair per UTC day: count, lost, sum, sum of squares, min, max
-  rollup_buckets  per ordered pair per day: the log-spaced RTT histogram (planner.core.rollup)
-  rejected        rejected-sample counters per node and reason
-  imported_links  links of an imported fleet file (used where nothing was measured)
-  meta            schema version, the rollup watermark, the peers version
+"""The planner's store: what serve, the commands and recovery read and write in the SQLite file.
 
 Ingest only appends raw samples (one transaction per batch, executemany). ``rollup_pending``
 folds samples above a rowid watermark into the daily rollups in one transaction, so every sample
 is counted exactly once whenever it arrives (a spooled sample from yesterday lands in yesterday).
 Window statistics call it first, so they always include everything stored.
 
-Methods take and return plain values; sqlite errors become ``hulk.errors.StoreError``.
+Methods take and return plain values (the wire records where they mean the same thing); the file,
+its tables and transactions are ``planner.service.database``; sqlite errors become
+``hulk.errors.StoreError``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import math
-import sqlite3
-import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
-from hulk.errors import NotFoundError, StoreError
+from hulk.errors import NotFoundError
+from hulk.wire.records import GpuInfo, LaunchStatus, Peer, RegisterRequest
 from planner.core.rollup import DailyRollup
+from planner.service.database import Database
 
-log = logging.getLogger(__name__)
-
-SCHEMA_VERSION = 1
 DAY_MS = 86_400_000
 MIN_ROLLUP_DAYS = 90
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    name: str
-    uuid: str = ""
-    compute_capability: float = 0.0
-    memory_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class Registration:
-    """What an agent tells the planner about itself."""
-
-    node_id: str
-    hostname: str = ""
-    city: str | None = None
-    latitude: float | None = None
-    longitude: float | None = None
-    agent_version: str = ""
-    gpus: tuple[GpuInfo, ...] = ()
-    driver_version: str = ""
-    gpu_unavailable_reason: str = ""
-    address: str = ""
-    probe_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,16 +42,6 @@ class NodeRef:
     city: str | None
     latitude: float | None
     longitude: float | None
-
-
-@dataclass(frozen=True)
-class LaunchInfo:
-    plan_id: str = ""
-    job: str = ""
-    state: str = ""
-    exit_code: int = 0
-    detail: str = ""
-    changed_at_ms: int = 0
 
 
 @dataclass
@@ -109,139 +57,28 @@ class PairRollup:
 SampleRow = tuple[int, int, int, int, int, int, float | None, int | None]
 
 
-class Store:
+class Store(Database):
     """The planner's store. One instance per thread of use (sqlite connections are not shared)."""
 
     def __init__(self, path: str | Path, *, raw_days: int = 7, rollup_days: int = MIN_ROLLUP_DAYS,
                  synchronous: str = "NORMAL", busy_timeout_s: float = 30.0,
                  clock=now_ms):
-        self.path = str(path)
         self.raw_days = raw_days
         self.rollup_days = max(rollup_days, MIN_ROLLUP_DAYS)
         self.clock = clock
-        self._lock = threading.RLock()
-        with self._errors("open"):
-            if self.path != ":memory:":
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                                   timeout=busy_timeout_s)
-            self.conn = conn
-            self.db = sqlite_utils.Database(conn)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            # NORMAL in WAL mode survives a crash of the process (not of the OS) and is much faster.
-            self.db.execute(f"PRAGMA synchronous={synchronous}")
-            self.db.execute("PRAGMA foreign_keys=OFF")
-            self._create_schema()
-
-    # ------------------------------------------------------------------------------ plumbing
-
-    @contextlib.contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: store failed during {what}: {exc}") from exc
-
-    @contextlib.contextmanager
-    def transaction(self, what: str) -> Iterator[sqlite3.Connection]:
-        """One IMMEDIATE transaction: all or nothing."""
-        with self._lock, self._errors(what):
-            self.conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self.conn
-            except BaseException:
-                self.conn.execute("ROLLBACK")
-                raise
-            else:
-                self.conn.execute("COMMIT")
-
-    def close(self) -> None:
-        with self._lock, self._errors("close"):
-            self.conn.close()
-
-    def __enter__(self) -> "Store":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _create_schema(self) -> None:
-        db = self.db
-        with self.transaction("schema"):
-            if "meta" not in db.table_names():
-                db["meta"].create({"key": str, "value": str}, pk="key")
-                db["meta"].insert({"key": "schema_version", "value": str(SCHEMA_VERSION)})
-            if "nodes" not in db.table_names():
-                db["nodes"].create({
-                    "idx": int, "id": str, "source": str, "hostname": str, "city": str,
-                    "latitude": float, "longitude": float, "agent_version": str,
-                    "gpus_json": str, "gpu_unavailable_reason": str, "driver_version": str,
-                    "gpu_count": int, "gpu_name": str, "compute_capability": float,
-                    "memory_gb": float, "address": str, "probe_port": int,
-                    "first_seen_ms": int, "last_seen_ms": int, "registered_ms": int,
-                    "peers_version_seen": int, "spool_depth": int, "spool_dropped": int,
-                    "launch_plan_id": str, "launch_job": str, "launch_state": str,
-                    "launch_exit_code": int, "launch_detail": str, "launch_changed_ms": int,
-                }, pk="idx", not_null={"id"})
-                db["nodes"].create_index(["id"], unique=True)
-            if "batches" not in db.table_names():
-                db.execute("""CREATE TABLE batches (
-                    node_idx INTEGER NOT NULL, batch_id TEXT NOT NULL, received_ms INTEGER NOT NULL,
-                    accepted INTEGER NOT NULL, rejected INTEGER NOT NULL,
-                    last_sample_id INTEGER,
-                    PRIMARY KEY (node_idx, batch_id)) WITHOUT ROWID""")
-                db.execute("CREATE INDEX batches_received ON batches(received_ms)")
-            if "samples" not in db.table_names():
-                # AUTOINCREMENT: rowids never go back, so the rollup watermark stays valid even
-                # after pruning empties the table.
-                db.execute("""CREATE TABLE samples (
-                    id INTEGER PRIMARY KEY AUTOINCREMENT,
-                    src INTEGER NOT NULL, dst INTEGER NOT NULL, sent_ms INTEGER NOT NULL,
-                    kind INTEGER NOT NULL, payload INTEGER NOT NULL, lost INTEGER NOT NULL,
-                    rtt_ms REAL, bucket INTEGER)""")
-                # No index on sent_ms: it would cost a B-tree insert per sample. Pruning goes by
-                # arrival instead: each batch row records the last sample id it stored.
-            if "rollups" not in db.table_names():
-                db.execute("""CREATE TABLE rollups (
-                    src INTEGER NOT NULL, dst INTEGER NOT NULL, day INTEGER NOT NULL,
-                    count INTEGER NOT NULL, lost INTEGER NOT NULL, sum REAL NOT NULL,
-                    sumsq REAL NOT NULL, min REAL, max REAL,
-                    PRIMARY KEY (src, dst, day)) WITHOUT ROWID""")
-                db.execute("CREATE INDEX rollups_day ON rollups(day)")
-                db.execute("""CREATE TABLE rollup_buckets (
-                    src INTEGER NOT NULL, dst INTEGER NOT NULL, day INTEGER NOT NULL,
-                    bucket INTEGER NOT NULL, count INTEGER NOT NULL,
-                    PRIMARY KEY (src, dst, day, bucket)) WITHOUT ROWID""")
-            if "rejected" not in db.table_names():
-                db.execute("""CREATE TABLE rejected (
-                    node_idx INTEGER NOT NULL, reason TEXT NOT NULL, count INTEGER NOT NULL,
-                    last_ms INTEGER NOT NULL, PRIMARY KEY (node_idx, reason)) WITHOUT ROWID""")
-            if "imported_links" not in db.table_names():
-                db.execute("""CREATE TABLE imported_links (
-                    src INTEGER NOT NULL, dst INTEGER NOT NULL, rtt_ms REAL NOT NULL,
-                    bandwidth_gbps REAL, loss REAL NOT NULL, samples INTEGER NOT NULL,
-                    imported_ms INTEGER NOT NULL, PRIMARY KEY (src, dst)) WITHOUT ROWID""")
-        version = self._meta("schema_version")
-        if version != str(SCHEMA_VERSION):
-            raise StoreError(f"{self.path}: schema version {version}, this planner reads "
-                             f"{SCHEMA_VERSION}")
-
-    def _meta(self, key: str, default: str | None = None) -> str | None:
-        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else default
-
-    def _set_meta(self, conn: sqlite3.Connection, key: str, value: Any) -> None:
-        conn.execute("INSERT INTO meta(key, value) VALUES (?, ?) "
-                     "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, str(value)))
+        super().__init__(path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
 
     # ------------------------------------------------------------------------------- nodes
 
-    def register(self, reg: Registration) -> tuple[NodeRef, bool]:
+    def register(self, reg: RegisterRequest) -> tuple[NodeRef, bool]:
         """Insert or update a node from its agent's registration; returns (node, peers changed
         for others). The peers version goes up when a node is new or moves address/port."""
         t = self.clock()
-        gpus_json = json.dumps([g.__dict__ for g in reg.gpus])
-        gpu_name, cc, memory_gb = _summarise_gpus(reg.gpus)
+        city = reg.location.city.strip() or None
+        latitude, longitude = reg.location.coordinates or (None, None)
+        inventory = reg.inventory
+        gpus_json = json.dumps([asdict(g) for g in inventory.gpus])
+        gpu_name, cc, memory_gb = _summarise_gpus(inventory.gpus)
         with self.transaction("register") as conn:
             row = conn.execute("SELECT idx, address, probe_port FROM nodes WHERE id = ?",
                                (reg.node_id,)).fetchone()
@@ -252,10 +89,10 @@ class Store:
                 self._set_meta(conn, "peers_version", version)
             values = {
                 "id": reg.node_id, "source": "agent", "hostname": reg.hostname,
-                "city": reg.city, "latitude": reg.latitude, "longitude": reg.longitude,
+                "city": city, "latitude": latitude, "longitude": longitude,
                 "agent_version": reg.agent_version, "gpus_json": gpus_json,
-                "gpu_unavailable_reason": reg.gpu_unavailable_reason,
-                "driver_version": reg.driver_version, "gpu_count": len(reg.gpus),
+                "gpu_unavailable_reason": inventory.unavailable_reason,
+                "driver_version": inventory.driver_version, "gpu_count": inventory.count,
                 "gpu_name": gpu_name, "compute_capability": cc, "memory_gb": memory_gb,
                 "address": reg.address, "probe_port": reg.probe_port, "last_seen_ms": t,
                 "registered_ms": t, "peers_version_seen": version,
@@ -271,7 +108,7 @@ class Store:
                 idx = row[0]
                 sets = ", ".join(f"{k} = ?" for k in values)
                 conn.execute(f"UPDATE nodes SET {sets} WHERE idx = ?", (*values.values(), idx))
-        return NodeRef(idx, reg.node_id, reg.city, reg.latitude, reg.longitude), changed
+        return NodeRef(idx, reg.node_id, city, latitude, longitude), changed
 
     def node_refs(self) -> dict[str, NodeRef]:
         with self._lock, self._errors("read nodes"):
@@ -279,18 +116,19 @@ class Store:
                 "SELECT idx, id, city, latitude, longitude FROM nodes").fetchall()
         return {r[1]: NodeRef(r[0], r[1], r[2], r[3], r[4]) for r in rows}
 
-    def peers(self, node_id: str) -> list[dict[str, Any]]:
-        """Every other node registered by an agent: id, address, probe port."""
+    def peers(self, node_id: str) -> tuple[Peer, ...]:
+        """Every other node registered by an agent, by id."""
         with self._lock, self._errors("read peers"):
             rows = self.conn.execute(
                 "SELECT id, address, probe_port FROM nodes WHERE id != ? AND source = 'agent' "
                 "ORDER BY id", (node_id,)).fetchall()
-        return [{"node_id": r[0], "address": r[1] or "", "probe_port": r[2] or 0} for r in rows]
+        return tuple(Peer(r[0], r[1] or "", r[2] or 0) for r in rows)
 
     def heartbeat(self, node_id: str, *, spool_depth: int = 0, spool_dropped: int = 0,
-                  launch: LaunchInfo | None = None) -> bool:
-        """Record liveness; returns whether the node's peer list changed since it registered.
-        Raises NotFoundError for a node the store does not know."""
+                  launch: LaunchStatus | None = None) -> bool:
+        """Record liveness and the launch status (unless its state is unspecified); returns
+        whether the node's peer list changed since it registered. Raises NotFoundError for a
+        node the store does not know."""
         t = self.clock()
         with self.transaction("heartbeat") as conn:
             row = conn.execute("SELECT idx, peers_version_seen FROM nodes WHERE id = ?",
@@ -300,7 +138,8 @@ class Store:
             sets = {"last_seen_ms": t, "spool_depth": spool_depth}
             if launch is not None and launch.state:
                 sets.update(launch_plan_id=launch.plan_id, launch_job=launch.job,
-                            launch_state=launch.state, launch_exit_code=launch.exit_code,
+                            launch_state=launch.state.name.lower(),
+                            launch_exit_code=launch.exit_code,
                             launch_detail=launch.detail, launch_changed_ms=launch.changed_at_ms)
             assign = ", ".join(f"{k} = ?" for k in sets)
             conn.execute(f"UPDATE nodes SET {assign}, spool_dropped = "

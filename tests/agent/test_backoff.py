@@ -8,10 +8,10 @@ import grpc
 import pytest
 
 from agent.config import load_config
-from agent.records import ProbeSettings
 from agent.reporter import Backoff, translate_rpc_error
-from agent.runtime import effective_params
+from agent.runtime import effective_settings
 from hulk import errors
+from hulk.wire.records import ProbeSettings
 
 
 def test_backoff_doubles_up_to_the_cap_with_bounded_jitter():
@@ -72,9 +72,16 @@ def test_local_settings_win_over_the_planners_only_when_set():
                          env_reader=lambda name: None)
     planner = ProbeSettings(interval_s=120, packets_per_round=3, timeout_s=1.0, payload_bytes=0,
                             max_concurrency=16, max_batch=1000)
-    params = effective_params(config, planner)
-    assert params.interval_s == 15.0             # set by a flag: local wins
-    assert params.packets_per_round == 3         # default locally: the planner's
-    assert params.timeout_s == 1.0 and params.max_concurrency == 16
-    assert params.payload_bytes == 56            # planner sent 0 ("not set")
-    assert effective_params(config, None).packets_per_round == 5
+    settings = effective_settings(config, planner)
+    assert settings.interval_s == 15.0           # set by a flag: local wins
+    assert settings.packets_per_round == 3       # default locally: the planner's
+    assert settings.timeout_s == 1.0 and settings.max_concurrency == 16
+    assert settings.payload_bytes == 56          # planner sent 0 ("not set")
+    assert settings.max_batch == 1000            # no local setting: the planner's
+    assert effective_settings(config, None) == ProbeSettings(interval_s=15.0)
+
+
+def test_agent_defaults_are_the_settings_the_planner_pushes():
+    config = load_config({"planner": "p:1", "node_id": "n"}, env_reader=lambda name: None)
+    assert effective_settings(config, None) == ProbeSettings()
+    assert effective_settings(config, ProbeSettings()) == ProbeSettings()

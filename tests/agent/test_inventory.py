@@ -6,8 +6,8 @@ import types
 
 import pytest
 
-from agent.inventory import NvmlInventoryReader, read_inventory
-from agent.records import GpuInfo
+from agent.inventory import NvmlInventoryReader
+from hulk.wire.records import GpuInfo
 
 
 def fake_nvml(devices, driver=b"550.54.15", fail_init=None, fail_index=None):
@@ -52,7 +52,7 @@ H100 = {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-22222222", "cc": (9, 0), "
 
 def test_fake_nvml_happy_path():
     nvml = fake_nvml([A100, H100])
-    inventory = read_inventory(nvml)
+    inventory = NvmlInventoryReader(nvml)()
     assert inventory.gpus == (
         GpuInfo("NVIDIA A100-SXM4-40GB", "GPU-11111111", 8.0, 42949672960),
         GpuInfo("NVIDIA H100 80GB HBM3", "GPU-22222222", 9.0, 85520809984),
@@ -64,25 +64,26 @@ def test_fake_nvml_happy_path():
 
 
 def test_compute_capability_minor_digits():
-    inventory = read_inventory(fake_nvml([{**A100, "cc": (8, 6)}, {**A100, "cc": (7, 5)}]))
+    inventory = NvmlInventoryReader(fake_nvml([{**A100, "cc": (8, 6)}, {**A100, "cc": (7, 5)}]))()
     assert [g.compute_capability for g in inventory.gpus] == [8.6, 7.5]
 
 
 def test_one_broken_gpu_does_not_hide_the_others():
-    inventory = read_inventory(fake_nvml([A100, H100], fail_index=0))
+    inventory = NvmlInventoryReader(fake_nvml([A100, H100], fail_index=0))()
     assert [g.uuid for g in inventory.gpus] == ["GPU-22222222"]
-    all_broken = read_inventory(fake_nvml([A100], fail_index=0))
+    all_broken = NvmlInventoryReader(fake_nvml([A100], fail_index=0))()
     assert all_broken.gpus == () and "GPU 0: NVML error: GPU is lost" in all_broken.unavailable_reason
 
 
 def test_driver_not_loaded_gives_reason():
-    inventory = read_inventory(fake_nvml([A100], fail_init=lambda base, drv: drv("Driver Not Loaded")))
+    nvml = fake_nvml([A100], fail_init=lambda base, drv: drv("Driver Not Loaded"))
+    inventory = NvmlInventoryReader(nvml)()
     assert inventory.gpus == ()
     assert inventory.unavailable_reason == "NVIDIA driver not loaded: Driver Not Loaded"
 
 
 def test_no_gpus_reported():
-    inventory = read_inventory(fake_nvml([]))
+    inventory = NvmlInventoryReader(fake_nvml([]))()
     assert inventory.gpus == () and inventory.unavailable_reason == "NVML reports no GPUs"
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 
 import pytest
 
 from agent.launcher import Launcher, TorchrunCommand, role_env
-from agent.records import LaunchState
-from planner.core.placements import NodePlacement, Role
+from hulk.wire.placement import NodePlacement, Role
+from hulk.wire.records import LaunchState
 
 pytestmark = pytest.mark.integration
 

@@ -13,22 +13,23 @@ import time
 
 import pytest
 
-from agent.prober import (IcmpPinger, Prober, ProbeParams, RoundScheduler, TcpConnector,
-                          choose_icmp_mode, detect_icmp_mode, parse_icmp)
-from agent.records import Peer, ProbeKind
+from agent.icmp import IcmpPinger, choose_icmp_mode, detect_icmp_mode, parse_icmp
+from agent.prober import Prober, RoundScheduler, TcpConnector
+from hulk.wire.records import Peer, ProbeKind, ProbeSettings
 
 pytestmark = pytest.mark.root
 
-FAST = ProbeParams(interval_s=1.0, packets_per_round=4, timeout_s=0.5, payload_bytes=56,
-                   max_concurrency=8, packet_gap_s=0.02)
+FAST = ProbeSettings(interval_s=1.0, packets_per_round=4, timeout_s=0.5, payload_bytes=56,
+                     max_concurrency=8)
 
 
-def make_prober(params=FAST, sink=lambda samples: None, icmp=True, **kwargs) -> Prober:
+def make_prober(settings=FAST, sink=lambda samples: None, icmp=True, packet_gap_s=0.02,
+                **kwargs) -> Prober:
     mode = detect_icmp_mode()
     if icmp and mode is None:
         pytest.skip("no ICMP socket allowed here")
-    return Prober(params, sink, pinger=IcmpPinger(mode) if icmp else None,
-                  rng=random.Random(1), **kwargs)
+    return Prober(settings, sink, pinger=IcmpPinger(mode) if icmp else None,
+                  rng=random.Random(1), packet_gap_s=packet_gap_s, **kwargs)
 
 
 def test_icmp_mode_choice():
@@ -114,9 +115,9 @@ async def test_icmp_blocked_peer_falls_back_to_tcp(icmp_blocked_host):
 
 async def test_running_prober_spreads_rounds_and_feeds_the_sink():
     received = []
-    params = ProbeParams(interval_s=1.0, packets_per_round=2, timeout_s=0.5, payload_bytes=56,
-                         max_concurrency=2, packet_gap_s=0.01)
-    prober = make_prober(params, sink=received.extend)
+    settings = ProbeSettings(interval_s=1.0, packets_per_round=2, timeout_s=0.5,
+                             payload_bytes=56, max_concurrency=2)
+    prober = make_prober(settings, sink=received.extend, packet_gap_s=0.01)
     peers = [Peer(f"lo{i}", f"127.0.0.{i}") for i in range(1, 6)]
     prober.set_peers(peers)
     task = asyncio.create_task(prober.run())
@@ -211,7 +212,7 @@ def test_unprivileged_icmp_datagram_sockets_in_a_namespace(lab_host, repo_dir):
                     "net.ipv4.ping_group_range=0 0"], check=True)
     script = (
         "import asyncio, json, os\n"
-        "from agent.prober import IcmpPinger, choose_icmp_mode, read_ping_group_range\n"
+        "from agent.icmp import IcmpPinger, choose_icmp_mode, read_ping_group_range\n"
         "mode = choose_icmp_mode(1000, [0], read_ping_group_range())\n"
         "async def main():\n"
         "    pinger = IcmpPinger(mode)\n"

@@ -12,14 +12,14 @@ import grpc
 import pytest
 
 from agent.config import load_config
-from agent.prober import IcmpPinger, detect_icmp_mode
-from agent.records import (Inventory, LaunchState, LaunchStatus, NodeIdentity, ProbeKind,
-                           ProbeSample)
+from agent.icmp import IcmpPinger, detect_icmp_mode
 from agent.reporter import Backoff, GrpcPlannerClient, Reporter
 from agent.runtime import AgentRuntime
 from agent.spool import Spool
 from hulk import errors
 from hulk.v1 import hulk_pb2, hulk_pb2_grpc
+from hulk.wire.records import (Inventory, LaunchState, LaunchStatus, ProbeKind, ProbeSample,
+                               RegisterRequest)
 from tests.agent.planner_double import PlannerDouble, start_server, wait_until
 
 
@@ -119,7 +119,7 @@ async def test_planner_down_is_unavailable_error():
                                        call_timeout_s=2.0)
     try:
         with pytest.raises(errors.UnavailableError, match="^planner Register: "):
-            await client.register(NodeIdentity("n", "h", "", None, "0", "127.0.0.1", 0))
+            await client.register(RegisterRequest("n", "h", address="127.0.0.1"))
     finally:
         await client.close()
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from agent.records import ProbeKind, ProbeSample
 from agent.spool import Spool
+from hulk.wire.records import ProbeKind, ProbeSample
 
 
 def samples(n: int, start: int = 0, peer: str = "p") -> list[ProbeSample]:

@@ -104,7 +104,7 @@ def test_example_agent_config_is_accepted_by_the_agent(tmp_path):
     config = load_config({"config": str(config_file)}, env_reader=lambda name: None)
     assert config.node_id and not config.insecure and config.ca == ca
     assert config.state_dir == Path("/var/lib/hulk-agent")
-    from hulk.broker import parse_broker_url
+    from hulk.wire.broker import parse_broker_url
     broker = parse_broker_url(config.mqtt)      # what the placement subscriber connects with
     assert broker.tls and broker.port == 8883 and broker.ca == str(ca)
     assert broker.username == config.node_id

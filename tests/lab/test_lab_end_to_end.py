@@ -61,8 +61,8 @@ AGENT_WITH_DECLARED_GPUS = textwrap.dedent("""
     import asyncio, signal, sys
     from agent.cli import build_parser, config_from_args, setup_logging
     from agent.placement import PlacementComponent
-    from agent.records import GpuInfo, Inventory
     from agent.runtime import AgentRuntime
+    from hulk.wire.records import GpuInfo, Inventory
 
     heartbeat_s = float(sys.argv[1])
     config = config_from_args(build_parser().parse_args(sys.argv[2:]))

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from hulk.broker import parse_broker_url, placement_topic, plan_topic
 from hulk.errors import ConfigError
+from hulk.wire.broker import parse_broker_url, placement_topic, plan_topic
+from hulk.wire.placement import parse_placement, parse_summary
 from planner.service.publisher import MqttPublisher
-from planner.core.placements import parse_placement, parse_summary
 
 from tests.helpers.paths import REPO
 

@@ -186,7 +186,7 @@ def test_paper_folder_random_rows(node_rows, edge_rows):
 # -------------------------------------------------------------------------- placement messages
 
 def _valid_placement() -> dict:
-    placements = _module("planner.core.placements")
+    placements = _module("hulk.wire.placement")
     role = placements.Role(plan_id="p1", job="opt", phase=0, stage=1, num_stages=2, layer_lo=12,
                            layer_hi=24, replica=0, num_replicas=1, rank=1, world_size=2,
                            rendezvous_address="10.0.0.1", rendezvous_port=29500, micro_batch=1,
@@ -195,7 +195,7 @@ def _valid_placement() -> dict:
 
 
 def _check_placement(data: bytes) -> None:
-    placements = _module("planner.core.placements")
+    placements = _module("hulk.wire.placement")
     try:
         placement = placements.parse_placement(data, source="hulk/v1/f1/nodes/n2/placement")
     except Exception as err:  # noqa: BLE001
@@ -205,7 +205,7 @@ def _check_placement(data: bytes) -> None:
 
 
 def test_valid_placement_round_trips():
-    placements = _module("planner.core.placements")
+    placements = _module("hulk.wire.placement")
     doc = _valid_placement()
     assert placements.parse_placement(json.dumps(doc)).to_json() == doc
 

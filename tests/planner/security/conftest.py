@@ -13,7 +13,7 @@ import pytest
 from hulk.v1 import hulk_pb2, hulk_pb2_grpc
 from planner.security.credentials import CredentialStore
 from planner.security.guard import NodeGuard, RateLimit
-from planner.service.server import PlannerRuntime
+from planner.service.runtime import PlannerRuntime
 from planner.security.tls import init_pki, server_credentials
 
 

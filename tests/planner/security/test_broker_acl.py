@@ -261,7 +261,7 @@ def test_projects_own_clients_over_mqtts_deliver_only_the_nodes_placement(broker
     import contextlib
 
     from agent.placement import PlacementSubscriber
-    from hulk.broker import parse_broker_url
+    from hulk.wire.broker import parse_broker_url
     from planner.service.publisher import MqttPublisher
 
     def url(name: str) -> str:

@@ -174,7 +174,7 @@ def test_mutual_tls_requires_a_client_certificate(tmp_path, pki):
 
 def test_the_agents_own_client_reaches_the_planner_with_token_and_ca(planner, pki):
     """agent/reporter.py's client (TLS with the fleet CA, bearer token) against the guarded server."""
-    from agent.records import LaunchStatus
+    from hulk.wire.records import LaunchStatus
     from agent.reporter import GrpcPlannerClient
     from hulk.errors import UnauthenticatedError
 

@@ -8,10 +8,10 @@ import logging
 
 import pytest
 
-from hulk.broker import parse_broker_url, placement_topic, plan_topic
 from hulk.errors import UnavailableError
+from hulk.wire.broker import parse_broker_url, placement_topic, plan_topic
+from hulk.wire.placement import parse_placement, parse_summary
 from planner.service.publisher import MqttPublisher, push_new_plan
-from planner.core.placements import parse_placement, parse_summary
 from agent.placement import PlacementSubscriber
 from tests.helpers.plans import manual_plan, two_city_net
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 
 
-from hulk.broker import placement_topic, plan_topic
+from hulk.wire.broker import placement_topic, plan_topic
+from hulk.wire.placement import parse_placement, parse_summary
 from planner.core.plan import Plan
 from planner.service.publisher import push_new_plan
-from planner.core.placements import parse_placement, parse_summary
 from planner.service.recovery import Replanner, down_nodes, jobs_using, replan_jobs, sub_network
 from tests.helpers.plans import job, manual_plan, two_city_net
 

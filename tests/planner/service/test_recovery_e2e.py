@@ -22,13 +22,13 @@ import pytest
 from agent.config import load_config
 from agent.launcher import Launcher
 from agent.placement import PlacementComponent
-from agent.records import GpuInfo, Inventory
 from agent.reporter import GrpcPlannerClient
 from agent.runtime import AgentRuntime
 from agent.spool import Spool
-from hulk.broker import parse_broker_url, placement_topic, plan_topic
+from hulk.wire.broker import parse_broker_url, placement_topic, plan_topic
+from hulk.wire.placement import parse_summary
+from hulk.wire.records import GpuInfo, Inventory
 from planner.service.publisher import MqttPublisher
-from planner.core.placements import parse_summary
 from tests.helpers.broker import free_port
 
 pytestmark = pytest.mark.integration

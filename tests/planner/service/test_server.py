@@ -72,6 +72,13 @@ def test_serve_end_to_end_with_a_grpc_client(planner: PlannerProcess, tmp_path: 
         beat = stub.Heartbeat(hulk_pb2.HeartbeatRequest(node_id="bj-1"), timeout=10)
         assert not beat.reregister and beat.peers_changed  # two nodes joined after bj-1
         assert stub.Heartbeat(hulk_pb2.HeartbeatRequest(node_id="ghost"), timeout=10).reregister
+        running = hulk_pb2.LaunchStatus(plan_id="p1", job="gpt", state=hulk_pb2.LAUNCH_STATE_RUNNING)
+        stub.Heartbeat(hulk_pb2.HeartbeatRequest(node_id="tk-1", launch=running), timeout=10)
+        newer = hulk_pb2.LaunchStatus(state=42)  # an enum value from a newer agent
+        code, details = code_of(lambda: stub.Heartbeat(
+            hulk_pb2.HeartbeatRequest(node_id="tk-1", launch=newer), timeout=10))
+        assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                   "launch.state: unknown LaunchState value 42")
 
         # Beijing - Tokyo is about 2,100 km: at least 21 ms round trip.
         good = [sample("tk-1", 60.0 + i) for i in range(10)] + [sample("tk-1", 0, lost=True)]
@@ -118,6 +125,7 @@ def test_serve_end_to_end_with_a_grpc_client(planner: PlannerProcess, tmp_path: 
         assert st.samples == 11 and st.lost == 1 and st.mean_ms == pytest.approx(64.5)
         nodes = {r["id"]: r for r in store.nodes()}
         assert nodes["bj-1"]["gpu_unavailable_reason"] == "NVML library not found"
+        assert (nodes["tk-1"]["launch_state"], nodes["tk-1"]["launch_job"]) == ("running", "gpt")
     assert "below the speed-of-light bound" in planner.output()
 
     # Restart on the same store: the batch id is still known, nothing is stored twice.

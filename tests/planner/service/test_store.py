@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from hulk.errors import NotFoundError, StoreError
-from planner.service.graph import fleet_from_store, store_graph
+from hulk.wire.records import (GpuInfo, Inventory, LaunchState, LaunchStatus, NodeLocation, Peer,
+                               RegisterRequest)
 from planner.core.rollup import DailyRollup, bucket_index
-from planner.service.store import DAY_MS, GpuInfo, Registration, Store
+from planner.service.graph import fleet_from_store, store_graph
+from planner.service.store import DAY_MS, Store
 
 
 class Clock:
@@ -34,9 +36,11 @@ def rows(src, dst, values, sent):
 def test_incremental_rollups_equal_pure_maths(tmp_path: Path):
     clock = Clock(T0)
     store = Store(tmp_path / "s.db", clock=clock)
-    a, _ = store.register(Registration("a", city="Paris", gpus=(
-        GpuInfo("NVIDIA A100-SXM4-40GB", "u1", 8.0, 40 * 10**9),) * 2))
-    b, _ = store.register(Registration("b", city="Rome"))
+    a100 = GpuInfo("NVIDIA A100-SXM4-40GB", "u1", 8.0, 40 * 10**9)
+    a, _ = store.register(RegisterRequest("a", location=NodeLocation(" Paris "),
+                                          inventory=Inventory(gpus=(a100,) * 2)))
+    b, _ = store.register(RegisterRequest("b", location=NodeLocation("Rome", (41.9, 12.5))))
+    assert (a.city, a.latitude, b.city, b.latitude) == ("Paris", None, "Rome", 41.9)
     rng = np.random.default_rng(3)
     expected: dict[int, DailyRollup] = {}
     for k in range(12):  # batches over three days, some arriving late, rolled up in between
@@ -88,16 +92,23 @@ def test_heartbeat_unknown_node_and_launch_state(tmp_path: Path):
     with Store(tmp_path / "s.db") as store:
         with pytest.raises(NotFoundError):
             store.heartbeat("ghost")
-        store.register(Registration("a", address="10.0.0.1"))
+        store.register(RegisterRequest("a", address="10.0.0.1"))
         assert store.heartbeat("a") is False
-        store.register(Registration("b", address="10.0.0.2"))
+        store.register(RegisterRequest("b", address="10.0.0.2", probe_port=7))
         assert store.heartbeat("a") is True  # b joined after a registered
+        assert store.peers("a") == (Peer("b", "10.0.0.2", 7),)
+        running = LaunchStatus(LaunchState.RUNNING, plan_id="p1", job="gpt", changed_at_ms=5)
+        store.heartbeat("a", launch=running)
+        store.heartbeat("a", launch=LaunchStatus(LaunchState.UNSPECIFIED))  # keeps the last one
+        row = {r["id"]: r for r in store.nodes()}["a"]
+        assert (row["launch_state"], row["launch_plan_id"], row["launch_job"],
+                row["launch_changed_ms"]) == ("running", "p1", "gpt", 5)
 
 
 def test_sqlite_errors_become_store_errors(tmp_path: Path):
     path = tmp_path / "s.db"
     with Store(path) as store:
-        store.register(Registration("a"))
+        store.register(RegisterRequest("a"))
     # Another writer holds the lock past the busy timeout: "database is locked".
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")

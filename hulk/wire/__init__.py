@@ -1,0 +1,11 @@
+"""The contract between hulk-agent and hulk-planner: every record that crosses the wire.
+
+- ``hulk.wire.records``: the gRPC messages (protos/hulk/v1/hulk.proto) as immutable records that
+  convert themselves to and from protobuf (``record.to_proto()``, ``Record.from_proto(msg)``).
+- ``hulk.wire.placement``: the MQTT placement message (``hulk-placement/1``) and the retained plan
+  summary (``hulk-plan-summary/1``), with their strict parsers.
+- ``hulk.wire.broker``: broker URLs and topic names.
+
+Both sides import from here and nothing else defines these records. Nothing here imports the
+planner, numpy or torch (the agent depends on it).
+"""

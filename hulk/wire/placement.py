@@ -1,0 +1,272 @@
+"""The MQTT placement messages: what a node is told to run, and the retained plan summary.
+
+- ``hulk/v1/<fleet>/nodes/<node_id>/placement`` carries one ``NodePlacement`` as
+  ``hulk-placement/1`` JSON (``NodePlacement.to_bytes``, strictly read by ``parse_placement``).
+- ``hulk/v1/<fleet>/plan`` carries the plan summary, ``hulk-plan-summary/1``: every job with its
+  stages as node ids, its plan id and its specification, so a planner can rebuild the plan from
+  the broker (``parse_summary`` reads it into a ``PlanSummary``).
+
+Roles and ranks. A job with K stages and D replicas runs as one torchrun group of ``K * D`` nodes,
+one process per node (``--nproc-per-node 1``). The node of stage k in replica p has
+``rank = node_rank = k * D + p``; rank 0 (stage 0, replica 0) hosts the rendezvous. Every job
+gets its own rendezvous port. A node may hold several roles when jobs wait for others (phase 1,
+2, ...): roles are listed in phase order and run one after the other.
+
+Building these from a Plan is the planner's (``planner.core.placements``); this module is the
+format only and imports nothing beyond the standard library and ``hulk.errors``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from hulk.errors import InputError
+
+PLACEMENT_FORMAT = "hulk-placement/1"
+SUMMARY_FORMAT = "hulk-plan-summary/1"
+
+
+@dataclass(frozen=True)
+class Role:
+    """One node's part in one job."""
+
+    plan_id: str           # the plan that placed this job (kept when other jobs are re-planned)
+    job: str
+    phase: int
+    stage: int
+    num_stages: int
+    layer_lo: int
+    layer_hi: int          # one past the last layer
+    replica: int
+    num_replicas: int
+    rank: int              # = node_rank: one process per node
+    world_size: int        # = nnodes
+    rendezvous_address: str
+    rendezvous_port: int
+    micro_batch: int
+    command: str | None = None
+
+    @property
+    def nnodes(self) -> int:
+        return self.world_size
+
+    @property
+    def node_rank(self) -> int:
+        return self.rank
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    """What one node should do: its roles in phase order (empty: nothing)."""
+
+    fleet: str
+    node: str
+    plan_id: str
+    roles: tuple[Role, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": PLACEMENT_FORMAT,
+            "fleet": self.fleet,
+            "node": self.node,
+            "plan_id": self.plan_id,
+            "roles": [_role_json(r) for r in self.roles],
+        }
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
+
+
+def _role_json(role: Role) -> dict[str, Any]:
+    return {
+        "plan_id": role.plan_id,
+        "job": role.job,
+        "phase": role.phase,
+        "stage": role.stage,
+        "num_stages": role.num_stages,
+        "layers": [role.layer_lo, role.layer_hi],
+        "replica": role.replica,
+        "num_replicas": role.num_replicas,
+        "rank": role.rank,
+        "world_size": role.world_size,
+        "nnodes": role.world_size,
+        "node_rank": role.rank,
+        "rendezvous": {"address": role.rendezvous_address, "port": role.rendezvous_port},
+        "micro_batch": role.micro_batch,
+        "command": role.command,
+    }
+
+
+# ------------------------------------------------------------------------------------ parsing
+
+class _Reader:
+    """Typed field access that fails with one line naming the field and what was expected."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, field_name: str, expected: str, value: Any = None) -> InputError:
+        got = f", got {json.dumps(value)[:60]}" if value is not None else ""
+        return InputError(f"expected {expected}{got}", path=self.source, field=field_name)
+
+    def obj(self, value: Any, name: str, keys: set[str], optional: set[str] = frozenset()) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(name, "an object", value)
+        missing = keys - value.keys()
+        if missing:
+            raise self.fail(f"{name}.{sorted(missing)[0]}" if name else sorted(missing)[0], "a value")
+        unknown = value.keys() - keys - optional
+        if unknown:
+            raise self.fail(f"{name}.{sorted(unknown)[0]}" if name else sorted(unknown)[0],
+                            "no such field in " + PLACEMENT_FORMAT)
+        return value
+
+    def text(self, value: Any, name: str, *, empty: bool = False) -> str:
+        if not isinstance(value, str) or (not empty and not value.strip()):
+            raise self.fail(name, "a non-empty string", value)
+        return value
+
+    def integer(self, value: Any, name: str, low: int = 0, high: int = 2**31 - 1) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise self.fail(name, f"an integer in [{low}, {high}]", value)
+        return value
+
+
+_ROLE_KEYS = {"plan_id", "job", "phase", "stage", "num_stages", "layers", "replica", "num_replicas",
+              "rank", "world_size", "nnodes", "node_rank", "rendezvous", "micro_batch", "command"}
+
+
+def _parse_role(r: _Reader, value: Any, name: str) -> Role:
+    obj = r.obj(value, name, _ROLE_KEYS)
+    num_stages = r.integer(obj["num_stages"], f"{name}.num_stages", 1)
+    stage = r.integer(obj["stage"], f"{name}.stage", 0, num_stages - 1)
+    num_replicas = r.integer(obj["num_replicas"], f"{name}.num_replicas", 1)
+    replica = r.integer(obj["replica"], f"{name}.replica", 0, num_replicas - 1)
+    world = r.integer(obj["world_size"], f"{name}.world_size", 1)
+    if world != num_stages * num_replicas:
+        raise r.fail(f"{name}.world_size", f"num_stages * num_replicas = {num_stages * num_replicas}", world)
+    if r.integer(obj["nnodes"], f"{name}.nnodes", 1) != world:
+        raise r.fail(f"{name}.nnodes", f"world_size = {world}", obj["nnodes"])
+    rank = r.integer(obj["rank"], f"{name}.rank", 0, world - 1)
+    if rank != stage * num_replicas + replica:
+        raise r.fail(f"{name}.rank", f"stage * num_replicas + replica = {stage * num_replicas + replica}", rank)
+    if r.integer(obj["node_rank"], f"{name}.node_rank", 0, world - 1) != rank:
+        raise r.fail(f"{name}.node_rank", f"rank = {rank}", obj["node_rank"])
+    layers = obj["layers"]
+    if (not isinstance(layers, list) or len(layers) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int) for x in layers)
+            or not 0 <= layers[0] < layers[1]):
+        raise r.fail(f"{name}.layers", "[lo, hi) with 0 <= lo < hi", layers)
+    rdzv = r.obj(obj["rendezvous"], f"{name}.rendezvous", {"address", "port"})
+    command = obj["command"]
+    if command is not None:
+        command = r.text(command, f"{name}.command")
+    return Role(
+        plan_id=r.text(obj["plan_id"], f"{name}.plan_id"),
+        job=r.text(obj["job"], f"{name}.job"),
+        phase=r.integer(obj["phase"], f"{name}.phase"),
+        stage=stage, num_stages=num_stages, layer_lo=layers[0], layer_hi=layers[1],
+        replica=replica, num_replicas=num_replicas, rank=rank, world_size=world,
+        rendezvous_address=r.text(rdzv["address"], f"{name}.rendezvous.address"),
+        rendezvous_port=r.integer(rdzv["port"], f"{name}.rendezvous.port", 1, 65535),
+        micro_batch=r.integer(obj["micro_batch"], f"{name}.micro_batch", 1),
+        command=command,
+    )
+
+
+def parse_placement(data: bytes | str, *, source: str = "placement") -> NodePlacement:
+    """Strictly parse a ``hulk-placement/1`` message; InputError (one line) on anything else."""
+    r = _Reader(source)
+    try:
+        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+        value = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"expected a JSON {PLACEMENT_FORMAT} document ({exc})".splitlines()[0],
+                         path=source) from None
+    if isinstance(value, dict) and value.get("format") != PLACEMENT_FORMAT:  # say the version first
+        raise r.fail("format", repr(PLACEMENT_FORMAT), value.get("format"))
+    obj = r.obj(value, "", {"format", "fleet", "node", "plan_id", "roles"})
+    if not isinstance(obj["roles"], list):
+        raise r.fail("roles", "a list", obj["roles"])
+    roles = tuple(_parse_role(r, item, f"roles[{i}]") for i, item in enumerate(obj["roles"]))
+    jobs = [role.job for role in roles]
+    if len(set(jobs)) != len(jobs):
+        raise r.fail("roles", "at most one role per job")
+    if [role.phase for role in roles] != sorted(role.phase for role in roles):
+        raise r.fail("roles", "roles in phase order")
+    return NodePlacement(fleet=r.text(obj["fleet"], "fleet"), node=r.text(obj["node"], "node"),
+                         plan_id=r.text(obj["plan_id"], "plan_id"), roles=roles)
+
+
+# ------------------------------------------------------------------------------ plan summary
+
+@dataclass(frozen=True)
+class SummaryJob:
+    name: str
+    plan_id: str
+    phase: int
+    micro_batch: int
+    stages: tuple[tuple[int, int, tuple[str, ...]], ...]   # (lo, hi, node ids)
+    spec: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [n for _, _, nodes in self.stages for n in nodes]
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    fleet: str
+    plan_id: str
+    method: str
+    issued_at_ms: int
+    jobs: tuple[SummaryJob, ...]
+    unplaced: tuple[tuple[str, str, dict[str, Any]], ...] = ()   # (name, reason, spec)
+
+
+def parse_summary(data: bytes | str, *, source: str = "plan summary") -> PlanSummary:
+    """Parse a ``hulk-plan-summary/1`` document (what ``hulk/v1/<fleet>/plan`` retains)."""
+    r = _Reader(source)
+    try:
+        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+        value = json.loads(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"expected a JSON {SUMMARY_FORMAT} document ({exc})", path=source) from None
+    if not isinstance(value, dict) or value.get("format") != SUMMARY_FORMAT:
+        raise r.fail("format", repr(SUMMARY_FORMAT), value.get("format") if isinstance(value, dict) else None)
+    jobs = []
+    for i, job in enumerate(value.get("jobs") or []):
+        name = f"jobs[{i}]"
+        if not isinstance(job, dict):
+            raise r.fail(name, "an object", job)
+        stages = []
+        for k, st in enumerate(job.get("stages") or []):
+            if (not isinstance(st, dict) or not isinstance(st.get("layers"), list)
+                    or len(st["layers"]) != 2 or not isinstance(st.get("nodes"), list)
+                    or not all(isinstance(n, str) for n in st["nodes"])):
+                raise r.fail(f"{name}.stages[{k}]", "{layers: [lo, hi], nodes: [ids]}", st)
+            stages.append((r.integer(st["layers"][0], f"{name}.stages[{k}].layers"),
+                           r.integer(st["layers"][1], f"{name}.stages[{k}].layers"), tuple(st["nodes"])))
+        if not stages:
+            raise r.fail(f"{name}.stages", "at least one stage")
+        spec = job.get("spec")
+        if not isinstance(spec, dict):
+            raise r.fail(f"{name}.spec", "an object", spec)
+        jobs.append(SummaryJob(name=r.text(job.get("name"), f"{name}.name"),
+                               plan_id=r.text(job.get("plan_id"), f"{name}.plan_id"),
+                               phase=r.integer(job.get("phase"), f"{name}.phase"),
+                               micro_batch=r.integer(job.get("micro_batch"), f"{name}.micro_batch", 1),
+                               stages=tuple(stages), spec=spec))
+    unplaced = tuple((u.get("name", ""), u.get("reason", ""), u.get("spec") or {})
+                     for u in value.get("unplaced") or [] if isinstance(u, dict))
+    return PlanSummary(fleet=r.text(value.get("fleet"), "fleet"),
+                       plan_id=r.text(value.get("plan_id"), "plan_id"),
+                       method=str(value.get("method", "")),
+                       issued_at_ms=r.integer(value.get("issued_at_ms", 0), "issued_at_ms", 0, 2**63 - 1),
+                       jobs=tuple(jobs), unplaced=unplaced)
+
+
+def summary_bytes(summary: dict[str, Any]) -> bytes:
+    return json.dumps(summary, sort_keys=True, separators=(",", ":")).encode()

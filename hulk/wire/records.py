@@ -1,0 +1,331 @@
+"""The records of the gRPC contract (protos/hulk/v1/hulk.proto), one definition for both sides.
+
+Each record is immutable and converts itself: ``record.to_proto()`` builds the hulk.v1 message,
+``Record.from_proto(message)`` reads one. Conversions are faithful: proto3 zero values stay zero
+(a ``ProbeSettings`` field of 0 means "not set") and nothing is checked here beyond what the
+types need; the planner's ingest validates what it stores.
+
+Requests and answers, by RPC:
+
+    Register    RegisterRequest   -> RegisterAnswer
+    Report      ReportRequest     -> ReportResult
+    Heartbeat   HeartbeatRequest  -> HeartbeatResult
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from hulk.errors import InputError
+from hulk.v1 import hulk_pb2
+
+
+class ProbeKind(enum.IntEnum):
+    """How a sample was measured (hulk.v1.ProbeKind, same numbers)."""
+
+    ICMP = 1
+    TCP = 2
+
+
+class ProbeSample(NamedTuple):
+    """One probe packet (or one TCP connect); a lost packet is a sample with lost=True.
+
+    A named tuple rather than a dataclass: the planner reads hundreds of thousands a second and
+    the agent's spool builds one per row, so construction cost matters (it is immutable either
+    way)."""
+
+    peer_id: str
+    sent_at_ms: int            # unix epoch milliseconds
+    kind: int                  # a ProbeKind; read from the wire as the plain number sent
+    payload_bytes: int
+    lost: bool
+    rtt_ms: float              # meaningful only when not lost
+    timeout_ms: float          # the probe's timeout; an RTT above it is rejected
+
+    def to_proto(self) -> hulk_pb2.Sample:
+        return hulk_pb2.Sample(peer_id=self.peer_id, sent_at_ms=self.sent_at_ms,
+                               kind=int(self.kind), payload_bytes=self.payload_bytes,
+                               lost=self.lost, rtt_ms=self.rtt_ms, timeout_ms=self.timeout_ms)
+
+    @classmethod
+    def from_proto(cls, msg: hulk_pb2.Sample) -> ProbeSample:
+        return cls(msg.peer_id, msg.sent_at_ms, msg.kind, msg.payload_bytes, msg.lost, msg.rtt_ms,
+                   msg.timeout_ms)
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How agents probe (``RegisterAnswer.settings``). The defaults are what the planner pushes,
+    and what an agent uses for a setting that neither its operator nor the planner gave."""
+
+    interval_s: float = 60.0       # one round per peer per interval
+    packets_per_round: int = 3
+    timeout_s: float = 2.0         # per packet
+    payload_bytes: int = 56        # 56 + the 8-byte ICMP header: the 64-byte message `ping` sends
+    max_concurrency: int = 64      # probe rounds in flight
+    max_batch: int = 2000          # samples per Report
+
+    def to_proto(self) -> hulk_pb2.ProbeSettings:
+        return hulk_pb2.ProbeSettings(
+            interval_s=self.interval_s, packets_per_round=self.packets_per_round,
+            timeout_s=self.timeout_s, payload_bytes=self.payload_bytes,
+            max_concurrency=self.max_concurrency, max_batch=self.max_batch)
+
+    @classmethod
+    def from_proto(cls, msg: hulk_pb2.ProbeSettings) -> ProbeSettings:
+        return cls(interval_s=msg.interval_s, packets_per_round=msg.packets_per_round,
+                   timeout_s=msg.timeout_s, payload_bytes=msg.payload_bytes,
+                   max_concurrency=msg.max_concurrency, max_batch=msg.max_batch)
+
+
+# ------------------------------------------------------------------------------ registration
+
+@dataclass(frozen=True)
+class GpuInfo:
+    name: str                      # e.g. "NVIDIA A100-SXM4-40GB"
+    uuid: str = ""
+    compute_capability: float = 0.0
+    memory_bytes: int = 0
+
+    def to_proto(self) -> hulk_pb2.Gpu:
+        return hulk_pb2.Gpu(name=self.name, uuid=self.uuid,
+                            compute_capability=self.compute_capability,
+                            memory_bytes=self.memory_bytes)
+
+    @classmethod
+    def from_proto(cls, msg: hulk_pb2.Gpu) -> GpuInfo:
+        return cls(msg.name, msg.uuid, msg.compute_capability, msg.memory_bytes)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """A node's GPUs (hulk.v1.GpuInventory)."""
+
+    gpus: tuple[GpuInfo, ...] = ()
+    driver_version: str = ""
+    unavailable_reason: str = ""   # why the list is empty when it is; "" when GPUs were read
+
+    @property
+    def count(self) -> int:
+        return len(self.gpus)
+
+    def to_proto(self) -> hulk_pb2.GpuInventory:
+        return hulk_pb2.GpuInventory(gpus=[g.to_proto() for g in self.gpus],
+                                     driver_version=self.driver_version,
+                                     unavailable_reason=self.unavailable_reason)
+
+    @classmethod
+    def from_proto(cls, msg: hulk_pb2.GpuInventory) -> Inventory:
+        return cls(gpus=tuple(GpuInfo.from_proto(g) for g in msg.gpus),
+                   driver_version=msg.driver_version, unavailable_reason=msg.unavailable_reason)
+
+
+@dataclass(frozen=True)
+class NodeLocation:
+    """Where a node is: a gazetteer city (may be empty) and (latitude, longitude) when known."""
+
+    city: str = ""
+    coordinates: tuple[float, float] | None = None
+
+    def to_proto(self) -> hulk_pb2.Location:
+        msg = hulk_pb2.Location(city=self.city)
+        if self.coordinates is not None:
+            msg.has_coordinates = True
+            msg.latitude, msg.longitude = self.coordinates
+        return msg
+
+    @classmethod
+    def from_proto(cls, msg: hulk_pb2.Location) -> NodeLocation:
+        return cls(msg.city, (msg.latitude, msg.longitude) if msg.has_coordinates else None)
+
+
+@dataclass(frozen=True)
+class RegisterRequest:
+    """What an agent tells the planner about its node (Register's request)."""
+
+    node_id: str
+    hostname: str = ""
+    location: NodeLocation = field(default_factory=NodeLocation)
+    agent_version: str = ""
+    inventory: Inventory = field(default_factory=Inventory)
+    address: str = ""              # the address peers probe
+    probe_port: int = 0            # TCP port for peers' connect probes (0: none)
+
+    def to_proto(self) -> hulk_pb2.RegisterRequest:
+        return hulk_pb2.RegisterRequest(
+            node_id=self.node_id, hostname=self.hostname, location=self.location.to_proto(),
+            agent_version=self.agent_version, inventory=self.inventory.to_proto(),
+            address=self.address, probe_port=self.probe_port)
+
+    @classmethod
+    def from_proto(cls, msg: hulk_pb2.RegisterRequest) -> RegisterRequest:
+        return cls(node_id=msg.node_id, hostname=msg.hostname,
+                   location=NodeLocation.from_proto(msg.location),
+                   agent_version=msg.agent_version,
+                   inventory=Inventory.from_proto(msg.inventory), address=msg.address,
+                   probe_port=msg.probe_port)
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A node to probe."""
+
+    node_id: str
+    address: str = ""
+    probe_port: int = 0
+
+    def to_proto(self) -> hulk_pb2.Peer:
+        return hulk_pb2.Peer(node_id=self.node_id, address=self.address,
+                             probe_port=self.probe_port)
+
+    @classmethod
+    def from_proto(cls, msg: hulk_pb2.Peer) -> Peer:
+        return cls(msg.node_id, msg.address, msg.probe_port)
+
+
+@dataclass(frozen=True)
+class RegisterAnswer:
+    """The planner's answer to Register: whom to probe, how, and the fleet's name."""
+
+    peers: tuple[Peer, ...]
+    settings: ProbeSettings
+    fleet: str                     # used in the MQTT topics
+    server_time_ms: int
+
+    def to_proto(self) -> hulk_pb2.RegisterResponse:
+        return hulk_pb2.RegisterResponse(peers=[p.to_proto() for p in self.peers],
+                                         settings=self.settings.to_proto(), fleet=self.fleet,
+                                         server_time_ms=self.server_time_ms)
+
+    @classmethod
+    def from_proto(cls, msg: hulk_pb2.RegisterResponse) -> RegisterAnswer:
+        return cls(peers=tuple(Peer.from_proto(p) for p in msg.peers),
+                   settings=ProbeSettings.from_proto(msg.settings), fleet=msg.fleet,
+                   server_time_ms=msg.server_time_ms)
+
+
+# ----------------------------------------------------------------------------------- reports
+
+@dataclass(frozen=True)
+class ReportRequest:
+    """A batch of samples (Report's request); retries reuse the batch id."""
+
+    node_id: str
+    batch_id: str
+    samples: tuple[ProbeSample, ...] = ()
+    spool_dropped: int = 0         # samples the agent's spool dropped past its bound, cumulative
+
+    def to_proto(self) -> hulk_pb2.ReportRequest:
+        return hulk_pb2.ReportRequest(node_id=self.node_id, batch_id=self.batch_id,
+                                      samples=[s.to_proto() for s in self.samples],
+                                      spool_dropped=self.spool_dropped)
+
+    @classmethod
+    def from_proto(cls, msg: hulk_pb2.ReportRequest) -> ReportRequest:
+        make = ProbeSample
+        return cls(node_id=msg.node_id, batch_id=msg.batch_id, spool_dropped=msg.spool_dropped,
+                   samples=tuple(make(s.peer_id, s.sent_at_ms, s.kind, s.payload_bytes, s.lost,
+                                      s.rtt_ms, s.timeout_ms) for s in msg.samples))
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """The planner's answer to Report."""
+
+    accepted: int
+    rejected: int                  # e.g. below the speed-of-light bound between the two cities
+    duplicate: bool                # the batch id was stored before; nothing stored again
+
+    def to_proto(self) -> hulk_pb2.ReportResponse:
+        return hulk_pb2.ReportResponse(accepted=self.accepted, rejected=self.rejected,
+                                       duplicate=self.duplicate)
+
+    @classmethod
+    def from_proto(cls, msg: hulk_pb2.ReportResponse) -> ReportResult:
+        return cls(msg.accepted, msg.rejected, msg.duplicate)
+
+
+# -------------------------------------------------------------------------------- heartbeats
+
+class LaunchState(enum.IntEnum):
+    """The state of a launched training process (hulk.v1.LaunchState, same numbers)."""
+
+    UNSPECIFIED = 0
+    IDLE = 1
+    STARTING = 2
+    RUNNING = 3
+    EXITED = 4
+    FAILED = 5
+
+
+@dataclass(frozen=True)
+class LaunchStatus:
+    """The training process this node launched; sent in every Heartbeat."""
+
+    state: LaunchState = LaunchState.IDLE
+    plan_id: str = ""
+    job: str = ""
+    exit_code: int = 0
+    detail: str = ""
+    changed_at_ms: int = 0
+
+    def to_proto(self) -> hulk_pb2.LaunchStatus:
+        return hulk_pb2.LaunchStatus(plan_id=self.plan_id, job=self.job, state=int(self.state),
+                                     exit_code=self.exit_code, detail=self.detail,
+                                     changed_at_ms=self.changed_at_ms)
+
+    @classmethod
+    def from_proto(cls, msg: hulk_pb2.LaunchStatus) -> LaunchStatus:
+        """InputError for a state this side does not know (an agent newer than the planner)."""
+        try:
+            state = LaunchState(msg.state)
+        except ValueError:
+            raise InputError(f"unknown LaunchState value {msg.state}",
+                             field="launch.state") from None
+        return cls(state=state, plan_id=msg.plan_id, job=msg.job, exit_code=msg.exit_code,
+                   detail=msg.detail, changed_at_ms=msg.changed_at_ms)
+
+
+@dataclass(frozen=True)
+class HeartbeatRequest:
+    """Liveness, spool counters and the launch status (Heartbeat's request)."""
+
+    node_id: str
+    time_ms: int = 0
+    spool_depth: int = 0
+    spool_dropped: int = 0
+    launch: LaunchStatus | None = None
+
+    def to_proto(self) -> hulk_pb2.HeartbeatRequest:
+        msg = hulk_pb2.HeartbeatRequest(node_id=self.node_id, time_ms=self.time_ms,
+                                        spool_depth=self.spool_depth,
+                                        spool_dropped=self.spool_dropped)
+        if self.launch is not None:
+            msg.launch.CopyFrom(self.launch.to_proto())
+        return msg
+
+    @classmethod
+    def from_proto(cls, msg: hulk_pb2.HeartbeatRequest) -> HeartbeatRequest:
+        return cls(node_id=msg.node_id, time_ms=msg.time_ms, spool_depth=msg.spool_depth,
+                   spool_dropped=msg.spool_dropped,
+                   launch=LaunchStatus.from_proto(msg.launch) if msg.HasField("launch") else None)
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    """The planner's answer to Heartbeat."""
+
+    server_time_ms: int
+    reregister: bool = False       # the planner does not know this node: Register again
+    peers_changed: bool = False    # Register again to fetch the new peer list
+
+    def to_proto(self) -> hulk_pb2.HeartbeatResponse:
+        return hulk_pb2.HeartbeatResponse(server_time_ms=self.server_time_ms,
+                                          reregister=self.reregister,
+                                          peers_changed=self.peers_changed)
+
+    @classmethod
+    def from_proto(cls, msg: hulk_pb2.HeartbeatResponse) -> HeartbeatResult:
+        return cls(msg.server_time_ms, msg.reregister, msg.peers_changed)

@@ -1,0 +1,155 @@
+"""The planner's SQLite file: the connection (WAL mode), transactions, the schema, meta values.
+
+Tables:
+  nodes           one row per server: registration (hostname, city, coordinates, agent version,
+                  GPU inventory + reason, address, probe port), first/last seen, spool counters,
+                  launch status; imported fleets' nodes too (source = 'import')
+  batches         (node, batch id) of every stored Report: a retried batch is stored once
+  samples         raw probe samples, kept ``raw_days`` (default 7)
+  rollups         per ordered pair per UTC day: count, lost, sum, sum of squares, min, max
+  rollup_buckets  per ordered pair per day: the log-spaced RTT histogram (planner.core.rollup)
+  rejected        rejected-sample counters per node and reason
+  imported_links  links of an imported fleet file (used where nothing was measured)
+  meta            schema version, the rollup watermark, the peers version
+
+``planner.service.store.Store`` builds the planner's reads and writes on this class; sqlite
+errors become ``hulk.errors.StoreError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Self
+
+import sqlite_utils
+
+from hulk.errors import StoreError
+
+SCHEMA_VERSION = 1
+
+
+class Database:
+    """One connection to the planner's SQLite file, its schema created when missing. One
+    instance per thread of use (sqlite connections are not shared)."""
+
+    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL",
+                 busy_timeout_s: float = 30.0):
+        self.path = str(path)
+        self._lock = threading.RLock()
+        with self._errors("open"):
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                   timeout=busy_timeout_s)
+            self.conn = conn
+            self.db = sqlite_utils.Database(conn)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode survives a crash of the process (not of the OS) and is much faster.
+            self.db.execute(f"PRAGMA synchronous={synchronous}")
+            self.db.execute("PRAGMA foreign_keys=OFF")
+            self._create_schema()
+
+    # ------------------------------------------------------------------------------ plumbing
+
+    @contextlib.contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: store failed during {what}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction: all or nothing."""
+        with self._lock, self._errors(what):
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            else:
+                self.conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock, self._errors("close"):
+            self.conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _create_schema(self) -> None:
+        db = self.db
+        with self.transaction("schema"):
+            if "meta" not in db.table_names():
+                db["meta"].create({"key": str, "value": str}, pk="key")
+                db["meta"].insert({"key": "schema_version", "value": str(SCHEMA_VERSION)})
+            if "nodes" not in db.table_names():
+                db["nodes"].create({
+                    "idx": int, "id": str, "source": str, "hostname": str, "city": str,
+                    "latitude": float, "longitude": float, "agent_version": str,
+                    "gpus_json": str, "gpu_unavailable_reason": str, "driver_version": str,
+                    "gpu_count": int, "gpu_name": str, "compute_capability": float,
+                    "memory_gb": float, "address": str, "probe_port": int,
+                    "first_seen_ms": int, "last_seen_ms": int, "registered_ms": int,
+                    "peers_version_seen": int, "spool_depth": int, "spool_dropped": int,
+                    "launch_plan_id": str, "launch_job": str, "launch_state": str,
+                    "launch_exit_code": int, "launch_detail": str, "launch_changed_ms": int,
+                }, pk="idx", not_null={"id"})
+                db["nodes"].create_index(["id"], unique=True)
+            if "batches" not in db.table_names():
+                db.execute("""CREATE TABLE batches (
+                    node_idx INTEGER NOT NULL, batch_id TEXT NOT NULL, received_ms INTEGER NOT NULL,
+                    accepted INTEGER NOT NULL, rejected INTEGER NOT NULL,
+                    last_sample_id INTEGER,
+                    PRIMARY KEY (node_idx, batch_id)) WITHOUT ROWID""")
+                db.execute("CREATE INDEX batches_received ON batches(received_ms)")
+            if "samples" not in db.table_names():
+                # AUTOINCREMENT: rowids never go back, so the rollup watermark stays valid even
+                # after pruning empties the table.
+                db.execute("""CREATE TABLE samples (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    src INTEGER NOT NULL, dst INTEGER NOT NULL, sent_ms INTEGER NOT NULL,
+                    kind INTEGER NOT NULL, payload INTEGER NOT NULL, lost INTEGER NOT NULL,
+                    rtt_ms REAL, bucket INTEGER)""")
+                # No index on sent_ms: it would cost a B-tree insert per sample. Pruning goes by
+                # arrival instead: each batch row records the last sample id it stored.
+            if "rollups" not in db.table_names():
+                db.execute("""CREATE TABLE rollups (
+                    src INTEGER NOT NULL, dst INTEGER NOT NULL, day INTEGER NOT NULL,
+                    count INTEGER NOT NULL, lost INTEGER NOT NULL, sum REAL NOT NULL,
+                    sumsq REAL NOT NULL, min REAL, max REAL,
+                    PRIMARY KEY (src, dst, day)) WITHOUT ROWID""")
+                db.execute("CREATE INDEX rollups_day ON rollups(day)")
+                db.execute("""CREATE TABLE rollup_buckets (
+                    src INTEGER NOT NULL, dst INTEGER NOT NULL, day INTEGER NOT NULL,
+                    bucket INTEGER NOT NULL, count INTEGER NOT NULL,
+                    PRIMARY KEY (src, dst, day, bucket)) WITHOUT ROWID""")
+            if "rejected" not in db.table_names():
+                db.execute("""CREATE TABLE rejected (
+                    node_idx INTEGER NOT NULL, reason TEXT NOT NULL, count INTEGER NOT NULL,
+                    last_ms INTEGER NOT NULL, PRIMARY KEY (node_idx, reason)) WITHOUT ROWID""")
+            if "imported_links" not in db.table_names():
+                db.execute("""CREATE TABLE imported_links (
+                    src INTEGER NOT NULL, dst INTEGER NOT NULL, rtt_ms REAL NOT NULL,
+                    bandwidth_gbps REAL, loss REAL NOT NULL, samples INTEGER NOT NULL,
+                    imported_ms INTEGER NOT NULL, PRIMARY KEY (src, dst)) WITHOUT ROWID""")
+        version = self._meta("schema_version")
+        if version != str(SCHEMA_VERSION):
+            raise StoreError(f"{self.path}: schema version {version}, this planner reads "
+                             f"{SCHEMA_VERSION}")
+
+    def _meta(self, key: str, default: str | None = None) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def _set_meta(self, conn: sqlite3.Connection, key: str, value: Any) -> None:
+        conn.execute("INSERT INTO meta(key, value) VALUES (?, ?) "
+                     "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, str(value)))

@@ -1,0 +1,207 @@
+"""The planner's domain side of Register, Report and Heartbeat: validation, then the store.
+
+``IngestService`` is plain Python: wire records in (``hulk.wire.records``), wire records out.
+It validates every sample before anything is stored:
+
+* a report from a node that never registered -> ``NotFoundError`` (the agent registers again);
+* a malformed batch (no batch id, too many samples, a negative RTT, an RTT above the probe's
+  timeout, an impossible timestamp, a node probing itself) -> ``InputError``; nothing of the
+  batch is stored, the rejected samples are counted;
+* a sample faster than light between the two nodes' cities (``hulk.geo.min_rtt_ms``; unknown
+  cities skip the check) or to an unknown peer is a measurement error: that sample is rejected,
+  counted and logged, the rest of the batch is stored (``ReportResult.rejected``).
+
+The gRPC servicer (``planner.service.servicer``) only converts protos and calls this.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from hulk import errors, geo
+from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, ProbeSample, ProbeSettings,
+                               RegisterAnswer, RegisterRequest, ReportRequest, ReportResult)
+from planner.core.rollup import bucket_index
+from planner.service.store import DAY_MS, NodeRef, SampleRow, Store
+
+log = logging.getLogger(__name__)
+
+REASON_BELOW_LIGHT = "below_light_speed"
+REASON_UNKNOWN_PEER = "unknown_peer"
+REASON_INVALID_BATCH = "invalid_batch"
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    max_batch_samples: int = 10_000          # a Report with more samples is refused
+    max_message_bytes: int = 16 << 20        # gRPC receive limit
+    future_tolerance_ms: int = DAY_MS        # clock skew allowed on sent_at_ms
+
+
+class BatchTooLargeError(errors.InputError):
+    """A Report over the server's sample limit."""
+
+
+@dataclass
+class IngestService:
+    """The domain side of Register/Report/Heartbeat. Not thread-safe: call from one thread."""
+
+    store: Store
+    fleet: str = "default"
+    settings: ProbeSettings = field(default_factory=ProbeSettings)
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    light_bound: Callable[[tuple[float, float] | None, tuple[float, float] | None], float] = \
+        geo.min_rtt_ms
+    clock: Callable[[], int] = lambda: int(time.time() * 1000)
+
+    def __post_init__(self) -> None:
+        self._nodes: dict[str, NodeRef] = self.store.node_refs()
+        self._bounds: dict[tuple[int, int], float] = {}
+
+    # -------------------------------------------------------------------------------- nodes
+
+    def _node(self, node_id: str) -> NodeRef:
+        node = self._nodes.get(node_id)
+        if node is None:
+            # Another process (fleet import) may have added it; look once more before refusing.
+            self._nodes = self.store.node_refs()
+            node = self._nodes.get(node_id)
+        if node is None:
+            raise errors.NotFoundError(f"node {node_id!r} is not registered; call Register first")
+        return node
+
+    def _bound_ms(self, a: NodeRef, b: NodeRef) -> float:
+        key = (a.idx, b.idx)
+        bound = self._bounds.get(key)
+        if bound is None:
+            bound = self.light_bound(_where(a), _where(b))
+            self._bounds[key] = bound
+        return bound
+
+    def register(self, request: RegisterRequest) -> RegisterAnswer:
+        if not request.node_id or not request.node_id.strip():
+            raise errors.InputError("expected a non-empty node id", field="node_id")
+        location = request.location
+        if location.coordinates is not None:
+            latitude, longitude = location.coordinates
+            if not (-90 <= latitude <= 90 and -180 <= longitude <= 180):
+                raise errors.InputError(f"expected latitude in [-90, 90] and longitude in "
+                                        f"[-180, 180], got {latitude}, {longitude}",
+                                        field="location")
+        node, _ = self.store.register(request)
+        self._nodes[node.id] = node
+        self._bounds.clear()  # the node may have moved
+        reason = request.inventory.unavailable_reason
+        log.info("registered %s (%s, %s, %d GPUs%s)", request.node_id,
+                 request.address or "no address", node.city or "no city",
+                 request.inventory.count, f": {reason}" if reason else "")
+        return RegisterAnswer(self.store.peers(request.node_id), self.settings, self.fleet,
+                              self.clock())
+
+    def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResult:
+        _check_count("spool_depth", request.spool_depth)
+        _check_count("spool_dropped", request.spool_dropped)
+        try:
+            changed = self.store.heartbeat(request.node_id, spool_depth=request.spool_depth,
+                                           spool_dropped=request.spool_dropped,
+                                           launch=request.launch)
+        except errors.NotFoundError:
+            return HeartbeatResult(self.clock(), reregister=True, peers_changed=False)
+        return HeartbeatResult(self.clock(), reregister=False, peers_changed=changed)
+
+    # ------------------------------------------------------------------------------ reports
+
+    def report(self, request: ReportRequest) -> ReportResult:
+        _check_count("spool_dropped", request.spool_dropped)
+        node = self._node(request.node_id)
+        try:
+            rows, rejected = self._validate(node, request.batch_id, request.samples)
+        except errors.InputError:
+            self.store.count_rejected(node, REASON_INVALID_BATCH, len(request.samples))
+            raise
+        accepted, n_rejected, duplicate = self.store.store_batch(
+            node, request.batch_id, rows, rejected, request.spool_dropped)
+        return ReportResult(accepted, n_rejected, duplicate)
+
+    def _validate(self, node: NodeRef, batch_id: str, samples: Sequence[ProbeSample]
+                  ) -> tuple[list[SampleRow], dict[str, int]]:
+        if not batch_id:
+            raise errors.InputError("expected a non-empty batch id", field="batch_id")
+        if len(samples) > self.limits.max_batch_samples:
+            raise BatchTooLargeError(f"batch has {len(samples)} samples, the limit is "
+                                     f"{self.limits.max_batch_samples}", field="samples")
+        now = self.clock()
+        latest = now + self.limits.future_tolerance_ms
+        default_timeout = self.settings.timeout_s * 1000.0
+        nodes = self._nodes
+        rows = []
+        below = unknown = 0
+        reloaded = False
+        example = None
+        src = node.idx
+        for i, s in enumerate(samples):
+            peer = nodes.get(s.peer_id)
+            if peer is None:
+                if not s.peer_id:
+                    raise errors.InputError("expected a peer id", field=f"samples[{i}].peer_id")
+                if s.peer_id == node.id:
+                    raise errors.InputError("a node does not probe itself",
+                                            field=f"samples[{i}].peer_id")
+                if not reloaded:  # registered since we last looked? check once per batch
+                    nodes = self._nodes = self.store.node_refs()
+                    reloaded = True
+                    peer = nodes.get(s.peer_id)
+                if peer is None:
+                    unknown += 1
+                    continue
+            if peer.idx == src:
+                raise errors.InputError("a node does not probe itself",
+                                        field=f"samples[{i}].peer_id")
+            if not 0 < s.sent_at_ms <= latest:
+                raise errors.InputError(f"expected a time in epoch ms up to now, got "
+                                        f"{s.sent_at_ms}", field=f"samples[{i}].sent_at_ms")
+            if s.lost:
+                rows.append((src, peer.idx, s.sent_at_ms, s.kind, s.payload_bytes, 1, None, None))
+                continue
+            rtt = s.rtt_ms
+            if not (rtt >= 0.0) or math.isinf(rtt):
+                raise errors.InputError(f"expected an RTT >= 0 ms, got {rtt}",
+                                        field=f"samples[{i}].rtt_ms")
+            limit = s.timeout_ms if s.timeout_ms > 0 else default_timeout
+            if rtt > limit:
+                raise errors.InputError(f"RTT {rtt} ms is above the probe's timeout of {limit} ms",
+                                        field=f"samples[{i}].rtt_ms")
+            bound = self._bound_ms(node, peer)
+            if rtt < bound:
+                below += 1
+                if example is None:
+                    example = (peer.id, rtt, bound)
+                continue
+            rows.append((src, peer.idx, s.sent_at_ms, s.kind, s.payload_bytes, 0, rtt,
+                         bucket_index(rtt)))
+        rejected = {}
+        if below:
+            rejected[REASON_BELOW_LIGHT] = below
+            peer_id, rtt, bound = example
+            log.warning("rejected %d sample(s) from %s below the speed-of-light bound, e.g. "
+                        "%s -> %s %.3f ms < %.3f ms", below, node.id, node.id, peer_id, rtt, bound)
+        if unknown:
+            rejected[REASON_UNKNOWN_PEER] = unknown
+            log.warning("rejected %d sample(s) from %s to unregistered peers", unknown, node.id)
+        return rows, rejected
+
+
+def _check_count(name: str, value: int) -> None:
+    """uint64 counters from the wire must fit SQLite's signed 64-bit INTEGER."""
+    if not 0 <= value < 2 ** 63:
+        raise errors.InputError(f"expected a count between 0 and 2**63-1, got {value}", field=name)
+
+
+def _where(node: NodeRef) -> tuple[float, float] | None:
+    if node.latitude is not None and node.longitude is not None:
+        return (node.latitude, node.longitude)
+    return geo.coordinates(node.city)
