@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import re
 import secrets
 import sqlite3
@@ -24,7 +25,11 @@ from pathlib import Path
 
 from hulk.errors import InputError, NotFoundError, StoreError, UnauthenticatedError
 
+log = logging.getLogger(__name__)
+
 TOKEN_PREFIX = "hulk1"
+INVALID_TOKEN = "invalid token (not issued by this planner, or a wrong secret)"
+_DUMMY_SALT = b"hulk-no-such-token-id"   # scrypt for unknown ids too: equal work, equal answer
 TOKEN_RE = re.compile(r"^hulk1\.([0-9a-f]{16})\.([A-Za-z0-9_-]{43})$")
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # the agent's rule (agent/config.py)
 # scrypt cost: ~30 ms and 16 MiB per verification on these machines; cached after the first.
@@ -160,17 +165,25 @@ class CredentialStore:
                                        (token_id,)).fetchone()
         except sqlite3.Error as exc:
             raise StoreError(f"{self.db_path}: cannot read credentials: {exc}") from exc
+        # One answer for an unknown id and a wrong secret, after the same scrypt work: a caller
+        # learns nothing about which token ids exist. Only the holder of the secret hears "revoked".
         if row is None:
-            raise UnauthenticatedError("unknown token")
+            hash_secret(secret, _DUMMY_SALT)
+            log.info("token %s: no such token id", token_id)
+            raise UnauthenticatedError(INVALID_TOKEN)
         node_id, salt, token_hash, revoked_ms = row
-        if revoked_ms is not None:
-            raise UnauthenticatedError(f"the token of node {node_id!r} was revoked")
         digest = _digest(token)
         cached = self._verified.get(digest)
+        if not (cached is not None and cached[0] == token_id) \
+                and not hmac.compare_digest(hash_secret(secret, salt), token_hash):
+            log.info("token %s (node %s): wrong secret", token_id, node_id)
+            raise UnauthenticatedError(INVALID_TOKEN)
+        if revoked_ms is not None:
+            self._verified.pop(digest, None)
+            raise UnauthenticatedError(f"this token of node {node_id!r} was revoked; enrol the node "
+                                       "again with `hulk-planner enroll`")
         if cached is not None and cached[0] == token_id:
             return node_id
-        if not hmac.compare_digest(hash_secret(secret, salt), token_hash):
-            raise UnauthenticatedError("wrong token secret")
         if len(self._verified) > 100_000:  # bounded: a fleet is far smaller
             self._verified.clear()
         self._verified[digest] = (token_id, node_id)
