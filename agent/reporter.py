@@ -62,21 +62,7 @@ def translate_rpc_error(err: grpc.RpcError, method: str) -> errors.HulkError:
     """A grpc error as the matching hulk error, with a one-line message."""
     code = err.code() if hasattr(err, "code") else None
     details = (err.details() if hasattr(err, "details") else None) or str(code)
-    message = f"planner {method}: {details}"
-    mapping: dict[grpc.StatusCode, type[errors.HulkError]] = {
-        grpc.StatusCode.UNAVAILABLE: errors.UnavailableError,
-        grpc.StatusCode.DEADLINE_EXCEEDED: errors.UnavailableError,
-        grpc.StatusCode.CANCELLED: errors.UnavailableError,
-        grpc.StatusCode.ABORTED: errors.UnavailableError,
-        grpc.StatusCode.UNAUTHENTICATED: errors.UnauthenticatedError,
-        grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDeniedError,
-        grpc.StatusCode.NOT_FOUND: errors.NotFoundError,
-        grpc.StatusCode.FAILED_PRECONDITION: errors.NotFoundError,  # e.g. "node not registered"
-        grpc.StatusCode.RESOURCE_EXHAUSTED: errors.RateLimitedError,
-    }
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return errors.InputError(message)
-    return mapping.get(code, errors.HulkError)(message)
+    return errors.from_grpc(code, f"planner {method}: {details}")
 
 
 # ------------------------------------------------------------------------------------ clients

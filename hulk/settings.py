@@ -1,6 +1,9 @@
 """Every HULK_* environment variable, in one place.
 
 Components read their variables only through :func:`env`, so this table is the complete list.
+Each program validates its own on load: the agent's in ``agent.config.AgentConfig``, the planner's
+in ``planner.settings.PlannerSettings`` (HULK_MODEL where the GNN checkpoint is loaded); a bad
+value is a one-line ConfigError naming the variable.
 Precedence everywhere: command-line flag > environment variable > config file > default.
 """
 
@@ -26,7 +29,7 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_INTERVAL", "agent", "seconds between probe rounds to each peer"),
     EnvVar("HULK_STATE_DIR", "agent", "directory for the spool and placements"),
     EnvVar("HULK_CONFIG", "agent", "path of the agent's YAML config file"),
-    EnvVar("HULK_INSECURE", "agent, planner", "1 to use plaintext gRPC (warned about)"),
+    EnvVar("HULK_INSECURE", "agent, planner", "1 (true/yes/on) for plaintext gRPC (warned about)"),
     EnvVar("HULK_TOKEN", "agent", "the node's enrolment token for gRPC"),
     EnvVar("HULK_CA", "agent", "CA certificate to verify the planner"),
     EnvVar("HULK_MQTT", "agent, planner", "broker URL mqtt://[user:pass@]HOST:PORT"),

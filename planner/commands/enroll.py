@@ -18,16 +18,16 @@ import sys
 from pathlib import Path
 
 from hulk.errors import InputError, NotFoundError
-from hulk.settings import env
 from planner.security.credentials import CredentialStore, check_node_id
 from planner.security.broker_accounts import BrokerAccounts, placement_topic
+from planner.settings import PlannerSettings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction, settings: PlannerSettings) -> None:
     enroll = sub.add_parser("enroll", help="issue a node's gRPC token and broker account",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     enroll.add_argument("node_id", nargs="?", metavar="NODE_ID")
-    _common(enroll)
+    _common(enroll, settings)
     enroll.add_argument("--role", choices=["node", "planner"], default="node",
                         help="'planner': the planner's own broker account (may write hulk/v1/#), "
                              "no gRPC token")
@@ -40,12 +40,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     revoke = sub.add_parser("revoke", help="end a node's gRPC token and broker account")
     revoke.add_argument("node_id", metavar="NODE_ID")
-    _common(revoke)
+    _common(revoke, settings)
     revoke.set_defaults(func=run_revoke)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", type=Path, default=env("HULK_DB"),
+def _common(parser: argparse.ArgumentParser, settings: PlannerSettings) -> None:
+    parser.add_argument("--db", type=Path, default=settings.db,
                         help="the planner's SQLite file (HULK_DB)")
     parser.add_argument("--mqtt-passwd", type=Path, metavar="FILE",
                         help="mosquitto password_file to update (with mosquitto_passwd)")

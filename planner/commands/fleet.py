@@ -8,24 +8,23 @@ from collections import Counter
 from pathlib import Path
 
 from hulk.errors import InputError
-from hulk.settings import env
 from planner.core.fleet import Fleet, complete
+from planner.settings import PlannerSettings
 
 WINDOW_HELP = "rolling window in days (HULK_WINDOW_DAYS; default 90)"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) -> None:
     p = subparsers.add_parser("fleet", help="show, export, import or plot the fleet",
                               description=__doc__)
     sub = p.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
 
     def source(q: argparse.ArgumentParser, required: bool = True) -> None:
         group = q.add_mutually_exclusive_group(required=required)
-        group.add_argument("--db", help="the planner's SQLite store")
+        group.add_argument("--db", default=settings.db, help="the planner's SQLite store")
         group.add_argument("--fleet", type=Path, help="a fleet file (fleet JSON, or the paper's "
                            "folder/zip)")
-        q.add_argument("--window-days", type=int, default=int(env("HULK_WINDOW_DAYS", "90")),
-                       help=WINDOW_HELP)
+        q.add_argument("--window-days", type=int, default=settings.window_days, help=WINDOW_HELP)
 
     show = sub.add_parser("show", help="a table of nodes, GPUs, last seen and link coverage")
     source(show, required=False)
@@ -34,8 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export = sub.add_parser("export", help="write the store's fleet as fleet JSON")
     export.add_argument("--db", required=True, help="the planner's SQLite store")
     export.add_argument("--out", type=Path, required=True, help="fleet JSON to write")
-    export.add_argument("--window-days", type=int, default=int(env("HULK_WINDOW_DAYS", "90")),
-                        help=WINDOW_HELP)
+    export.add_argument("--window-days", type=int, default=settings.window_days, help=WINDOW_HELP)
     export.set_defaults(func=cmd_export)
 
     imp = sub.add_parser("import", help="load a fleet file (paper folder/zip or fleet JSON) "
@@ -57,7 +55,7 @@ def _load(args: argparse.Namespace) -> tuple[Fleet, list[dict] | None]:
     if getattr(args, "fleet", None):
         from planner.files.fleet import load_fleet
         return load_fleet(args.fleet), None
-    db = getattr(args, "db", None) or env("HULK_DB")
+    db = args.db
     if not db:
         raise InputError("expected --db PATH or --fleet PATH", field="--db")
     if not Path(db).is_file():

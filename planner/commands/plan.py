@@ -1,12 +1,13 @@
 """`hulk-planner plan jobs.yaml`: plan jobs on a fleet, show the plan and how it compares.
 
-Planners are imported lazily, so a checkout without one (or without the GNN) still plans with the
-others and says clearly which method is missing.
+Planners are imported when used, so only `--method gnn` (or `gnn-raw`) loads torch. With `--push`
+the plan is published to the agents through the MQTT broker.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import math
 import time
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from hulk.errors import HulkError, InputError, PlanningError
+from hulk.errors import ConfigError, HulkError, InputError, PlanningError
+from planner.settings import PlannerSettings
 
 # method -> (module, function, extra keyword arguments). Seeded planners take seed=.
 METHODS: dict[str, tuple[str, str, dict]] = {
@@ -35,7 +37,7 @@ LABELS = {"search": "Hulk (search)", "system-a": "System A (data parallel)",
 MAX_LISTED_NODES = 8
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) -> None:
     p = subparsers.add_parser(
         "plan", help="plan training jobs on a fleet and compare with the baselines",
         description="Plan the jobs of a jobs.yaml on a fleet (a fleet file or the live store), "
@@ -55,28 +57,21 @@ def register(subparsers) -> None:
                    help="also plan with Systems A/B/C and the DT-FM-style peer (default on)")
     p.add_argument("--cost-model", choices=["reference"], default="reference",
                    help="cost model used to judge plans (COSTMODEL.md)")
-    from planner.service.publisher import add_plan_arguments  # --push --mqtt URL --fleet-name NAME (issue 5)
-
-    add_plan_arguments(p)
+    p.add_argument("--push", action="store_true",
+                   help="publish the plan to the agents (retained MQTT messages; needs --mqtt)")
+    p.add_argument("--mqtt", metavar="URL", default=settings.mqtt,
+                   help="broker mqtt://[user:pass@]HOST:PORT for --push (HULK_MQTT)")
+    p.add_argument("--fleet-name", default=settings.fleet,
+                   help="fleet name in the MQTT topics (HULK_FLEET; default 'default')")
     p.set_defaults(func=run)
 
 
 # ----------------------------------------------------------------------------------- planners
 
 def planner_for(method: str) -> Callable:
-    """The planning function of ``method``; a clear InputError if its module is not built."""
+    """The planning function of ``method`` (its module is imported now)."""
     module_name, function, extra = METHODS[method]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise InputError(f"method {method!r} is not available in this build "
-                             f"({module_name} is missing)", field="--method") from None
-        raise
-    fn = getattr(module, function, None)
-    if fn is None:
-        raise InputError(f"method {method!r} is not available in this build "
-                         f"({module_name}.{function} is missing)", field="--method")
+    fn = getattr(importlib.import_module(module_name), function)
 
     def run(jobs, net, *, seed=0, progress=None):
         kwargs = dict(extra)
@@ -155,11 +150,8 @@ def load_network(args):
     from planner.core.fleet import complete
 
     if args.fleet:
-        try:
-            from planner.files.fleet import load_fleet_with_report
-        except ModuleNotFoundError as exc:
-            raise InputError(f"fleet files cannot be read in this build ({exc.name} is missing)",
-                             field="--fleet") from None
+        from planner.files.fleet import load_fleet_with_report
+
         if not Path(args.fleet).exists():
             raise InputError("no such file or folder", path=args.fleet, field="--fleet")
         fleet, issues = load_fleet_with_report(args.fleet)
@@ -167,12 +159,9 @@ def load_network(args):
         if not Path(args.db).is_file():
             raise InputError("no such store (expected the SQLite file `serve --db` writes)",
                              path=args.db, field="--db")
-        try:
-            from planner.service.graph import fleet_from_store
-            from planner.service.store import Store
-        except ModuleNotFoundError as exc:
-            raise InputError(f"--db is not available in this build ({exc.name} is missing)",
-                             field="--db") from None
+        from planner.service.graph import fleet_from_store
+        from planner.service.store import Store
+
         with Store(args.db) as store:
             fleet, issues = fleet_from_store(store, name=Path(args.db).stem), []
         if not fleet.nodes:
@@ -194,12 +183,7 @@ class MethodResult:
 def run_method(method, jobs, net, seed, progress: LazyProgress, *, required: bool) -> MethodResult:
     from planner.files.plan import evaluate
 
-    try:
-        fn = planner_for(method)
-    except InputError as exc:
-        if required:
-            raise
-        return MethodResult(method, None, None, 0.0, error=str(exc).split(": ", 1)[-1])
+    fn = planner_for(method)
     progress.begin(f"planning: {LABELS.get(method, method)}")
     t0 = time.perf_counter()
     try:
@@ -255,10 +239,8 @@ def run(args) -> int:
 
         write_plan(chosen.plan, net, args.out, chosen.report)
         console.print(f"plan written to {args.out}")
-    if getattr(args, "push", False):
-        from planner.service.publisher import push_from_args
-
-        console.print(push_from_args(args, chosen.plan, net, jobs))
+    if args.push:
+        console.print(push(args, chosen.plan, net, jobs))
     if args.plot:
         from planner.plots.plan import plot_reports
 
@@ -266,6 +248,29 @@ def run(args) -> int:
         plot_reports(reports, args.plot, title=f"{len(jobs)} jobs on {net.n} nodes")
         console.print(f"plot written to {args.plot}")
     return 0
+
+
+def push(args: argparse.Namespace, plan, net, jobs) -> str:
+    """Publish ``plan`` to the agents as ``--push`` asks; returns the line to print."""
+    from hulk.wire.broker import check_name, parse_broker_url
+    from planner.service.publisher import (MqttPublisher, new_plan_id, push_new_plan,
+                                           registered_addresses)
+
+    if getattr(plan, "job_s_override", None):
+        raise ConfigError("this method's plan has jobs without pipeline stages (tensor parallel); "
+                          "it cannot be pushed", field="--push")
+    if not args.mqtt:
+        raise ConfigError("--push needs a broker: pass --mqtt mqtt://HOST:PORT or set HULK_MQTT",
+                          field="--mqtt")
+    broker = parse_broker_url(args.mqtt, source="--mqtt")
+    fleet = check_name(args.fleet_name, "--fleet-name")
+    now = int(time.time() * 1000)
+    plan_id = new_plan_id(now)
+    placements = asyncio.run(push_new_plan(
+        MqttPublisher(broker), plan, net, fleet=fleet, plan_id=plan_id, issued_at_ms=now,
+        addresses=registered_addresses(args.db), jobs=jobs))
+    return (f"plan {plan_id} pushed to {len(placements)} node(s) of fleet {fleet} via "
+            f"{broker.host}:{broker.port}")
 
 
 # ----------------------------------------------------------------------------------- output

@@ -11,23 +11,25 @@ from pathlib import Path
 import grpc
 
 from hulk.errors import ConfigError
-from hulk.settings import env
+from hulk.wire.broker import parse_broker_url
+from planner.gnn.online import (ACTIVE_NAME, RESULTS_NAME, RetrainConfig, Retrainer, append_result,
+                                retrain_on_change, seed_active_checkpoint, serve_search)
 from planner.security.credentials import CredentialStore
 from planner.security.guard import NodeGuard, RateLimit
-from planner.service.runtime import PlannerRuntime
 from planner.security.tls import server_credentials
+from planner.service.runtime import BackgroundTask, PlannerRuntime
+from planner.settings import PlannerSettings
 
 log = logging.getLogger(__name__)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) -> None:
     p = subparsers.add_parser("serve", help="serve agents over gRPC and keep the fleet store",
                               description=__doc__)
-    p.add_argument("--db", default=env("HULK_DB"), help="SQLite store path (HULK_DB)")
-    p.add_argument("--listen", default=env("HULK_LISTEN", "0.0.0.0:50051"),
+    p.add_argument("--db", default=settings.db, help="SQLite store path (HULK_DB)")
+    p.add_argument("--listen", default=settings.listen,
                    help="HOST:PORT to serve gRPC on (HULK_LISTEN; default 0.0.0.0:50051)")
-    p.add_argument("--insecure", action="store_true",
-                   default=env("HULK_INSECURE", "0") in ("1", "true", "yes"),
+    p.add_argument("--insecure", action="store_true", default=settings.insecure,
                    help="plaintext gRPC (HULK_INSECURE=1); anyone on the path can forge reports")
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM) for TLS")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM) for TLS")
@@ -37,29 +39,90 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"gRPC calls per second per node (default {RateLimit.per_second:g})")
     p.add_argument("--rate-burst", type=float, default=RateLimit.burst,
                    help=f"calls a node may make at once above its rate (default {RateLimit.burst:g})")
-    p.add_argument("--raw-days", type=int, default=int(env("HULK_RAW_DAYS", "7")),
+    p.add_argument("--raw-days", type=int, default=settings.raw_days,
                    help="days raw samples are kept (HULK_RAW_DAYS; default 7)")
-    p.add_argument("--window-days", type=int, default=int(env("HULK_WINDOW_DAYS", "90")),
+    p.add_argument("--window-days", type=int, default=settings.window_days,
                    help="rolling window in days (HULK_WINDOW_DAYS; default 90)")
-    p.add_argument("--fleet-name", default=env("HULK_FLEET", "default"),
+    p.add_argument("--fleet-name", default=settings.fleet,
                    help="fleet name used in MQTT topics (HULK_FLEET)")
     p.add_argument("--rollup-seconds", type=float, default=30.0,
                    help="how often raw samples are folded into the daily rollups (default 30)")
-    from planner.service.recovery import add_serve_arguments  # --mqtt, --node-timeout (issue 5)
-
-    add_serve_arguments(p)
-    from planner.gnn.online import add_serve_arguments as add_gnn_arguments  # --model-dir, --retrain
-
-    add_gnn_arguments(p)
+    # Recovery: re-plan the jobs of nodes that go silent.
+    p.add_argument("--mqtt", metavar="URL", default=settings.mqtt,
+                   help="broker mqtt://[user:pass@]HOST:PORT (HULK_MQTT): re-plan and push "
+                        "placements when a node of the current plan goes silent")
+    p.add_argument("--node-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="a node silent this long is down; its jobs are re-planned (default 30)")
+    p.add_argument("--recovery-interval", type=float, default=None, metavar="SECONDS",
+                   help="seconds between checks for silent nodes (default: a third of --node-timeout)")
+    # The GNN: re-plan with it and fine-tune it as the fleet changes.
+    retrain = RetrainConfig()
+    p.add_argument("--model-dir", type=Path, metavar="DIR",
+                   help=f"folder of the active GNN checkpoint ({ACTIVE_NAME}, seeded from the "
+                        "shipped one or HULK_MODEL; the replaced one is kept as *.prev.pt). "
+                        "With it, re-planning uses the GNN and it is fine-tuned as the fleet changes")
+    p.add_argument("--retrain", action=argparse.BooleanOptionalAction, default=None,
+                   help="fine-tune the GNN in the background when the fleet changes "
+                        "(default: on when --model-dir is given)")
+    p.add_argument("--retrain-check-interval", type=float, default=300.0, metavar="SECONDS",
+                   help="seconds between fleet-change checks (default 300)")
+    p.add_argument("--retrain-job-sets", type=int, default=retrain.job_sets, metavar="N",
+                   help=f"teacher-labelled job sets per fine-tuning run (default {retrain.job_sets})")
+    p.add_argument("--retrain-epochs", type=int, default=retrain.epochs, metavar="E",
+                   help=f"epochs per fine-tuning run (default {retrain.epochs})")
+    p.add_argument("--retrain-teacher-budget", type=float, default=retrain.teacher_budget_s,
+                   metavar="SECONDS",
+                   help=f"search-planner budget per teacher label (default {retrain.teacher_budget_s:g})")
     p.set_defaults(func=run)
+
+
+# ----------------------------------------------------------------------------------- checks
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Every bad flag value as a one-line ConfigError, before anything is opened."""
+    if not args.db:
+        raise ConfigError("expected a store path", field="--db")
+    if args.raw_days < 1:
+        raise ConfigError(f"expected at least 1 day, got {args.raw_days}", field="--raw-days")
+    if args.window_days < 1:
+        raise ConfigError(f"expected at least 1 day, got {args.window_days}",
+                          field="--window-days")
+    if args.rate_limit <= 0 or args.rate_burst < 1:
+        raise ConfigError("expected --rate-limit > 0 and --rate-burst >= 1", field="--rate-limit")
+    if not args.rollup_seconds > 0:
+        raise ConfigError(f"expected seconds > 0, got {args.rollup_seconds}",
+                          field="--rollup-seconds")
+    if args.mqtt:
+        parse_broker_url(args.mqtt, source="--mqtt")
+        if not args.node_timeout > 0:
+            raise ConfigError(f"expected seconds > 0, got {args.node_timeout}",
+                              field="--node-timeout")
+        if args.recovery_interval is not None and not args.recovery_interval > 0:
+            raise ConfigError(f"expected seconds > 0, got {args.recovery_interval}",
+                              field="--recovery-interval")
+    if args.model_dir is None:
+        if args.retrain:
+            raise ConfigError("--retrain needs --model-dir (where the fine-tuned checkpoint goes)",
+                              field="--retrain")
+        return
+    if args.model_dir.exists() and not args.model_dir.is_dir():
+        raise ConfigError(f"{args.model_dir}: expected a folder", field="--model-dir")
+    for flag, seconds in (("--retrain-check-interval", args.retrain_check_interval),
+                          ("--retrain-teacher-budget", args.retrain_teacher_budget)):
+        if not seconds > 0:
+            raise ConfigError(f"expected seconds > 0, got {seconds}", field=flag)
+    for flag, count, least in (("--retrain-job-sets", args.retrain_job_sets, 2),
+                               ("--retrain-epochs", args.retrain_epochs, 1)):
+        if count < least:
+            raise ConfigError(f"expected a larger count, got {count}", field=flag)
 
 
 def credentials_from_args(args: argparse.Namespace) -> grpc.ServerCredentials | None:
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
             raise ConfigError("give both --tls-cert and --tls-key", field="--tls-cert")
-        return server_credentials(args.tls_cert, args.tls_key, getattr(args, "client_ca", None))
-    if getattr(args, "client_ca", None):
+        return server_credentials(args.tls_cert, args.tls_key, args.client_ca)
+    if args.client_ca:
         raise ConfigError("--client-ca needs --tls-cert and --tls-key", field="--client-ca")
     if not args.insecure:
         raise ConfigError("no TLS certificate given: pass --tls-cert and --tls-key, or "
@@ -68,26 +131,59 @@ def credentials_from_args(args: argparse.Namespace) -> grpc.ServerCredentials | 
     return None
 
 
+# ----------------------------------------------------------------------------------- building
+
 def build_runtime(args: argparse.Namespace) -> PlannerRuntime:
-    if not args.db:
-        raise ConfigError("expected a store path", field="--db")
-    if args.raw_days < 1:
-        raise ConfigError(f"expected at least 1 day, got {args.raw_days}", field="--raw-days")
-    if args.window_days < 1:
-        raise ConfigError(f"expected at least 1 day, got {args.window_days}",
-                          field="--window-days")
     credentials = credentials_from_args(args)
     # TLS: every call needs an enrolled node's token and is rate-limited per node;
     # --insecure (lab only): no authentication, no per-node limits (node ids are unproven there).
-    rate = RateLimit(getattr(args, "rate_limit", RateLimit.per_second),
-                     getattr(args, "rate_burst", RateLimit.burst))
-    if rate.per_second <= 0 or rate.burst < 1:
-        raise ConfigError("expected --rate-limit > 0 and --rate-burst >= 1", field="--rate-limit")
+    rate = RateLimit(args.rate_limit, args.rate_burst)
     guards = [] if credentials is None else [NodeGuard(CredentialStore(args.db), rate_limit=rate)]
     return PlannerRuntime(args.db, args.listen, fleet=args.fleet_name, credentials=credentials,
-                          interceptors=guards,
-                          raw_days=args.raw_days, window_days=args.window_days)
+                          interceptors=guards, raw_days=args.raw_days,
+                          window_days=args.window_days, rollup_interval_s=args.rollup_seconds)
 
+
+def add_gnn(runtime: PlannerRuntime, args: argparse.Namespace) -> Path | None:
+    """With --model-dir: the active checkpoint (seeded when absent) and, unless --no-retrain,
+    the background fine-tuning task. Returns the active checkpoint (None without --model-dir)."""
+    if args.model_dir is None:
+        return None
+    active = seed_active_checkpoint(args.model_dir / ACTIVE_NAME)
+    if args.retrain is False:
+        log.info("GNN: planning with %s; fine-tuning off (--no-retrain)", active)
+        return active
+    from planner.service.graph import fleet_from_store  # networkx: only serve --model-dir needs it
+
+    results = args.model_dir / RESULTS_NAME
+    config = RetrainConfig(job_sets=args.retrain_job_sets, epochs=args.retrain_epochs,
+                           teacher_budget_s=args.retrain_teacher_budget)
+    retrainer = Retrainer(active, config=config,
+                          on_result=lambda result: append_result(results, result))
+    check = retrain_on_change(
+        lambda: fleet_from_store(runtime.store, runtime.window_days, runtime.fleet), retrainer)
+    # The check reads the store, so it runs on the store's thread (fine-tuning has its own).
+    runtime.add_task(BackgroundTask("gnn-retrain", check, args.retrain_check_interval,
+                                    in_store_thread=True, run_at_start=True))
+    log.info("GNN: planning with %s; fine-tuning when the fleet changes (checked every %.0f s, "
+             "results in %s)", active, args.retrain_check_interval, results)
+    return active
+
+
+def add_recovery(runtime: PlannerRuntime, args: argparse.Namespace, active: Path | None) -> None:
+    """With --mqtt: re-plan (with the GNN when there is a model dir) the jobs of silent nodes."""
+    if not args.mqtt:
+        return
+    # Imported here: it loads the search planner, which other commands need not wait for.
+    from planner.service.recovery import add_to_runtime
+
+    add_to_runtime(runtime, broker=parse_broker_url(args.mqtt, source="--mqtt"),
+                   node_timeout_s=args.node_timeout,
+                   interval_s=args.recovery_interval or max(0.5, args.node_timeout / 3),
+                   window_days=args.window_days, search=serve_search(active))
+
+
+# ----------------------------------------------------------------------------------- running
 
 async def serve(runtime: PlannerRuntime) -> None:
     try:
@@ -114,12 +210,8 @@ async def serve(runtime: PlannerRuntime) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_flags(args)
     runtime = build_runtime(args)
-    from planner.gnn.online import add_to_runtime as add_gnn, serve_search
-    from planner.service.recovery import add_to_runtime  # re-plan silent nodes' jobs when --mqtt is set
-
-    # With --model-dir: re-planning uses the active GNN checkpoint, fine-tuned as the fleet changes.
-    active = add_gnn(runtime, args)
-    add_to_runtime(runtime, args, search=serve_search(active))
+    add_recovery(runtime, args, add_gnn(runtime, args))
     asyncio.run(serve(runtime))
     return 0

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from hulk.errors import InputError
+from planner.settings import PlannerSettings
 
 log = logging.getLogger(__name__)
 
@@ -15,7 +16,7 @@ DEFAULT_EPOCHS = 30
 DEFAULT_OUT = "planner/gnn/hulk-gnn.pt"
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) -> None:
     p = subparsers.add_parser(
         "train", help="train the GNN on generated fleets labelled by the search planner",
         description="Generate fleets and job sets, label them with the search planner (cached), "

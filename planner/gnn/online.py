@@ -6,6 +6,10 @@ blocked: ``submit`` returns at once (a snapshot submitted while a run is in prog
 waiting one; the latest fleet wins). The fine-tuned model replaces the active checkpoint only if
 its validation accuracy on held-out job sets of the current fleet beats the active model's; the
 previous checkpoint is kept beside it as ``<name>.prev.pt``.
+
+``hulk-planner serve --model-dir`` schedules :func:`retrain_on_change`'s check as a background
+task and re-plans with :func:`serve_search`; this module knows neither the serve runtime nor its
+flags (planner/commands/serve.py does).
 """
 
 from __future__ import annotations
@@ -119,10 +123,6 @@ class Retrainer:
         self._idle = threading.Event()
         self._idle.set()
 
-    @property
-    def busy(self) -> bool:
-        return not self._idle.is_set()
-
     def submit(self, fleet: Fleet) -> None:
         """Queue a fleet snapshot for fine-tuning; returns immediately."""
         with self._lock:
@@ -230,35 +230,28 @@ class RetrainWatch:
         return True
 
 
-def serve_retrain_task(runtime, active_path: str | Path, *, interval_s: float = 3600.0,
-                       thresholds: ChangeThresholds = ChangeThresholds(),
-                       config: RetrainConfig = RetrainConfig(),
-                       on_result: Callable[[RetrainResult], None] | None = None):
-    """A ``planner.service.runtime.BackgroundTask`` for ``hulk-planner serve``: every ``interval_s`` it
-    reads the fleet from the store (on the store thread, like the rollup task) and, when it has
-    changed beyond ``thresholds``, hands it to a :class:`Retrainer` working on ``active_path``
-    (seeded from the shipped / HULK_MODEL checkpoint). Re-planning in serve should then call
-    ``plan_gnn(..., checkpoint=active_path)``; the loader notices a switched file by its mtime.
-    Returns ``(task, retrainer)``."""
-    from planner.service.graph import fleet_from_store
-    from planner.service.runtime import BackgroundTask
+def retrain_on_change(read_fleet: Callable[[], Fleet], retrainer: Retrainer,
+                      thresholds: ChangeThresholds = ChangeThresholds()) -> Callable[[], bool]:
+    """The fleet-change check ``hulk-planner serve`` runs periodically.
 
-    active = seed_active_checkpoint(active_path)
-    retrainer = Retrainer(active, config=config, on_result=on_result)
+    Each call reads the fleet with ``read_fleet`` (the caller runs it where that read may happen:
+    serve's store thread) and, when the fleet has changed beyond ``thresholds``, hands it to
+    ``retrainer``; it returns at once, True when fine-tuning started. Re-planning then uses the
+    retrainer's checkpoint (:func:`serve_search`); the loader notices a switched file by its mtime.
+    """
     watch = RetrainWatch(retrainer, thresholds)
 
-    def run() -> bool:
-        # Only the store read happens here (store thread); fine-tuning runs on the retrainer's
-        # own thread, so ingestion never waits for it.
-        fleet = fleet_from_store(runtime.store, runtime.window_days, runtime.fleet)
+    def check() -> bool:
+        # Only the fleet read happens in the caller's thread; fine-tuning runs on the
+        # retrainer's own thread, so serve's ingestion never waits for it.
+        fleet = read_fleet()
         submitted = watch.check(fleet)
         if submitted:
             log.info("fleet %s changed (%d nodes): GNN fine-tuning started in the background",
-                     runtime.fleet, len(fleet.nodes))
+                     fleet.name, len(fleet.nodes))
         return submitted
 
-    return BackgroundTask("gnn-retrain", run, interval_s, in_store_thread=True,
-                          run_at_start=True), retrainer
+    return check
 
 
 ACTIVE_NAME = "hulk-gnn.pt"
@@ -289,72 +282,14 @@ def append_result(path: Path, result: RetrainResult) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def add_serve_arguments(p) -> None:
-    """``hulk-planner serve`` flags for the GNN (planner/commands/serve.py calls this)."""
-    import argparse
-
-    d = RetrainConfig()
-    p.add_argument("--model-dir", type=Path, metavar="DIR",
-                   help=f"folder of the active GNN checkpoint ({ACTIVE_NAME}, seeded from the "
-                        "shipped one or HULK_MODEL; the replaced one is kept as *.prev.pt). "
-                        "With it, re-planning uses the GNN and it is fine-tuned as the fleet changes")
-    p.add_argument("--retrain", action=argparse.BooleanOptionalAction, default=None,
-                   help="fine-tune the GNN in the background when the fleet changes "
-                        "(default: on when --model-dir is given)")
-    p.add_argument("--retrain-check-interval", type=float, default=300.0, metavar="SECONDS",
-                   help="seconds between fleet-change checks (default 300)")
-    p.add_argument("--retrain-job-sets", type=int, default=d.job_sets, metavar="N",
-                   help=f"teacher-labelled job sets per fine-tuning run (default {d.job_sets})")
-    p.add_argument("--retrain-epochs", type=int, default=d.epochs, metavar="E",
-                   help=f"epochs per fine-tuning run (default {d.epochs})")
-    p.add_argument("--retrain-teacher-budget", type=float, default=d.teacher_budget_s,
-                   metavar="SECONDS",
-                   help=f"search-planner budget per teacher label (default {d.teacher_budget_s:g})")
-
-
-def add_to_runtime(runtime, args) -> Path | None:
-    """Set up the active checkpoint from ``--model-dir`` and, unless ``--no-retrain``, the
-    background fine-tuning task. Returns the active checkpoint path (None without --model-dir)."""
-    from hulk.errors import ConfigError
-
-    model_dir = getattr(args, "model_dir", None)
-    retrain = getattr(args, "retrain", None)
-    if model_dir is None:
-        if retrain:
-            raise ConfigError("--retrain needs --model-dir (where the fine-tuned checkpoint goes)",
-                              field="--retrain")
-        return None
-    if model_dir.exists() and not model_dir.is_dir():
-        raise ConfigError(f"{model_dir}: expected a folder", field="--model-dir")
-    for flag, value in (("--retrain-check-interval", args.retrain_check_interval),
-                        ("--retrain-teacher-budget", args.retrain_teacher_budget)):
-        if not value > 0:
-            raise ConfigError(f"expected seconds > 0, got {value}", field=flag)
-    for flag, value in (("--retrain-job-sets", args.retrain_job_sets),
-                        ("--retrain-epochs", args.retrain_epochs)):
-        if value < (2 if flag == "--retrain-job-sets" else 1):
-            raise ConfigError(f"expected a larger count, got {value}", field=flag)
-    active = seed_active_checkpoint(model_dir / ACTIVE_NAME)
-    if retrain is False:
-        log.info("GNN: planning with %s; fine-tuning off (--no-retrain)", active)
-        return active
-    results = model_dir / RESULTS_NAME
-    config = RetrainConfig(job_sets=args.retrain_job_sets, epochs=args.retrain_epochs,
-                           teacher_budget_s=args.retrain_teacher_budget)
-    task, _ = serve_retrain_task(runtime, active, interval_s=args.retrain_check_interval,
-                                 config=config, on_result=lambda r: append_result(results, r))
-    runtime.add_task(task)
-    log.info("GNN: planning with %s; fine-tuning when the fleet changes (checked every %.0f s, "
-             "results in %s)", active, args.retrain_check_interval, results)
-    return active
-
-
 def serve_search(active: Path | None):
     """The planning function serve's re-planner uses: the GNN with the active checkpoint (it
     falls back to search with a warning when the checkpoint is missing or damaged), or the search
     planner when there is no model dir."""
     if active is None:
-        return None
+        from planner.search import plan_search
+
+        return plan_search
     from functools import partial
 
     from planner.gnn.infer import plan_gnn

@@ -2,13 +2,13 @@
 
 One grpc.aio server interceptor wraps every unary method handler. Before the servicer runs it
 
-1. authenticates the caller from ``authorization: Bearer <token>`` metadata (UNAUTHENTICATED
+1. authenticates the caller from ``authorization: Bearer <token>`` metadata (UnauthenticatedError
    without a valid, unrevoked token),
-2. applies the caller's per-node token bucket (RESOURCE_EXHAUSTED past it; a rejection costs a
+2. applies the caller's per-node token bucket (RateLimitedError past it; a rejection costs a
    dictionary lookup, so one flooding agent cannot starve the others),
-3. compares the verified node id with the ``node_id`` field of the request (PERMISSION_DENIED when
-   they differ) -- the single place this check is made, before anything is stored,
-4. exposes the verified node id to the servicer through :func:`current_node_id`.
+3. compares the verified node id with the ``node_id`` field of the request
+   (PermissionDeniedError when they differ) -- the single place this check is made, before
+   anything is stored; the servicer can then trust the request's ``node_id``.
 
 Without a credential store (``serve --insecure``) step 1 is skipped and the claimed node id is
 what the bucket is keyed by; the transport warning is logged by ``serve``.
@@ -17,7 +17,6 @@ what the bucket is keyed by; the transport warning is logged by ``serve``.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
 from collections import OrderedDict
@@ -27,7 +26,8 @@ from dataclasses import dataclass
 import grpc
 from grpc import aio
 
-from hulk.errors import HulkError, UnauthenticatedError
+from hulk.errors import (HulkError, PermissionDeniedError, RateLimitedError,
+                         UnauthenticatedError, UnavailableError, grpc_status)
 from planner.security.credentials import CredentialStore
 
 log = logging.getLogger(__name__)
@@ -36,14 +36,6 @@ log = logging.getLogger(__name__)
 PUBLIC_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 # Request size and batch bounds are the server's (planner/service/ingest.py ServerLimits: 16 MiB per
 # message, 10,000 samples per Report), enforced before anything is stored.
-
-_current_node: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "hulk_authenticated_node", default=None)
-
-
-def current_node_id() -> str | None:
-    """The node id the current call was authenticated as (None outside a guarded call)."""
-    return _current_node.get()
 
 
 class TokenBucket:
@@ -130,6 +122,9 @@ class NodeGuard(aio.ServerInterceptor):
     ``credentials`` None means no authentication (insecure development mode).
     ``failed_auth_limit`` bounds failed (slow, scrypt) verifications per peer host; once spent,
     that host's unverified tokens are refused without hashing.
+
+    The checks raise :class:`hulk.errors.HulkError` subclasses; :meth:`_enforce` is the one place
+    a refusal becomes a gRPC status (``hulk.errors.grpc_status``) and is counted.
     """
 
     def __init__(self, credentials: CredentialStore | None, *,
@@ -142,7 +137,7 @@ class NodeGuard(aio.ServerInterceptor):
         self.auth_failures = RateLimiter(failed_auth_limit, clock=clock)
         self.public_methods = public_methods
         self.counts = {"ok": 0, "unauthenticated": 0, "permission_denied": 0,
-                       "resource_exhausted": 0}
+                       "resource_exhausted": 0, "unavailable": 0}
 
     async def intercept_service(
             self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -155,7 +150,7 @@ class NodeGuard(aio.ServerInterceptor):
             inner = handler.unary_unary
 
             async def guarded(request, context):
-                await self._admit(request, metadata, context)
+                await self._enforce(context, self._admit(request, metadata, context))
                 return await inner(request, context)
 
             return grpc.unary_unary_rpc_method_handler(
@@ -165,7 +160,7 @@ class NodeGuard(aio.ServerInterceptor):
             inner_stream = handler.unary_stream
 
             async def guarded_stream(request, context):
-                await self._admit(request, metadata, context)
+                await self._enforce(context, self._admit(request, metadata, context))
                 async for item in inner_stream(request, context):
                     yield item
 
@@ -173,15 +168,22 @@ class NodeGuard(aio.ServerInterceptor):
                 guarded_stream, request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer)
 
-        # Client-streaming methods carry the node id only inside messages; none exist in the
-        # contract, so refuse rather than let one through unchecked.
         async def refuse(request_or_iterator, context):
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                f"{details.method}: streaming requests are not accepted")
+            await self._enforce(context, _refuse_client_streaming(details.method))
 
         return grpc.stream_unary_rpc_method_handler(
             refuse, request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer)
+
+    async def _enforce(self, context: aio.ServicerContext, check: Awaitable[None]) -> None:
+        """Run ``check``; a HulkError it raises ends the call with that error's status."""
+        try:
+            await check
+        except HulkError as exc:
+            code = grpc_status(exc)
+            key = code.name.lower()
+            self.counts[key] = self.counts.get(key, 0) + 1
+            await context.abort(code, str(exc))
 
     async def _admit(self, request, metadata, context: aio.ServicerContext) -> None:
         claimed = getattr(request, "node_id", None)
@@ -190,45 +192,45 @@ class NodeGuard(aio.ServerInterceptor):
         else:
             node_id = await self._authenticate(metadata, context)
         if not self.node_limiter.allow(node_id):
-            self.counts["resource_exhausted"] += 1
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"node {node_id!r} exceeded {self.node_limiter.limit.per_second:g} "
-                                "calls/s; retry with backoff")
+            limit = self.node_limiter.limit.per_second
+            raise RateLimitedError(f"node {node_id!r} exceeded {limit:g} calls/s; retry with backoff")
         if self.credentials is not None and claimed is not None and claimed != node_id:
-            self.counts["permission_denied"] += 1
             log.warning("node %r (peer %s) sent a request as node %r: denied",
                         node_id, context.peer(), claimed)
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                f"the credential is for node {node_id!r}, the request claims "
-                                f"node {claimed!r}")
-        _current_node.set(node_id)
+            raise PermissionDeniedError(f"the credential is for node {node_id!r}, the request "
+                                        f"claims node {claimed!r}")
         self.counts["ok"] += 1
 
     async def _authenticate(self, metadata, context: aio.ServicerContext) -> str:
         token = bearer_token(metadata)
         if not token:
-            self.counts["unauthenticated"] += 1
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "missing 'authorization: Bearer <token>' metadata (enrol the node "
-                                "with `hulk-planner enroll NODE_ID`)")
-        store = self.credentials
-        assert store is not None
+            raise UnauthenticatedError("missing 'authorization: Bearer <token>' metadata (enrol "
+                                       "the node with `hulk-planner enroll NODE_ID`)")
         host = _peer_host(context)
         try:
-            if store.is_cached(token):
-                return store.verify(token)       # a row read, no scrypt
-            if self.auth_failures.exhausted(host):
-                self.counts["resource_exhausted"] += 1
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                    "too many failed authentications from this host; retry later")
-            # scrypt off the event loop: other nodes' calls keep flowing meanwhile.
-            return await asyncio.to_thread(store.verify, token)
+            return await self._verify(token, host)
         except UnauthenticatedError as exc:
             self.auth_failures.allow(host)       # spend one of the host's failure allowance
-            self.counts["unauthenticated"] += 1
             log.info("unauthenticated call from %s: %s", context.peer(), exc)
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
-        except HulkError as exc:
+            raise
+        except RateLimitedError:
+            raise
+        except HulkError as exc:                 # the store's trouble stays in the planner's log
             log.error("credential check failed: %s", exc)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "credential store unavailable")
-        raise AssertionError("unreachable: context.abort raises")
+            raise UnavailableError("credential store unavailable") from None
+
+    async def _verify(self, token: str, host: str) -> str:
+        store = self.credentials
+        assert store is not None
+        if store.is_cached(token):
+            return store.verify(token)           # a row read, no scrypt
+        if self.auth_failures.exhausted(host):
+            raise RateLimitedError("too many failed authentications from this host; retry later")
+        # scrypt off the event loop: other nodes' calls keep flowing meanwhile.
+        return await asyncio.to_thread(store.verify, token)
+
+
+async def _refuse_client_streaming(method: str) -> None:
+    # Client-streaming methods carry the node id only inside messages; none exist in the
+    # contract, so refuse rather than let one through unchecked.
+    raise PermissionDeniedError(f"{method}: streaming requests are not accepted")

@@ -42,10 +42,6 @@ class ServerLimits:
     future_tolerance_ms: int = DAY_MS        # clock skew allowed on sent_at_ms
 
 
-class BatchTooLargeError(errors.InputError):
-    """A Report over the server's sample limit."""
-
-
 @dataclass
 class IngestService:
     """The domain side of Register/Report/Heartbeat. Not thread-safe: call from one thread."""
@@ -132,7 +128,7 @@ class IngestService:
         if not batch_id:
             raise errors.InputError("expected a non-empty batch id", field="batch_id")
         if len(samples) > self.limits.max_batch_samples:
-            raise BatchTooLargeError(f"batch has {len(samples)} samples, the limit is "
+            raise errors.BatchTooLargeError(f"batch has {len(samples)} samples, the limit is "
                                      f"{self.limits.max_batch_samples}", field="samples")
         now = self.clock()
         latest = now + self.limits.future_tolerance_ms

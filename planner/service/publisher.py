@@ -17,6 +17,8 @@ from typing import Any, Protocol
 from hulk.errors import UnavailableError
 from hulk.wire.broker import BrokerAddress, client_tls_kwargs, placement_topic, plan_topic
 from hulk.wire.placement import NodePlacement, summary_bytes
+from planner.core.placements import build_node_placements, build_summary
+from planner.service.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +113,6 @@ async def push_new_plan(publisher: Publisher, plan: Any, net: Any, *, fleet: str
                         jobs: list[Any] | None = None) -> dict[str, NodePlacement]:
     """Push a whole plan: every node of ``net`` with a role gets its placement, every other node
     of ``net`` is cleared, and the summary is replaced. Returns the placements pushed."""
-    from planner.core.placements import build_node_placements, build_summary
-
     placements = build_node_placements(plan, net, fleet=fleet, plan_id=plan_id, addresses=addresses)
     summary = build_summary(plan, net, fleet=fleet, plan_id=plan_id, issued_at_ms=issued_at_ms,
                             node_placements=placements, jobs=jobs)
@@ -120,49 +120,9 @@ async def push_new_plan(publisher: Publisher, plan: Any, net: Any, *, fleet: str
     return placements
 
 
-# ----------------------------------------------------------------------- `plan --push` glue
-
-def add_plan_arguments(p: Any) -> None:
-    """``hulk-planner plan`` flags for pushing (planner/commands/plan.py calls this)."""
-    from hulk.settings import env
-
-    p.add_argument("--push", action="store_true",
-                   help="publish the plan to the agents (retained MQTT messages; needs --mqtt)")
-    p.add_argument("--mqtt", metavar="URL", default=env("HULK_MQTT"),
-                   help="broker mqtt://[user:pass@]HOST:PORT for --push (HULK_MQTT)")
-    p.add_argument("--fleet-name", default=env("HULK_FLEET", "default"),
-                   help="fleet name in the MQTT topics (HULK_FLEET; default 'default')")
-
-
 def registered_addresses(db_path: str | None) -> dict[str, str]:
     """node id -> address its agent registered (rendezvous addresses); empty without a store."""
     if not db_path:
         return {}
-    from planner.service.store import Store
-
     with Store(db_path) as store:
         return {r["id"]: r["address"] for r in store.nodes() if r.get("address")}
-
-
-def push_from_args(args: Any, plan: Any, net: Any, jobs: list[Any] | None = None) -> str:
-    """Push ``plan`` as ``plan --push`` asked; returns the line to print."""
-    import time
-
-    from hulk.errors import ConfigError
-    from hulk.wire.broker import check_name, parse_broker_url
-
-    if getattr(plan, "job_s_override", None):
-        raise ConfigError("this method's plan has jobs without pipeline stages (tensor parallel); "
-                          "it cannot be pushed", field="--push")
-    if not args.mqtt:
-        raise ConfigError("--push needs a broker: pass --mqtt mqtt://HOST:PORT or set HULK_MQTT",
-                          field="--mqtt")
-    broker = parse_broker_url(args.mqtt, source="--mqtt")
-    fleet = check_name(args.fleet_name, "--fleet-name")
-    now = int(time.time() * 1000)
-    plan_id = new_plan_id(now)
-    addresses = registered_addresses(getattr(args, "db", None))
-    placements = asyncio.run(push_new_plan(MqttPublisher(broker), plan, net, fleet=fleet, plan_id=plan_id,
-                                           issued_at_ms=now, addresses=addresses, jobs=jobs))
-    return (f"plan {plan_id} pushed to {len(placements)} node(s) of fleet {fleet} via "
-            f"{broker.host}:{broker.port}")

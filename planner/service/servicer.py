@@ -1,7 +1,7 @@
 """The planner's gRPC face: a thin grpc.aio servicer over ``IngestService``, and the server.
 
 - ``PlannerServicer``: proto in -> ``Record.from_proto`` -> one domain call on the store's
-  thread -> ``.to_proto()`` out. Errors become gRPC status codes in one place: ``STATUS_FOR``.
+  thread -> ``.to_proto()`` out. Errors become gRPC status codes through ``hulk.errors.grpc_status``, the one table.
 - ``create_server`` builds the grpc.aio server (health service included, message size limit set,
   interceptors passed through so authentication can be added without touching the servicer).
 """
@@ -21,31 +21,11 @@ from grpc_health.v1._async import HealthServicer
 from hulk import errors
 from hulk.v1 import hulk_pb2, hulk_pb2_grpc
 from hulk.wire.records import HeartbeatRequest, RegisterRequest, ReportRequest
-from planner.service.ingest import BatchTooLargeError, IngestService, ServerLimits
+from planner.service.ingest import IngestService, ServerLimits
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "hulk.v1.Planner"
-
-# The one place where domain errors become gRPC status codes. First match wins (subclasses first).
-STATUS_FOR: list[tuple[type[BaseException], grpc.StatusCode]] = [
-    (BatchTooLargeError, grpc.StatusCode.INVALID_ARGUMENT),
-    (errors.InputError, grpc.StatusCode.INVALID_ARGUMENT),
-    (errors.NotFoundError, grpc.StatusCode.NOT_FOUND),
-    (errors.UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
-    (errors.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
-    (errors.RateLimitedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (errors.StoreError, grpc.StatusCode.UNAVAILABLE),
-    (errors.UnavailableError, grpc.StatusCode.UNAVAILABLE),
-]
-
-
-def status_for(exc: BaseException) -> grpc.StatusCode:
-    for kind, code in STATUS_FOR:
-        if isinstance(exc, kind):
-            return code
-    return grpc.StatusCode.INTERNAL
-
 
 class PlannerServicer(hulk_pb2_grpc.PlannerServicer):
     """Proto in, one domain call on the store's thread, proto out."""
@@ -63,7 +43,7 @@ class PlannerServicer(hulk_pb2_grpc.PlannerServicer):
             result = await loop.run_in_executor(self.executor, call, value)
             return result.to_proto()
         except errors.HulkError as exc:
-            code = status_for(exc)
+            code = errors.grpc_status(exc)
             if code == grpc.StatusCode.UNAVAILABLE:
                 log.error("%s", exc)
             await context.abort(code, str(exc))

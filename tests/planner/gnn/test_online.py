@@ -61,14 +61,26 @@ def test_retrain_watch_submits_only_on_change():
     assert rec.submitted == [fleet, grown]
 
 
+def test_retrain_on_change_reads_the_fleet_each_check_and_submits_only_changes():
+    from planner.gnn.online import retrain_on_change
+
+    rec = RecordingRetrainer()
+    fleets = [generate_fleet(20, seed=2), generate_fleet(20, seed=2), generate_fleet(24, seed=2)]
+    reads = iter(fleets)
+    check = retrain_on_change(lambda: next(reads), rec)
+    assert [check(), check(), check()] == [True, False, True]
+    assert rec.submitted == [fleets[0], fleets[2]]
+
+
 def test_serve_search_plans_with_the_active_checkpoint_or_falls_back(tiny_checkpoint, tmp_path):
     """What serve's re-planner calls: the GNN with the active checkpoint, search when it is bad."""
     from planner.core.costmodel import problems
     from planner.core.fleet import complete
     from planner.core.generate import generate_jobs
     from planner.gnn.online import serve_search
+    from planner.search import plan_search
 
-    assert serve_search(None) is None                      # no model dir: the default search
+    assert serve_search(None) is plan_search               # no model dir: the search planner
     net = complete(generate_fleet(12, seed=5))
     jobs = generate_jobs(2, seed=5, max_params=float(net.mem.sum()) / 16 / 3)
     plan = serve_search(tiny_checkpoint)(jobs, net, seed=0)

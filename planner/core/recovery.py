@@ -1,0 +1,95 @@
+"""Recovery decisions: a node that goes silent loses its role; only its jobs are re-planned.
+
+Plain values in, plain values out (the serve process's Replanner, planner/service/recovery.py,
+does the reading and pushing):
+
+- :func:`down_nodes`: nodes whose last heartbeat is older than the timeout.
+- :func:`jobs_using`: the jobs of a plan that have a role on any of those nodes.
+- :func:`replan_jobs`: keep every other job's placement as it is; plan the affected jobs with the
+  given planner on a sub-network of the *free* nodes (neither down nor used by a kept job), and
+  map the result back to the full network's indices.
+
+Growth: a node that registers joins the store's fleet and is used by the next plan (``plan
+--push`` or the next recovery's free nodes); a running plan is not reshuffled for a newcomer,
+since that would restart jobs that are fine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from hulk.errors import PlanningError
+from planner.core.costmodel import Placement, Stage
+from planner.core.fleet import Network
+from planner.core.jobs import Job
+from planner.core.plan import Plan, Unplaced
+
+# A planner: (jobs, network, seed=...) -> Plan, e.g. planner.search.plan_search.
+SearchFn = Callable[..., Plan]
+
+
+def down_nodes(last_seen_ms: Mapping[str, int | None], now_ms: int, timeout_s: float) -> set[str]:
+    """Nodes not heard from for longer than ``timeout_s`` (never heard from counts as down)."""
+    limit = now_ms - timeout_s * 1000.0
+    return {node for node, seen in last_seen_ms.items() if seen is None or seen < limit}
+
+
+def jobs_using(plan: Plan, net: Network, node_ids: Iterable[str]) -> set[str]:
+    """Names of the plan's jobs with a role on any of ``node_ids``."""
+    wanted = {net.index[n] for n in node_ids if n in net.index}
+    return {p.job.name for p in plan.placements if wanted.intersection(p.nodes)}
+
+
+def sub_network(net: Network, keep: list[int]) -> Network:
+    """The network restricted to node indices ``keep`` (in that order)."""
+    return Network(tuple(net.nodes[i] for i in keep), net.rtt_ms[keep][:, keep],
+                   net.bw[keep][:, keep], net.imputed[keep][:, keep])
+
+
+@dataclass
+class Replan:
+    plan: Plan                     # over the full network's indices
+    replanned: list[str]           # jobs placed again (new roles)
+    kept: list[str]                # jobs whose placement did not change
+    lost: list[str]                # affected jobs that could not be placed again
+
+
+def replan_jobs(plan: Plan, net: Network, affected: Iterable[Job], down: Iterable[str], *,
+                search: SearchFn, seed: int = 0) -> Replan:
+    """Re-plan ``affected`` jobs with ``search`` on the nodes neither ``down`` nor used by the
+    others.
+
+    ``plan`` holds the placements to keep (affected jobs in it are dropped first); its unplaced
+    jobs stay unplaced.
+    """
+    affected = list(affected)
+    names = {j.name for j in affected}
+    kept = [p for p in plan.placements if p.job.name not in names]
+    used = {i for p in kept for i in p.nodes}
+    down_idx = {net.index[n] for n in down if n in net.index}
+    free = [i for i in range(net.n) if i not in used and i not in down_idx]
+    unplaced = list(plan.unplaced)
+    placed: list[Placement] = []
+    if affected:
+        if not free:
+            unplaced += [Unplaced(j.name, "no free nodes left after a node failure")
+                         for j in affected]
+        else:
+            try:
+                sub_plan = search(affected, sub_network(net, free), seed=seed)
+            except PlanningError as exc:
+                unplaced += [Unplaced(j.name, f"re-plan after a node failure: {exc}")
+                             for j in affected]
+            else:
+                for p in sub_plan.placements:
+                    stages = tuple(Stage(st.lo, st.hi, tuple(free[i] for i in st.nodes))
+                                   for st in p.stages)
+                    placed.append(Placement(job=p.job, stages=stages, micro_batch=p.micro_batch,
+                                            phase=p.phase))
+                unplaced += list(sub_plan.unplaced)
+    new_plan = Plan(method=plan.method, placements=kept + placed, unplaced=unplaced,
+                    notes=plan.notes + [f"re-planned {sorted(names)} without {sorted(set(down))}"])
+    placed_names = {p.job.name for p in placed}
+    return Replan(plan=new_plan, replanned=sorted(placed_names),
+                  kept=sorted(p.job.name for p in kept), lost=sorted(names - placed_names))

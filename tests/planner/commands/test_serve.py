@@ -1,0 +1,52 @@
+"""`hulk-planner serve` flags: every bad value is a one-line ConfigError naming the flag, raised
+before the store is opened (the serve process itself is tested in tests/planner/service)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hulk.errors import ConfigError
+from planner import cli
+from planner.commands.serve import check_flags
+from planner.settings import PlannerSettings
+
+
+def serve_args(*flags: str):
+    return cli.build_parser(PlannerSettings()).parse_args(["serve", *flags])
+
+
+def test_good_flags_pass(tmp_path):
+    check_flags(serve_args("--db", str(tmp_path / "p.db"), "--insecure", "--mqtt", "mqtt://b",
+                           "--node-timeout", "5", "--model-dir", str(tmp_path / "model"),
+                           "--retrain-job-sets", "2", "--retrain-epochs", "1"))
+    assert not (tmp_path / "p.db").exists()
+
+
+@pytest.mark.parametrize("flags, field", [
+    ((), "--db"),
+    (("--raw-days", "0"), "--raw-days"),
+    (("--window-days", "0"), "--window-days"),
+    (("--rate-limit", "0"), "--rate-limit"),
+    (("--rollup-seconds", "0"), "--rollup-seconds"),
+    (("--mqtt", "tcp://b"), "--mqtt"),
+    (("--mqtt", "mqtt://b", "--node-timeout", "0"), "--node-timeout"),
+    (("--mqtt", "mqtt://b", "--recovery-interval", "-1"), "--recovery-interval"),
+    (("--retrain",), "--retrain"),
+    (("--model-dir", "M", "--retrain-check-interval", "0"), "--retrain-check-interval"),
+    (("--model-dir", "M", "--retrain-teacher-budget", "-1"), "--retrain-teacher-budget"),
+    (("--model-dir", "M", "--retrain-job-sets", "1"), "--retrain-job-sets"),
+    (("--model-dir", "M", "--retrain-epochs", "0"), "--retrain-epochs"),
+])
+def test_bad_flags_name_the_flag(flags, field, tmp_path):
+    db = () if field == "--db" else ("--db", str(tmp_path / "p.db"))
+    flags = tuple(str(tmp_path / "model") if f == "M" else f for f in flags)
+    with pytest.raises(ConfigError) as err:
+        check_flags(serve_args(*db, *flags))
+    assert err.value.field == field and "\n" not in str(err.value)
+
+
+def test_a_model_dir_that_is_a_file_is_refused(tmp_path):
+    model = tmp_path / "model"
+    model.write_text("not a folder")
+    with pytest.raises(ConfigError, match="expected a folder"):
+        check_flags(serve_args("--db", str(tmp_path / "p.db"), "--model-dir", str(model)))
