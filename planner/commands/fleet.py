@@ -85,6 +85,17 @@ def _ago(ms: int | None) -> str:
     return f"{s / 86400:.0f} d ago"
 
 
+def _skew(ms: int | None) -> str:
+    """The agent's clock minus the planner's; within a second reads as in step."""
+    if ms is None:
+        return "-"
+    if abs(ms) < 1000:
+        return "ok"
+    s = abs(ms) / 1000
+    text = f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+    return ("+" if ms > 0 else "-") + text
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -112,6 +123,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         table.add_column("source")
         table.add_column("rejected", justify="right")
         table.add_column("spool dropped", justify="right")
+        table.add_column("clock skew", justify="right")
     if launch:
         for col in ("launch", "job", "exit"):
             table.add_column(col)
@@ -133,7 +145,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         if rows is not None:
             r = by_id.get(node.id, {})
             cells += [_ago(r.get("last_seen_ms")), r.get("source") or "-",
-                      str(r.get("rejected") or 0), str(r.get("spool_dropped") or 0)]
+                      str(r.get("rejected") or 0), str(r.get("spool_dropped") or 0),
+                      _skew(r.get("clock_skew_ms"))]
         if launch:
             r = by_id.get(node.id, {})
             cells += [r.get("launch_state") or "-", r.get("launch_job") or "-",

@@ -104,6 +104,8 @@ class Database:
                     "launch_exit_code": int, "launch_detail": str, "launch_changed_ms": int,
                 }, pk="idx", not_null={"id"})
                 db["nodes"].create_index(["id"], unique=True)
+            if "clock_skew_ms" not in db["nodes"].columns_dict:  # added after schema version 1
+                db.execute("ALTER TABLE nodes ADD COLUMN clock_skew_ms INTEGER")
             if "batches" not in db.table_names():
                 db.execute("""CREATE TABLE batches (
                     node_idx INTEGER NOT NULL, batch_id TEXT NOT NULL, received_ms INTEGER NOT NULL,

@@ -4,12 +4,19 @@
 It validates every sample before anything is stored:
 
 * a report from a node that never registered -> ``NotFoundError`` (the agent registers again);
-* a malformed batch (no batch id, too many samples, a negative RTT, an RTT above the probe's
-  timeout, an impossible timestamp, a node probing itself) -> ``InputError``; nothing of the
-  batch is stored, the rejected samples are counted;
+* a malformed batch (no batch id, too many samples, a negative, infinite or absurd RTT or
+  timeout, an RTT above the probe's timeout, an unknown probe kind, a node probing itself) ->
+  ``InputError``; nothing of the batch is stored, the rejected samples are counted;
 * a sample faster than light between the two nodes' cities (``hulk.geo.min_rtt_ms``; unknown
   cities skip the check) or to an unknown peer is a measurement error: that sample is rejected,
-  counted and logged, the rest of the batch is stored (``ReportResult.rejected``).
+  counted and logged, the rest of the batch is stored (``ReportResult.rejected``);
+* sample times are read on the planner's clock (``admission.corrected_times``: the skew the
+  node's heartbeats measured), so a wrong agent clock costs no sample; a sample older than the
+  store's raw retention (``raw_days``, also 1970) is rejected and counted as ``too_old``: past
+  that horizon a retried batch could no longer be recognised, and it would count twice.
+
+Registrations are checked field by field (``admission.check_registration``) before anything is
+stored.
 
 The gRPC servicer (``planner.service.servicer``) only converts protos and calls this.
 """
@@ -26,6 +33,8 @@ from hulk import errors, geo
 from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, ProbeSample, ProbeSettings,
                                RegisterAnswer, RegisterRequest, ReportRequest, ReportResult)
 from planner.core.rollup import bucket_index
+from planner.service.admission import (KNOWN_KINDS, MAX_PAYLOAD_BYTES, MAX_TIMEOUT_MS,
+                                       bounded_launch, check_registration, corrected_times)
 from planner.service.store import DAY_MS, NodeRef, SampleRow, Store
 
 log = logging.getLogger(__name__)
@@ -33,13 +42,14 @@ log = logging.getLogger(__name__)
 REASON_BELOW_LIGHT = "below_light_speed"
 REASON_UNKNOWN_PEER = "unknown_peer"
 REASON_INVALID_BATCH = "invalid_batch"
+REASON_TOO_OLD = "too_old"
 
 
 @dataclass(frozen=True)
 class ServerLimits:
     max_batch_samples: int = 10_000          # a Report with more samples is refused
     max_message_bytes: int = 16 << 20        # gRPC receive limit
-    future_tolerance_ms: int = DAY_MS        # clock skew allowed on sent_at_ms
+    future_tolerance_ms: int = 60_000        # past this a batch's times are moved back to now
 
 
 @dataclass
@@ -57,6 +67,7 @@ class IngestService:
     def __post_init__(self) -> None:
         self._nodes: dict[str, NodeRef] = self.store.node_refs()
         self._bounds: dict[tuple[int, int], float] = {}
+        self._skew_ms: dict[str, int] = self.store.clock_skews()
 
     # -------------------------------------------------------------------------------- nodes
 
@@ -79,15 +90,7 @@ class IngestService:
         return bound
 
     def register(self, request: RegisterRequest) -> RegisterAnswer:
-        if not request.node_id or not request.node_id.strip():
-            raise errors.InputError("expected a non-empty node id", field="node_id")
-        location = request.location
-        if location.coordinates is not None:
-            latitude, longitude = location.coordinates
-            if not (-90 <= latitude <= 90 and -180 <= longitude <= 180):
-                raise errors.InputError(f"expected latitude in [-90, 90] and longitude in "
-                                        f"[-180, 180], got {latitude}, {longitude}",
-                                        field="location")
+        check_registration(request)
         node, _ = self.store.register(request)
         self._nodes[node.id] = node
         self._bounds.clear()  # the node may have moved
@@ -101,13 +104,20 @@ class IngestService:
     def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResult:
         _check_count("spool_depth", request.spool_depth)
         _check_count("spool_dropped", request.spool_dropped)
+        now = self.clock()
+        # The agent stamps the request just before sending it: the difference is its clock's
+        # skew plus half a round trip, close enough to read sample times on our clock.
+        skew = request.time_ms - now if request.time_ms > 0 else None
         try:
             changed = self.store.heartbeat(request.node_id, spool_depth=request.spool_depth,
                                            spool_dropped=request.spool_dropped,
-                                           launch=request.launch)
+                                           launch=bounded_launch(request.launch),
+                                           clock_skew_ms=skew)
         except errors.NotFoundError:
-            return HeartbeatResult(self.clock(), reregister=True, peers_changed=False)
-        return HeartbeatResult(self.clock(), reregister=False, peers_changed=changed)
+            return HeartbeatResult(now, reregister=True, peers_changed=False)
+        if skew is not None:
+            self._skew_ms[request.node_id] = skew
+        return HeartbeatResult(now, reregister=False, peers_changed=changed)
 
     # ------------------------------------------------------------------------------ reports
 
@@ -131,15 +141,26 @@ class IngestService:
             raise errors.BatchTooLargeError(f"batch has {len(samples)} samples, the limit is "
                                      f"{self.limits.max_batch_samples}", field="samples")
         now = self.clock()
-        latest = now + self.limits.future_tolerance_ms
+        times, shift = corrected_times([s.sent_at_ms for s in samples], now,
+                                       self._skew_ms.get(node.id, 0),
+                                       self.limits.future_tolerance_ms)
+        if shift:
+            log.debug("%s: sample times moved by %d ms onto the planner's clock", node.id, -shift)
+        oldest = now - self.store.raw_days * DAY_MS
         default_timeout = self.settings.timeout_s * 1000.0
         nodes = self._nodes
         rows = []
-        below = unknown = 0
+        below = unknown = too_old = 0
         reloaded = False
         example = None
         src = node.idx
         for i, s in enumerate(samples):
+            if s.kind not in KNOWN_KINDS:
+                raise errors.InputError(f"expected a probe kind in {sorted(KNOWN_KINDS)}, got "
+                                        f"{s.kind}", field=f"samples[{i}].kind")
+            if not 0 <= s.payload_bytes <= MAX_PAYLOAD_BYTES:
+                raise errors.InputError(f"expected 0-{MAX_PAYLOAD_BYTES} payload bytes, got "
+                                        f"{s.payload_bytes}", field=f"samples[{i}].payload_bytes")
             peer = nodes.get(s.peer_id)
             if peer is None:
                 if not s.peer_id:
@@ -157,17 +178,21 @@ class IngestService:
             if peer.idx == src:
                 raise errors.InputError("a node does not probe itself",
                                         field=f"samples[{i}].peer_id")
-            if not 0 < s.sent_at_ms <= latest:
-                raise errors.InputError(f"expected a time in epoch ms up to now, got "
-                                        f"{s.sent_at_ms}", field=f"samples[{i}].sent_at_ms")
+            sent = times[i]
+            if sent < oldest:
+                too_old += 1
+                continue
             if s.lost:
-                rows.append((src, peer.idx, s.sent_at_ms, s.kind, s.payload_bytes, 1, None, None))
+                rows.append((src, peer.idx, sent, s.kind, s.payload_bytes, 1, None, None))
                 continue
             rtt = s.rtt_ms
             if not (rtt >= 0.0) or math.isinf(rtt):
                 raise errors.InputError(f"expected an RTT >= 0 ms, got {rtt}",
                                         field=f"samples[{i}].rtt_ms")
             limit = s.timeout_ms if s.timeout_ms > 0 else default_timeout
+            if not limit <= MAX_TIMEOUT_MS:  # also NaN
+                raise errors.InputError(f"expected a probe timeout up to {MAX_TIMEOUT_MS:g} ms, "
+                                        f"got {limit}", field=f"samples[{i}].timeout_ms")
             if rtt > limit:
                 raise errors.InputError(f"RTT {rtt} ms is above the probe's timeout of {limit} ms",
                                         field=f"samples[{i}].rtt_ms")
@@ -177,8 +202,7 @@ class IngestService:
                 if example is None:
                     example = (peer.id, rtt, bound)
                 continue
-            rows.append((src, peer.idx, s.sent_at_ms, s.kind, s.payload_bytes, 0, rtt,
-                         bucket_index(rtt)))
+            rows.append((src, peer.idx, sent, s.kind, s.payload_bytes, 0, rtt, bucket_index(rtt)))
         rejected = {}
         if below:
             rejected[REASON_BELOW_LIGHT] = below
@@ -188,6 +212,11 @@ class IngestService:
         if unknown:
             rejected[REASON_UNKNOWN_PEER] = unknown
             log.warning("rejected %d sample(s) from %s to unregistered peers", unknown, node.id)
+        if too_old:
+            rejected[REASON_TOO_OLD] = too_old
+            log.warning("rejected %d sample(s) from %s taken more than %d days ago (past the "
+                        "store's raw retention a retried batch could count twice)", too_old,
+                        node.id, self.store.raw_days)
         return rows, rejected
 
 

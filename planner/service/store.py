@@ -125,7 +125,7 @@ class Store(Database):
         return tuple(Peer(r[0], r[1] or "", r[2] or 0) for r in rows)
 
     def heartbeat(self, node_id: str, *, spool_depth: int = 0, spool_dropped: int = 0,
-                  launch: LaunchStatus | None = None) -> bool:
+                  launch: LaunchStatus | None = None, clock_skew_ms: int | None = None) -> bool:
         """Record liveness and the launch status (unless its state is unspecified); returns
         whether the node's peer list changed since it registered. Raises NotFoundError for a
         node the store does not know."""
@@ -136,6 +136,8 @@ class Store(Database):
             if row is None:
                 raise NotFoundError(f"node {node_id!r} is not registered")
             sets = {"last_seen_ms": t, "spool_depth": spool_depth}
+            if clock_skew_ms is not None:
+                sets["clock_skew_ms"] = clock_skew_ms
             if launch is not None and launch.state:
                 sets.update(launch_plan_id=launch.plan_id, launch_job=launch.job,
                             launch_state=launch.state.name.lower(),
@@ -147,6 +149,13 @@ class Store(Database):
                          (*sets.values(), spool_dropped, row[0]))
             version = int(self._meta("peers_version", "0"))
         return version > (row[1] or 0)
+
+    def clock_skews(self) -> dict[str, int]:
+        """node id -> its agent's clock minus the planner's, as its last heartbeat measured."""
+        with self._lock, self._errors("read clock skews"):
+            rows = self.conn.execute("SELECT id, clock_skew_ms FROM nodes "
+                                     "WHERE clock_skew_ms IS NOT NULL").fetchall()
+        return dict(rows)
 
     def nodes(self) -> list[dict[str, Any]]:
         """Every node row as a plain dict (GPU list decoded)."""
@@ -267,7 +276,11 @@ class Store(Database):
 
     def prune(self) -> dict[str, int]:
         """Drop raw samples that arrived more than raw_days ago (once rolled up), rollups older
-        than rollup_days and batch ids older than raw_days."""
+        than rollup_days and batch ids older than raw_days plus a day.
+
+        Batch ids outlive the samples by a day because ingest refuses samples taken more than
+        raw_days ago: a batch retried later than that holds only such samples, so it can never
+        be counted twice."""
         self.rollup_pending()
         t = self.clock()
         raw_cutoff = t - self.raw_days * DAY_MS
@@ -281,7 +294,7 @@ class Store(Database):
             rollups = conn.execute("DELETE FROM rollups WHERE day < ?", (day_cutoff,)).rowcount
             conn.execute("DELETE FROM rollup_buckets WHERE day < ?", (day_cutoff,))
             batches = conn.execute("DELETE FROM batches WHERE received_ms < ?",
-                                   (raw_cutoff,)).rowcount
+                                   (raw_cutoff - DAY_MS,)).rowcount
         return {"samples": samples, "rollups": rollups, "batches": batches}
 
     def daily_rollups(self, src: str, dst: str) -> dict[int, DailyRollup]:

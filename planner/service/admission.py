@@ -1,0 +1,134 @@
+"""What the planner accepts from an agent, field by field, and how it reads the agent's clock.
+
+Pure: wire records and numbers in, a checked value (or ``InputError`` naming the field) out.
+
+- A registration is refused whole when a field is out of bounds: node ids follow the node-id rule
+  (they become MQTT topic levels and file names), addresses are IP addresses or host names,
+  texts are bounded and free of control characters, GPU figures are physically possible.
+- A heartbeat is never refused for its launch report (that would make a live node look silent):
+  over-long texts in it are cut to their bound instead.
+- Sample times are read through the node's clock skew (heartbeats carry the agent's clock), so an
+  agent whose clock is a day ahead or behind loses nothing; see :func:`corrected_times`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from dataclasses import replace
+
+from hulk.errors import InputError
+from hulk.wire.records import LaunchStatus, ProbeKind, RegisterRequest
+
+NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+HOST_NAME_RE = re.compile(r"(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
+                          r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?")
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+TEXT_LIMITS = {"hostname": 255, "city": 100, "agent_version": 64, "inventory.driver_version": 64,
+               "inventory.unavailable_reason": 1024, "gpu.name": 128, "gpu.uuid": 128}
+MAX_GPUS = 64
+MAX_GPU_MEMORY_BYTES = 1 << 44          # 16 TiB on one GPU: anything above is a lie or a bug
+MAX_COMPUTE_CAPABILITY = 100.0
+LAUNCH_TEXT_LIMITS = {"plan_id": 128, "job": 128, "detail": 4096}
+KNOWN_KINDS = frozenset(int(k) for k in ProbeKind)
+MAX_PAYLOAD_BYTES = 65_507              # the largest ICMP echo payload over IPv4
+MAX_TIMEOUT_MS = 60_000.0               # a probe waits at most a minute for its answer
+SKEW_IGNORED_MS = 60_000                # clocks this close are left alone (NTP keeps them closer)
+
+
+def check_text(value: str, field: str, limit: int) -> str:
+    if len(value) > limit:
+        raise InputError(f"expected at most {limit} characters, got {len(value)}", field=field)
+    if CONTROL_RE.search(value):
+        raise InputError("expected text without control characters (NUL, newline, ...)",
+                         field=field)
+    return value
+
+
+def check_node_id(node_id: str, field: str = "node_id") -> str:
+    if not NODE_ID_RE.fullmatch(node_id or ""):
+        shown = node_id if len(node_id or "") <= 40 else node_id[:37] + "..."
+        raise InputError("expected 1-128 letters, digits, '.', '_' or '-' starting with a letter "
+                         f"or digit, got {shown!r}", field=field)
+    return node_id
+
+
+def check_address(address: str, field: str = "address") -> str:
+    """"" (none: peers use the node id as its host name), an IP address or a DNS host name."""
+    if not address:
+        return address
+    if len(address) <= 253:
+        try:
+            ipaddress.ip_address(address)
+            return address
+        except ValueError:
+            if HOST_NAME_RE.fullmatch(address):
+                return address
+    shown = address if len(address) <= 40 else address[:37] + "..."
+    raise InputError(f"expected an IP address or a host name, got {shown!r}", field=field)
+
+
+def check_registration(request: RegisterRequest) -> RegisterRequest:
+    """``request`` when every field is within bounds; InputError naming the first that is not."""
+    check_node_id(request.node_id)
+    check_text(request.hostname, "hostname", TEXT_LIMITS["hostname"])
+    check_text(request.agent_version, "agent_version", TEXT_LIMITS["agent_version"])
+    check_text(request.location.city, "location.city", TEXT_LIMITS["city"])
+    check_address(request.address)
+    if not 0 <= request.probe_port <= 65535:
+        raise InputError(f"expected a TCP port 0-65535, got {request.probe_port}",
+                         field="probe_port")
+    if request.location.coordinates is not None:
+        latitude, longitude = request.location.coordinates
+        if not (-90 <= latitude <= 90 and -180 <= longitude <= 180):
+            raise InputError(f"expected latitude in [-90, 90] and longitude in [-180, 180], got "
+                             f"{latitude}, {longitude}", field="location")
+    inventory = request.inventory
+    check_text(inventory.driver_version, "inventory.driver_version",
+               TEXT_LIMITS["inventory.driver_version"])
+    check_text(inventory.unavailable_reason, "inventory.unavailable_reason",
+               TEXT_LIMITS["inventory.unavailable_reason"])
+    if inventory.count > MAX_GPUS:
+        raise InputError(f"expected at most {MAX_GPUS} GPUs on one server, got {inventory.count}",
+                         field="inventory.gpus")
+    for i, gpu in enumerate(inventory.gpus):
+        where = f"inventory.gpus[{i}]"
+        check_text(gpu.name, f"{where}.name", TEXT_LIMITS["gpu.name"])
+        check_text(gpu.uuid, f"{where}.uuid", TEXT_LIMITS["gpu.uuid"])
+        if not 0 <= gpu.memory_bytes <= MAX_GPU_MEMORY_BYTES:
+            raise InputError(f"expected 0 to 2**44 bytes of GPU memory, got {gpu.memory_bytes}",
+                             field=f"{where}.memory_bytes")
+        cc = gpu.compute_capability
+        if not (math.isfinite(cc) and 0 <= cc <= MAX_COMPUTE_CAPABILITY):
+            raise InputError(f"expected a compute capability between 0 and 100, got {cc}",
+                             field=f"{where}.compute_capability")
+    return request
+
+
+def bounded_launch(launch: LaunchStatus | None) -> LaunchStatus | None:
+    """The launch report with each text cut to its bound (a heartbeat is never refused for it)."""
+    if launch is None:
+        return None
+    cut = {name: getattr(launch, name)[:limit] for name, limit in LAUNCH_TEXT_LIMITS.items()
+           if len(getattr(launch, name)) > limit}
+    return replace(launch, **cut) if cut else launch
+
+
+def corrected_times(sent_ms: list[int], now_ms: int, skew_ms: int, future_tolerance_ms: int
+                    ) -> tuple[list[int], int]:
+    """Sample times on the planner's clock, and the shift applied to them.
+
+    ``skew_ms`` is the agent's clock minus the planner's, measured by heartbeats; under
+    SKEW_IGNORED_MS it is left alone. When the batch still reaches past ``now_ms`` by more than
+    ``future_tolerance_ms`` (a skew not measured yet), the batch is moved back so that its newest
+    sample is ``now_ms``: no sample is ever taken after it reached the planner.
+    """
+    shift = skew_ms if abs(skew_ms) >= SKEW_IGNORED_MS else 0
+    newest = max(sent_ms, default=0) - shift
+    if newest > now_ms + future_tolerance_ms:
+        shift += newest - now_ms
+    if shift == 0:
+        return sent_ms, 0
+    return [t - shift for t in sent_ms], shift
