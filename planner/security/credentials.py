@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hulk.errors import InputError, NotFoundError, StoreError, UnauthenticatedError
+from planner.service.database import private_file
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ class CredentialStore:
         try:
             self._db = sqlite3.connect(self.db_path, timeout=10.0, check_same_thread=False,
                                        isolation_level=None)
+            private_file(self.db_path)
             self._db.execute("PRAGMA busy_timeout=10000")
             self._db.executescript(SCHEMA)
         except sqlite3.Error as exc:

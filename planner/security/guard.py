@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 # Standard health checks stay open: load balancers and `grpc_health_probe` carry no token.
 PUBLIC_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
-# Request size and batch bounds are the server's (planner/service/ingest.py ServerLimits: 16 MiB per
+# Request size and batch bounds are the server's (planner/service/ingest.py ServerLimits: 4 MiB per
 # message, 10,000 samples per Report), enforced before anything is stored.
 
 
@@ -120,8 +120,12 @@ class NodeGuard(aio.ServerInterceptor):
     """Authenticate, rate-limit and bind every call to the node its credential names.
 
     ``credentials`` None means no authentication (insecure development mode).
-    ``failed_auth_limit`` bounds failed (slow, scrypt) verifications per peer host; once spent,
-    that host's unverified tokens are refused without hashing.
+
+    The token is checked from the call's metadata before its message is read: a caller without a
+    valid token never gets a request deserialised. Slow (scrypt) verifications of tokens not seen
+    before are bounded twice: at most ``max_verifying`` at once (the CPU they can take), and
+    ``failed_auth_limit`` failures per token id, past which that id is refused without hashing.
+    Neither depends on the caller's address: agents behind one NAT do not lock each other out.
 
     The checks raise :class:`hulk.errors.HulkError` subclasses; :meth:`_enforce` is the one place
     a refusal becomes a gRPC status (``hulk.errors.grpc_status``) and is counted.
@@ -129,12 +133,15 @@ class NodeGuard(aio.ServerInterceptor):
 
     def __init__(self, credentials: CredentialStore | None, *,
                  rate_limit: RateLimit = RateLimit(),
-                 failed_auth_limit: RateLimit = RateLimit(per_second=2.0, burst=20.0),
+                 failed_auth_limit: RateLimit = RateLimit(per_second=0.2, burst=5.0),
+                 max_verifying: int = 2,
                  public_methods: frozenset[str] = PUBLIC_METHODS,
                  clock: Callable[[], float] = time.monotonic):
         self.credentials = credentials
         self.node_limiter = RateLimiter(rate_limit, clock=clock)
         self.auth_failures = RateLimiter(failed_auth_limit, clock=clock)
+        self.max_verifying = max_verifying
+        self._verifying: asyncio.Semaphore | None = None   # made on the server's loop
         self.public_methods = public_methods
         self.counts = {"ok": 0, "unauthenticated": 0, "permission_denied": 0,
                        "resource_exhausted": 0, "unavailable": 0}
@@ -146,11 +153,17 @@ class NodeGuard(aio.ServerInterceptor):
         if handler is None or details.method in self.public_methods:
             return handler
         metadata = tuple(details.invocation_metadata or ())
+        verified: str | None = None
+        if self.credentials is not None:
+            try:
+                verified = await self._authenticate(metadata, details.method)
+            except HulkError as exc:
+                return self._refusal(handler, exc)
         if handler.unary_unary is not None:
             inner = handler.unary_unary
 
             async def guarded(request, context):
-                await self._enforce(context, self._admit(request, metadata, context))
+                await self._enforce(context, self._admit(request, verified, context))
                 return await inner(request, context)
 
             return grpc.unary_unary_rpc_method_handler(
@@ -160,20 +173,36 @@ class NodeGuard(aio.ServerInterceptor):
             inner_stream = handler.unary_stream
 
             async def guarded_stream(request, context):
-                await self._enforce(context, self._admit(request, metadata, context))
+                await self._enforce(context, self._admit(request, verified, context))
                 async for item in inner_stream(request, context):
                     yield item
 
             return grpc.unary_stream_rpc_method_handler(
                 guarded_stream, request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer)
+        return self._refusal(handler, PermissionDeniedError(
+            # Client-streaming methods carry the node id only inside messages; none exist in
+            # the contract, so refuse rather than let one through unchecked.
+            f"{details.method}: streaming requests are not accepted"))
 
-        async def refuse(request_or_iterator, context):
-            await self._enforce(context, _refuse_client_streaming(details.method))
+    def _refusal(self, handler: grpc.RpcMethodHandler, exc: HulkError) -> grpc.RpcMethodHandler:
+        """A handler that ends the call with ``exc`` and never parses the request's bytes."""
 
-        return grpc.stream_unary_rpc_method_handler(
-            refuse, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
+        async def refuse(request, context):
+            async def fail() -> None:
+                raise exc
+            await self._enforce(context, fail())
+
+        if handler.unary_stream is not None:
+            async def refuse_stream(request, context):
+                await refuse(request, context)
+                yield  # pragma: no cover - refuse always aborts
+
+            return grpc.unary_stream_rpc_method_handler(
+                refuse_stream, request_deserializer=_discard,
+                response_serializer=handler.response_serializer)
+        return grpc.unary_unary_rpc_method_handler(
+            refuse, request_deserializer=_discard, response_serializer=handler.response_serializer)
 
     async def _enforce(self, context: aio.ServicerContext, check: Awaitable[None]) -> None:
         """Run ``check``; a HulkError it raises ends the call with that error's status."""
@@ -185,33 +214,30 @@ class NodeGuard(aio.ServerInterceptor):
             self.counts[key] = self.counts.get(key, 0) + 1
             await context.abort(code, str(exc))
 
-    async def _admit(self, request, metadata, context: aio.ServicerContext) -> None:
+    async def _admit(self, request, verified: str | None, context: aio.ServicerContext) -> None:
         claimed = getattr(request, "node_id", None)
-        if self.credentials is None:
-            node_id = claimed or _peer_host(context)
-        else:
-            node_id = await self._authenticate(metadata, context)
+        node_id = verified if verified is not None else (claimed or _peer_host(context))
         if not self.node_limiter.allow(node_id):
             limit = self.node_limiter.limit.per_second
             raise RateLimitedError(f"node {node_id!r} exceeded {limit:g} calls/s; retry with backoff")
-        if self.credentials is not None and claimed is not None and claimed != node_id:
+        if verified is not None and claimed is not None and claimed != verified:
             log.warning("node %r (peer %s) sent a request as node %r: denied",
-                        node_id, context.peer(), claimed)
-            raise PermissionDeniedError(f"the credential is for node {node_id!r}, the request "
+                        verified, context.peer(), claimed)
+            raise PermissionDeniedError(f"the credential is for node {verified!r}, the request "
                                         f"claims node {claimed!r}")
         self.counts["ok"] += 1
 
-    async def _authenticate(self, metadata, context: aio.ServicerContext) -> str:
+    async def _authenticate(self, metadata, method: str) -> str:
         token = bearer_token(metadata)
         if not token:
             raise UnauthenticatedError("missing 'authorization: Bearer <token>' metadata (enrol "
                                        "the node with `hulk-planner enroll NODE_ID`)")
-        host = _peer_host(context)
+        token_id = token.split(".")[1] if token.count(".") == 2 else "malformed"
         try:
-            return await self._verify(token, host)
+            return await self._verify(token, token_id)
         except UnauthenticatedError as exc:
-            self.auth_failures.allow(host)       # spend one of the host's failure allowance
-            log.info("unauthenticated call from %s: %s", context.peer(), exc)
+            self.auth_failures.allow(token_id)   # spend one of the token id's failure allowance
+            log.info("unauthenticated call to %s: %s", method, exc)
             raise
         except RateLimitedError:
             raise
@@ -219,18 +245,21 @@ class NodeGuard(aio.ServerInterceptor):
             log.error("credential check failed: %s", exc)
             raise UnavailableError("credential store unavailable") from None
 
-    async def _verify(self, token: str, host: str) -> str:
+    async def _verify(self, token: str, token_id: str) -> str:
         store = self.credentials
         assert store is not None
         if store.is_cached(token):
             return store.verify(token)           # a row read, no scrypt
-        if self.auth_failures.exhausted(host):
-            raise RateLimitedError("too many failed authentications from this host; retry later")
-        # scrypt off the event loop: other nodes' calls keep flowing meanwhile.
-        return await asyncio.to_thread(store.verify, token)
+        if self.auth_failures.exhausted(token_id):
+            raise RateLimitedError("too many failed authentications with this token; retry later")
+        if self._verifying is None:
+            self._verifying = asyncio.Semaphore(self.max_verifying)
+        async with self._verifying:
+            # scrypt off the event loop, a bounded number at once: other nodes' calls keep
+            # flowing, and a flood of bad tokens costs at most max_verifying cores.
+            return await asyncio.to_thread(store.verify, token)
 
 
-async def _refuse_client_streaming(method: str) -> None:
-    # Client-streaming methods carry the node id only inside messages; none exist in the
-    # contract, so refuse rather than let one through unchecked.
-    raise PermissionDeniedError(f"{method}: streaming requests are not accepted")
+def _discard(data: bytes) -> None:
+    """The request deserializer of a refused call: its bytes are never parsed."""
+    return None

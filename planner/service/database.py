@@ -19,6 +19,8 @@ errors become ``hulk.errors.StoreError``.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -29,7 +31,23 @@ import sqlite_utils
 
 from hulk.errors import StoreError
 
+log = logging.getLogger(__name__)
+
 SCHEMA_VERSION = 1
+
+
+def private_file(path: str | os.PathLike) -> None:
+    """Make the store file readable by its owner only (it holds token hashes and the fleet's
+    addresses); SQLite gives its -wal and -shm files the same mode."""
+    if str(path) == ":memory:":
+        return
+    try:
+        mode = os.stat(path).st_mode & 0o777
+        if mode & 0o077:
+            os.chmod(path, 0o600)
+            log.info("%s: mode %o -> 600 (the store is for the planner's user only)", path, mode)
+    except OSError as exc:  # e.g. a file of another owner: leave it, say so
+        log.warning("%s: cannot make the store private: %s", path, exc.strerror)
 
 
 class Database:
@@ -45,6 +63,7 @@ class Database:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                    timeout=busy_timeout_s)
+            private_file(self.path)
             self.conn = conn
             self.db = sqlite_utils.Database(conn)
             self.db.execute("PRAGMA journal_mode=WAL")

@@ -48,7 +48,10 @@ REASON_TOO_OLD = "too_old"
 @dataclass(frozen=True)
 class ServerLimits:
     max_batch_samples: int = 10_000          # a Report with more samples is refused
-    max_message_bytes: int = 16 << 20        # gRPC receive limit
+    max_message_bytes: int = 4 << 20         # gRPC receive limit, and a Report's
+    max_register_bytes: int = 64 << 10       # 64 GPUs and every text at its bound fit in 16 KiB
+    max_heartbeat_bytes: int = 1 << 20       # a launch report's detail is cut to 4 KiB after
+    max_concurrent_rpcs: int = 1024          # past this a call gets RESOURCE_EXHAUSTED at once
     future_tolerance_ms: int = 60_000        # past this a batch's times are moved back to now
 
 

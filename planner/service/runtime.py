@@ -20,7 +20,7 @@ from grpc_health.v1._async import HealthServicer
 from hulk import errors
 from hulk.wire.records import ProbeSettings
 from planner.service.ingest import IngestService, ServerLimits
-from planner.service.servicer import create_server
+from planner.service.servicer import StoreHealth, create_server
 from planner.service.store import Store
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ class BackgroundTask:
     interval_s: float
     in_store_thread: bool = True
     run_at_start: bool = False
+    retry_s: float = 60.0     # after a failure, the next try comes this soon (or at the interval)
 
 
 class PlannerRuntime:
@@ -71,6 +72,7 @@ class PlannerRuntime:
         self.port: int | None = None
         self._running: list[asyncio.Task] = []
         self._stopped: asyncio.Event | None = None  # made in start (needs a running loop)
+        self.store_health = StoreHealth()
 
     def add_task(self, task: BackgroundTask) -> None:
         self.tasks.append(task)
@@ -89,29 +91,36 @@ class PlannerRuntime:
         self._stopped = asyncio.Event()
         self.server, self.port, self.health = await create_server(
             self.service, self.listen, self.store_executor, credentials=self.credentials,
-            interceptors=self.interceptors, limits=self.service.limits)
+            interceptors=self.interceptors, limits=self.service.limits,
+            store_health=self.store_health)
         await self.server.start()
         for task in self.tasks:
             self._running.append(asyncio.create_task(self._loop(task), name=task.name))
         return self.port
 
     async def _loop(self, task: BackgroundTask) -> None:
-        first = True
+        wait = 0.0 if task.run_at_start else task.interval_s
         while True:
-            if not (first and task.run_at_start):
-                await asyncio.sleep(task.interval_s)
-            first = False
+            await asyncio.sleep(wait)
+            wait = task.interval_s
             try:
                 if task.in_store_thread:
                     result = await self.in_store(task.run)
+                    await self.store_health.report(True)
                 else:
                     result = await task.run()
                 log.debug("%s: %s", task.name, result)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # periodic jobs log and go on
-                log.exception("background task %s failed; retrying in %.0f s", task.name,
-                              task.interval_s)
+            except Exception as exc:  # periodic jobs log, retry soon and go on
+                wait = min(task.retry_s, task.interval_s)
+                if isinstance(exc, errors.StoreError):
+                    await self.store_health.report(False)
+                    log.error("background task %s failed: %s; retrying in %.0f s", task.name,
+                              exc, wait)
+                else:
+                    log.exception("background task %s failed; retrying in %.0f s", task.name,
+                                  wait)
 
     def request_stop(self) -> None:
         if self._stopped is not None:

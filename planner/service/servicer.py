@@ -2,8 +2,11 @@
 
 - ``PlannerServicer``: proto in -> ``Record.from_proto`` -> one domain call on the store's
   thread -> ``.to_proto()`` out. Errors become gRPC status codes through ``hulk.errors.grpc_status``, the one table.
-- ``create_server`` builds the grpc.aio server (health service included, message size limit set,
-  interceptors passed through so authentication can be added without touching the servicer).
+- ``create_server`` builds the grpc.aio server (health service included, interceptors passed
+  through so authentication can be added without touching the servicer). Each method reads its
+  request through :func:`tolerant_parser`: bytes over the method's size bound or that do not parse
+  answer INVALID_ARGUMENT with a one-line reason (grpc's own parser failure answers UNKNOWN), and
+  the server takes at most ``ServerLimits.max_concurrent_rpcs`` calls at once.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
+
+from google.protobuf.message import DecodeError
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -27,20 +32,80 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "hulk.v1.Planner"
 
+class Unreadable(NamedTuple):
+    """A request the server could not read; the servicer answers with ``error``."""
+
+    error: errors.HulkError
+
+
+def tolerant_parser(message: Any, limit: int) -> Callable[[bytes], Any]:
+    """``message.FromString`` that returns :class:`Unreadable` instead of raising."""
+    name = message.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        if len(data) > limit:
+            return Unreadable(errors.BatchTooLargeError(
+                f"a {name} of {len(data)} bytes; the limit is {limit}", field="request"))
+        try:
+            return message.FromString(data)
+        except (DecodeError, RuntimeError, ValueError) as exc:
+            return Unreadable(errors.InputError(f"not a {name} message ({exc})".splitlines()[0],
+                                                field="request"))
+
+    return parse
+
+
+class StoreHealth:
+    """Whether the store takes writes, as the standard health service says it.
+
+    A failed store call turns every service NOT_SERVING (load balancers and probes stop sending
+    agents here); the next successful one turns them SERVING again."""
+
+    def __init__(self) -> None:
+        self.health: HealthServicer | None = None
+        self.serving = True
+
+    async def report(self, ok: bool) -> None:
+        if ok == self.serving or self.health is None:
+            return
+        self.serving = ok
+        status = (health_pb2.HealthCheckResponse.SERVING if ok
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, status)
+        if ok:
+            log.info("the store takes writes again: health SERVING")
+        else:
+            log.error("the store failed: health NOT_SERVING until it takes a write again")
+
+
 class PlannerServicer(hulk_pb2_grpc.PlannerServicer):
     """Proto in, one domain call on the store's thread, proto out."""
 
-    def __init__(self, service: IngestService, executor: ThreadPoolExecutor):
+    def __init__(self, service: IngestService, executor: ThreadPoolExecutor,
+                 store_health: StoreHealth | None = None):
         self.service = service
         self.executor = executor
+        self.store_health = store_health or StoreHealth()
 
     async def _answer(self, context: grpc.aio.ServicerContext, call: Callable[[Any], Any],
                       record: type, request: Any) -> Any:
         """``call(record.from_proto(request)).to_proto()``, the call on the store's thread."""
         loop = asyncio.get_running_loop()
         try:
-            value = record.from_proto(request)
-            result = await loop.run_in_executor(self.executor, call, value)
+            if isinstance(request, Unreadable):
+                raise request.error
+            try:
+                value = record.from_proto(request)
+            except (ValueError, TypeError, OverflowError) as exc:
+                raise errors.InputError(f"unreadable {type(request).__name__}: {exc}",
+                                        field="request") from None
+            try:
+                result = await loop.run_in_executor(self.executor, call, value)
+            except errors.StoreError:
+                await self.store_health.report(False)
+                raise
+            await self.store_health.report(True)
             return result.to_proto()
         except errors.HulkError as exc:
             code = errors.grpc_status(exc)
@@ -64,7 +129,8 @@ class PlannerServicer(hulk_pb2_grpc.PlannerServicer):
 async def create_server(service: IngestService, listen: str, executor: ThreadPoolExecutor, *,
                         credentials: grpc.ServerCredentials | None = None,
                         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-                        limits: ServerLimits | None = None
+                        limits: ServerLimits | None = None,
+                        store_health: StoreHealth | None = None
                         ) -> tuple[grpc.aio.Server, int, HealthServicer]:
     """A ready (not yet started) grpc.aio server with the Planner and health services.
 
@@ -72,11 +138,27 @@ async def create_server(service: IngestService, listen: str, executor: ThreadPoo
     limits = limits or service.limits
     server = grpc.aio.server(
         interceptors=list(interceptors),
+        maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
         options=[("grpc.max_receive_message_length", limits.max_message_bytes),
                  ("grpc.max_send_message_length", limits.max_message_bytes),
                  ("grpc.so_reuseport", 0)])
-    hulk_pb2_grpc.add_PlannerServicer_to_server(PlannerServicer(service, executor), server)
+    store_health = store_health or StoreHealth()
+    servicer = PlannerServicer(service, executor, store_health)
+    methods = {
+        "Register": (servicer.Register, hulk_pb2.RegisterRequest, hulk_pb2.RegisterResponse,
+                     limits.max_register_bytes),
+        "Report": (servicer.Report, hulk_pb2.ReportRequest, hulk_pb2.ReportResponse,
+                   limits.max_message_bytes),
+        "Heartbeat": (servicer.Heartbeat, hulk_pb2.HeartbeatRequest, hulk_pb2.HeartbeatResponse,
+                      limits.max_heartbeat_bytes),
+    }
+    handlers = {name: grpc.unary_unary_rpc_method_handler(
+                    call, request_deserializer=tolerant_parser(request, limit),
+                    response_serializer=response.SerializeToString)
+                for name, (call, request, response, limit) in methods.items()}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     health = HealthServicer()
+    store_health.health = health
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     try:
         if credentials is None:

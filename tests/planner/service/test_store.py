@@ -132,3 +132,19 @@ def test_sqlite_errors_become_store_errors(tmp_path: Path):
     (tmp_path / "junk.db").write_bytes(b"this is not a database" * 100)
     with pytest.raises(StoreError, match="junk.db"):
         Store(tmp_path / "junk.db")
+
+
+def test_the_store_file_is_private_even_when_it_existed_with_a_loose_mode(tmp_path):
+    import stat
+
+    from planner.security.credentials import CredentialStore
+
+    fresh = tmp_path / "fresh.sqlite"
+    with Store(fresh):
+        pass
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
+    loose = tmp_path / "loose.sqlite"
+    loose.touch(mode=0o644)
+    loose.chmod(0o644)
+    CredentialStore(loose).close()                # `hulk-planner enroll` opens it first
+    assert stat.S_IMODE(loose.stat().st_mode) == 0o600
