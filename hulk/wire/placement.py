@@ -26,6 +26,8 @@ from hulk.errors import InputError
 
 PLACEMENT_FORMAT = "hulk-placement/1"
 SUMMARY_FORMAT = "hulk-plan-summary/1"
+MAX_PLACEMENT_BYTES = 256 << 10     # the broker's max_packet_size (deploy/mosquitto/hulk.conf)
+MAX_SUMMARY_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -176,15 +178,27 @@ def _parse_role(r: _Reader, value: Any, name: str) -> Role:
     )
 
 
+def _load_json(data: bytes | str, source: str, fmt: str, limit: int) -> Any:
+    """The JSON value of a message, or InputError (one line): too large, not UTF-8, not JSON,
+    nested too deeply, NaN/Infinity, integers of thousands of digits."""
+    if len(data) > limit:
+        raise InputError(f"expected a {fmt} document of at most {limit} bytes, got {len(data)}",
+                         path=source)
+    try:
+        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+        return json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    except RecursionError:
+        raise InputError(f"expected a {fmt} document, got JSON nested too deeply",
+                         path=source) from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"expected a JSON {fmt} document ({exc})".splitlines()[0],
+                         path=source) from None
+
+
 def parse_placement(data: bytes | str, *, source: str = "placement") -> NodePlacement:
     """Strictly parse a ``hulk-placement/1`` message; InputError (one line) on anything else."""
     r = _Reader(source)
-    try:
-        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
-        value = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"expected a JSON {PLACEMENT_FORMAT} document ({exc})".splitlines()[0],
-                         path=source) from None
+    value = _load_json(data, source, PLACEMENT_FORMAT, MAX_PLACEMENT_BYTES)
     if isinstance(value, dict) and value.get("format") != PLACEMENT_FORMAT:  # say the version first
         raise r.fail("format", repr(PLACEMENT_FORMAT), value.get("format"))
     obj = r.obj(value, "", {"format", "fleet", "node", "plan_id", "roles"})
@@ -229,11 +243,7 @@ class PlanSummary:
 def parse_summary(data: bytes | str, *, source: str = "plan summary") -> PlanSummary:
     """Parse a ``hulk-plan-summary/1`` document (what ``hulk/v1/<fleet>/plan`` retains)."""
     r = _Reader(source)
-    try:
-        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
-        value = json.loads(text)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"expected a JSON {SUMMARY_FORMAT} document ({exc})", path=source) from None
+    value = _load_json(data, source, SUMMARY_FORMAT, MAX_SUMMARY_BYTES)
     if not isinstance(value, dict) or value.get("format") != SUMMARY_FORMAT:
         raise r.fail("format", repr(SUMMARY_FORMAT), value.get("format") if isinstance(value, dict) else None)
     jobs = []
