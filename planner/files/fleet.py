@@ -17,7 +17,6 @@ file, the line and the field.
 from __future__ import annotations
 
 import bisect
-import csv
 import io
 import json
 import json.decoder
@@ -25,39 +24,21 @@ import json.scanner
 import math
 import os
 import zipfile
-from collections import defaultdict
-from dataclasses import dataclass
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from hulk.errors import InputError
 from planner.core import gpus as gpu_catalog
 from planner.core.fleet import Fleet, Link, Node
-
-PAPER_NODES = "node_feature.csv"
-PAPER_EDGES = "edge.txt"
-PAPER_COLUMNS = ("node", "city", "capability", "memory")
+from planner.files.paper import (PAPER_EDGES, PAPER_NODES, ImportIssue, read_paper,
+                                 read_paper_zip, utf8_text)
 
 NODE_KEYS = {"id", "city", "gpus", "gpu_name", "compute_capability", "memory_gb",
              "latitude", "longitude"}
 LINK_KEYS = {"src", "dst", "rtt_ms", "bandwidth_gbps", "loss", "samples", "imputed"}
 TOP_KEYS = {"nodes", "links", "name", "format"}
-MAX_MEMBER_BYTES = 256 << 20   # an archive member larger than this is no fleet (zip bombs)
 MAX_JSON_INT = 2 ** 53          # beyond this a JSON integer is no count, memory or RTT we can use
-
-
-@dataclass(frozen=True)
-class ImportIssue:
-    """One flaw found (and repaired) while importing a fleet file."""
-
-    path: str
-    line: int | None
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.path}:{self.line}" if self.line else self.path
-        return f"{where}: {self.message}"
 
 
 # ----------------------------------------------------------------------------------- public API
@@ -81,14 +62,14 @@ def load_fleet_with_report(path: str | os.PathLike) -> tuple[Fleet, list[ImportI
             if not needed.is_file():
                 raise InputError(f"folder has no {needed.name} (the paper's fleet format needs "
                                  f"{PAPER_NODES} and {PAPER_EDGES})", path=str(p))
-        return _read_paper(nodes_path.read_bytes(), str(nodes_path),
+        return read_paper(nodes_path.read_bytes(), str(nodes_path),
                            edges_path.read_bytes(), str(edges_path), name=p.name)
     try:
         data = p.read_bytes()
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", path=str(p)) from exc
     if data[:4] == b"PK\x03\x04" or zipfile.is_zipfile(io.BytesIO(data)):
-        return _read_paper_zip(data, str(p))
+        return read_paper_zip(data, str(p))
     return _read_json(data, str(p), default_name=p.stem)
 
 
@@ -115,188 +96,6 @@ def save_fleet_json(fleet: Fleet, path: str | os.PathLike) -> None:
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(json.dumps(fleet_to_json(fleet), indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, p)
-
-
-# ------------------------------------------------------------------------------ paper's format
-
-def _read_paper_zip(data: bytes, path: str) -> tuple[Fleet, list[ImportIssue]]:
-    try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-        members = {Path(m.filename).name: m.filename for m in archive.infolist()
-                   if not m.is_dir() and not Path(m.filename).name.startswith("._")}
-        if PAPER_NODES not in members or PAPER_EDGES not in members:
-            raise InputError(f"archive has no {PAPER_NODES} and {PAPER_EDGES} "
-                             "(the paper's fleet format)", path=path)
-        nodes_bytes = _read_member(archive, members[PAPER_NODES], path)
-        edges_bytes = _read_member(archive, members[PAPER_EDGES], path)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError, EOFError,
-            ValueError) as exc:
-        raise InputError(f"not a readable zip archive ({exc})", path=path) from exc
-    return _read_paper(nodes_bytes, f"{path}!{members[PAPER_NODES]}",
-                       edges_bytes, f"{path}!{members[PAPER_EDGES]}", name=Path(path).stem)
-
-
-def _read_member(archive: zipfile.ZipFile, name: str, path: str) -> bytes:
-    """One member, never more than MAX_MEMBER_BYTES of it (its header's size may lie)."""
-    info = archive.getinfo(name)
-    if info.file_size > MAX_MEMBER_BYTES:
-        raise InputError(f"{name} unpacks to {info.file_size} bytes; expected at most "
-                         f"{MAX_MEMBER_BYTES} for a fleet file", path=path)
-    with archive.open(info) as member:
-        data = member.read(MAX_MEMBER_BYTES + 1)
-    if len(data) > MAX_MEMBER_BYTES:
-        raise InputError(f"{name} unpacks to more than {MAX_MEMBER_BYTES} bytes; expected a "
-                         "fleet file", path=path)
-    return data
-
-
-def _text(data: bytes, path: str) -> str:
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise InputError("not UTF-8 text", path=path, line=line) from exc
-
-
-def _number(text: str, path: str, line: int, field: str, *, integer: bool = False) -> float:
-    value = text.strip()
-    try:
-        number = int(value) if integer else float(value)
-    except ValueError:
-        kind = "an integer" if integer else "a number"
-        raise InputError(f"expected {kind}, got {value!r}", path=path, line=line,
-                         field=field) from None
-    if not integer and not math.isfinite(number):
-        raise InputError(f"expected a finite number, got {value!r}", path=path, line=line,
-                         field=field)
-    return number
-
-
-def _read_paper(nodes_bytes: bytes, nodes_path: str, edges_bytes: bytes, edges_path: str,
-                name: str) -> tuple[Fleet, list[ImportIssue]]:
-    issues: list[ImportIssue] = []
-    nodes = _read_paper_nodes(_text(nodes_bytes, nodes_path), nodes_path, issues)
-    links = _read_paper_edges(_text(edges_bytes, edges_path), edges_path,
-                              {n.id for n in nodes}, issues)
-    _report_coverage(nodes, links, edges_path, issues)
-    return Fleet(tuple(nodes), tuple(links), name=name or "default"), issues
-
-
-def _read_paper_nodes(text: str, path: str, issues: list[ImportIssue]) -> list[Node]:
-    reader = csv.reader(io.StringIO(text))
-    try:
-        rows = list(reader)
-    except csv.Error as exc:  # e.g. a field over the csv module's size limit
-        raise InputError(f"not a CSV table ({exc})", path=path, line=reader.line_num) from None
-    header_line = next((i for i, r in enumerate(rows) if any(c.strip() for c in r)), None)
-    if header_line is None:
-        raise InputError("empty file (expected the header node,City,Capability,Memory)",
-                         path=path, line=1)
-    header = [c.strip().casefold() for c in rows[header_line]]
-    missing = [c for c in PAPER_COLUMNS if c not in header]
-    if missing:
-        raise InputError(f"header lacks column(s) {', '.join(missing)} "
-                         "(expected node,City,Capability,Memory)",
-                         path=path, line=header_line + 1, field="header")
-    col = {c: header.index(c) for c in PAPER_COLUMNS}
-    nodes: list[Node] = []
-    seen: dict[str, int] = {}
-    untrimmed: dict[str, list[int]] = defaultdict(list)
-    for i in range(header_line + 1, len(rows)):
-        row, line = rows[i], i + 1
-        if not any(c.strip() for c in row):
-            continue
-        if len(row) < len(header):
-            raise InputError(f"expected {len(header)} columns, got {len(row)}",
-                             path=path, line=line, field=_missing_field(header, len(row)))
-        node_id = str(int(_number(row[col["node"]], path, line, "node", integer=True)))
-        if node_id in seen:
-            raise InputError(f"node {node_id} is listed twice (first on line {seen[node_id]})",
-                             path=path, line=line, field="node")
-        seen[node_id] = line
-        raw_city = row[col["city"]]
-        city = raw_city.strip()
-        if raw_city != city:
-            untrimmed[raw_city].append(line)
-        capability = _number(row[col["capability"]], path, line, "Capability")
-        memory = _number(row[col["memory"]], path, line, "Memory")
-        if memory < 0:
-            raise InputError(f"expected GPU memory in GB >= 0, got {memory:g}", path=path,
-                             line=line, field="Memory")
-        nodes.append(Node(id=node_id, city=city or None, gpus=gpu_catalog.DEFAULT_GPUS_PER_NODE,
-                          compute_capability=capability, memory_gb=memory))
-    for raw_city, lines in untrimmed.items():
-        also = f" (also line{'s' if len(lines) > 2 else ''} {', '.join(map(str, lines[1:]))})" \
-            if len(lines) > 1 else ""
-        issues.append(ImportIssue(path, lines[0], f"City {raw_city!r} has surrounding spaces; "
-                                  f"read as {raw_city.strip()!r}{also}"))
-    if not nodes:
-        raise InputError("no nodes (expected one row per server after the header)", path=path)
-    return nodes
-
-
-def _missing_field(header: list[str], present: int) -> str:
-    """The display name of the first column a short row lacks."""
-    names = {"node": "node", "city": "City", "capability": "Capability", "memory": "Memory"}
-    return names.get(header[present], header[present]) if present < len(header) else "columns"
-
-
-def _read_paper_edges(text: str, path: str, known: set[str],
-                      issues: list[ImportIssue]) -> list[Link]:
-    # pair (unordered) -> (first line, src, dst, [weights])
-    pairs: dict[frozenset[str], tuple[int, str, str, list[float]]] = {}
-    for line, raw in enumerate(text.splitlines(), start=1):
-        fields = raw.split()
-        if not fields:
-            continue
-        if len(fields) != 3:
-            raise InputError(f"expected 3 fields 'src dst weight', got {len(fields)}",
-                             path=path, line=line, field="line")
-        src = str(int(_number(fields[0], path, line, "src", integer=True)))
-        dst = str(int(_number(fields[1], path, line, "dst", integer=True)))
-        weight = _number(fields[2], path, line, "weight")
-        for field, node in (("src", src), ("dst", dst)):
-            if node not in known:
-                raise InputError(f"unknown node {node} (not in {PAPER_NODES})",
-                                 path=path, line=line, field=field)
-        if weight < 0:
-            raise InputError(f"expected a latency in ms >= 0, got {weight:g}",
-                             path=path, line=line, field="weight")
-        if src == dst:
-            issues.append(ImportIssue(path, line, f"self-loop {src} -> {dst} "
-                                      f"({weight:g} ms) dropped"))
-            continue
-        key = frozenset((src, dst))
-        if key in pairs:
-            first_line, fsrc, fdst, weights = pairs[key]
-            reversed_ = (src, dst) != (fsrc, fdst)
-            kind = "reversed duplicate" if reversed_ else "duplicate"
-            if weight != weights[0]:
-                kind = "conflicting " + kind
-            weights.append(weight)
-            issues.append(ImportIssue(
-                path, line, f"{kind} of line {first_line} ({fsrc} {fdst}: "
-                f"{weights[0]:g} ms, here {weight:g} ms); RTTs averaged"))
-            continue
-        pairs[key] = (line, src, dst, [weight])
-    return [Link(src, dst, rtt_ms=sum(w) / len(w), samples=0)
-            for _, src, dst, w in sorted(pairs.values(), key=lambda t: t[0])]
-
-
-def _report_coverage(nodes: list[Node], links: list[Link], path: str,
-                     issues: list[ImportIssue]) -> None:
-    n = len(nodes)
-    total = n * (n - 1) // 2
-    if links and len(links) < total:
-        issues.append(ImportIssue(
-            path, None, f"one-directional, partial coverage: {len(links)} of {total} pairs "
-            "measured, each in one direction only; RTTs read as symmetric and the other "
-            f"{total - len(links)} pairs completed as in COSTMODEL.md"))
-    linked = {k.src for k in links} | {k.dst for k in links}
-    lonely = [node.id for node in nodes if node.id not in linked]
-    if lonely and n > 1:
-        issues.append(ImportIssue(path, None, f"node(s) {', '.join(lonely)} have no link; "
-                                  "they cannot reach the rest unless same-city completion applies"))
 
 
 # ------------------------------------------------------------------------------------- JSON
@@ -410,7 +209,7 @@ class _Fields:
 
 
 def _read_json(data: bytes, path: str, default_name: str) -> tuple[Fleet, list[ImportIssue]]:
-    text = _text(data, path)
+    text = utf8_text(data, path)
     try:
         doc = json.loads(text)  # the C parser; line numbers come from _LineFinder when needed
     except json.JSONDecodeError as exc:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hulk.errors import InputError
-from planner.files import fleet as fleet_files
+from planner.files import paper as paper_files
 from planner.files.fleet import load_fleet, load_fleet_with_report
 from planner.files.jobs import parse_jobs
 from tests.helpers.paths import REPO
@@ -64,7 +64,7 @@ def test_errors_and_flaws_still_name_their_line(tmp_path):
 
 
 def test_a_zip_bomb_is_refused_before_it_is_unpacked(tmp_path, monkeypatch):
-    monkeypatch.setattr(fleet_files, "MAX_MEMBER_BYTES", 1 << 20)  # a 1 MiB cap keeps the test small
+    monkeypatch.setattr(paper_files, "MAX_MEMBER_BYTES", 1 << 20)  # a 1 MiB cap keeps the test small
     path = tmp_path / "bomb.zip"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("node_feature.csv", "node,City,Capability,Memory\n" + "a" * (8 << 20))
@@ -75,7 +75,7 @@ def test_a_zip_bomb_is_refused_before_it_is_unpacked(tmp_path, monkeypatch):
 
 
 def test_a_zip_whose_header_understates_its_size_is_cut_off(tmp_path, monkeypatch):
-    monkeypatch.setattr(fleet_files, "MAX_MEMBER_BYTES", 1 << 20)
+    monkeypatch.setattr(paper_files, "MAX_MEMBER_BYTES", 1 << 20)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
         archive.writestr("node_feature.csv", "x" * (2 << 20))
