@@ -1,0 +1,3 @@
+"""The `hulk-planner serve` process: the gRPC servicer and its domain (ingest, admission), the
+SQLite store, the runtime with its periodic jobs, the fleet graph read from the store, publishing
+placements over MQTT and re-planning the jobs of silent nodes."""
