@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from planner import rollup
+from planner.core import rollup
 from planner.core.rollup import DailyRollup, bucket_bounds, bucket_index, merge_all
 
 
