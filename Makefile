@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 PYTHON  := $(BIN)/python
 SHARED  ?= ../shared
 
-.PHONY: install test demo bench model lab protos check-protos clean agent-requirements
+.PHONY: install test test-fast demo bench model lab protos check-protos clean agent-requirements
 
 install: $(VENV)/.installed
 
@@ -29,6 +29,10 @@ $(VENV)/.installed: pyproject.toml
 
 test: install
 	$(BIN)/pytest -q
+
+# The fast lane: pure and in-process tests, none that starts a process (marker `process`).
+test-fast: install
+	$(BIN)/pytest -q -m "not process"
 
 demo: install
 	$(BIN)/hulk-planner plan examples/jobs.yaml --fleet examples/fleets/asia-24.json --out out/plan.json --plot out/plan.png

@@ -79,11 +79,3 @@ async def start_server(servicer: PlannerDouble, port: int = 0) -> tuple[grpc.aio
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     return server, bound
-
-
-async def wait_until(predicate, timeout: float = 10.0, step: float = 0.02) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met within %.1f s" % timeout)
-        await asyncio.sleep(step)

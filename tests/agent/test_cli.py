@@ -14,12 +14,15 @@ from pathlib import Path
 import pytest
 
 from hulk.v1 import hulk_pb2
-from tests.agent.planner_double import PlannerDouble, start_server, wait_until
+from tests.agent.planner_double import PlannerDouble, start_server
 
 from tests.helpers.paths import REPO
-SCRIPT = Path(sys.executable).parent / "hulk-agent"
-# The installed console script when `make install` made it, else the same entry point by module.
-AGENT = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "agent"]
+from tests.helpers.processes import agent_command
+from tests.helpers.waits import wait_until_async
+
+pytestmark = pytest.mark.process   # every test starts hulk-agent or a fresh interpreter
+
+AGENT = agent_command()
 
 
 def run_agent(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -71,7 +74,7 @@ async def test_sigterm_stops_cleanly_with_exit_0(tmp_path: Path):
         cwd=REPO, stderr=asyncio.subprocess.PIPE,
         env={**clean, "NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "1000000"})
     try:
-        await wait_until(lambda: planner.seen.registers, timeout=15)
+        await wait_until_async(lambda: planner.seen.registers, timeout=15)
         await asyncio.sleep(2.0)   # a couple of rounds; the reporter lingers for a full batch
         loop = asyncio.get_running_loop()
         started = loop.time()

@@ -11,8 +11,10 @@ import pytest
 from agent.launcher import Launcher, TorchrunCommand, role_env
 from hulk.wire.placement import NodePlacement, Role
 from hulk.wire.records import LaunchState
+from tests.helpers.ports import free_port
+from tests.helpers.waits import wait_until_async
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.process
 
 
 def placement(code: str | None, *, plan_id: str = "p1", job: str = "a", port: int = 29500) -> NodePlacement:
@@ -48,11 +50,10 @@ def recorder():
 
 async def wait_state(launcher: Launcher, state: LaunchState, timeout_s: float = 15.0,
                      job: str | None = None):
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while launcher.status.state != state or (job is not None and launcher.status.job != job):
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"still {launcher.status} after {timeout_s} s")
-        await asyncio.sleep(0.02)
+    await wait_until_async(
+        lambda: launcher.status.state == state and (job is None or launcher.status.job == job),
+        timeout_s, f"state {state.name}" + (f" of job {job}" if job else ""),
+        detail=lambda: launcher.status)
 
 
 def alive(pid: int) -> bool:
@@ -156,8 +157,6 @@ def test_torchrun_command_line_uses_the_placement():
 
 async def test_real_torchrun_single_node_smoke(tmp_path, make_launcher):
     """torch 2.13 CPU: a one-node static rendezvous, gloo process group, our variables visible."""
-    from tests.helpers.broker import free_port
-
     code = ("import os, torch.distributed as d; d.init_process_group('gloo'); "
             "print('HULK', d.get_rank(), d.get_world_size(), os.environ['HULK_STAGE'], "
             "os.environ['HULK_LAYER_LO'], flush=True); d.destroy_process_group()")

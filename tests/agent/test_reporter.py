@@ -20,7 +20,9 @@ from hulk import errors
 from hulk.v1 import hulk_pb2, hulk_pb2_grpc
 from hulk.wire.records import (Inventory, LaunchState, LaunchStatus, ProbeKind, ProbeSample,
                                RegisterRequest)
-from tests.agent.planner_double import PlannerDouble, start_server, wait_until
+from tests.agent.planner_double import PlannerDouble, start_server
+from tests.helpers.ports import free_port
+from tests.helpers.waits import wait_until_async
 
 
 def samples(n: int, start: int = 0) -> list[ProbeSample]:
@@ -28,12 +30,6 @@ def samples(n: int, start: int = 0) -> list[ProbeSample]:
                         kind=ProbeKind.ICMP, payload_bytes=56, lost=i % 10 == 0,
                         rtt_ms=0.0 if i % 10 == 0 else 0.25 + i / 1000, timeout_ms=2000.0)
             for i in range(start, start + n)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def fast_backoff() -> Backoff:
@@ -82,7 +78,7 @@ async def test_planner_down_then_back_gets_every_sample_exactly_once(tmp_path: P
         server, _ = await start_server(planner, port)
         spool.append(samples(30, start=100))          # arrives while the backlog drains
         reporter.wake()
-        await wait_until(lambda: spool.depth == 0, timeout=15)
+        await wait_until_async(lambda: spool.depth == 0, timeout=15)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -162,13 +158,13 @@ async def test_runtime_registers_probes_reports_heartbeats_and_stops(tmp_path: P
     runtime.add_component(component)
     task = asyncio.create_task(runtime.run())
     try:
-        await wait_until(lambda: len(planner.seen.registers) >= 1 and
-                         len(planner.stored_samples()) >= 8 and
-                         len(planner.seen.heartbeats) >= 1, timeout=10)
+        await wait_until_async(lambda: len(planner.seen.registers) >= 1 and
+                               len(planner.stored_samples()) >= 8 and
+                               len(planner.seen.heartbeats) >= 1, timeout=10)
         planner.reregister_next = True
-        await wait_until(lambda: len(planner.seen.registers) >= 2, timeout=5)
-        await wait_until(lambda: planner.seen.heartbeats[-1].launch.state
-                         == hulk_pb2.LAUNCH_STATE_RUNNING, timeout=5)
+        await wait_until_async(lambda: len(planner.seen.registers) >= 2, timeout=5)
+        await wait_until_async(lambda: planner.seen.heartbeats[-1].launch.state
+                               == hulk_pb2.LAUNCH_STATE_RUNNING, timeout=5)
     finally:
         runtime.request_stop()
         exit_code = await asyncio.wait_for(task, timeout=10)
@@ -229,8 +225,8 @@ async def test_runtime_waits_for_a_late_planner_and_restarts_a_failed_component(
         assert runtime.registration is None and not task.done()
         planner = PlannerDouble(peers=[("p", "127.0.0.2", 0)])
         server, _ = await start_server(planner, port)
-        await wait_until(lambda: runtime.registration is not None, timeout=10)
-        await wait_until(lambda: flaky.starts >= 2, timeout=5)
+        await wait_until_async(lambda: runtime.registration is not None, timeout=10)
+        await wait_until_async(lambda: flaky.starts >= 2, timeout=5)
     finally:
         runtime.request_stop()
         assert await asyncio.wait_for(task, timeout=10) == 0
@@ -253,6 +249,7 @@ def _self_signed_cert(directory: Path) -> tuple[Path, Path]:
     return cert, key
 
 
+@pytest.mark.process
 async def test_tls_with_a_ca_file_and_token(tmp_path: Path):
     cert, key = _self_signed_cert(tmp_path)
     planner = PlannerDouble(require_token="t0k")

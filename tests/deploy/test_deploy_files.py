@@ -45,16 +45,19 @@ def _verify(unit: Path, tmp_path: Path, program: str) -> None:
     assert complaints == [], complaints   # unknown keys and bad values are only warnings
 
 
+@pytest.mark.process
 @needs_systemd
 def test_agent_unit_verifies(tmp_path):
     _verify(DEPLOY / "hulk-agent.service", tmp_path, "hulk-agent")
 
 
+@pytest.mark.process
 @needs_systemd
 def test_planner_unit_verifies(tmp_path):
     _verify(DEPLOY / "hulk-planner.service", tmp_path, "hulk-planner")
 
 
+@pytest.mark.process
 @needs_systemd
 def test_verify_catches_a_broken_unit(tmp_path):
     """The check above is not vacuous: a misspelt directive is reported."""

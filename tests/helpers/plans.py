@@ -1,4 +1,4 @@
-"""Small fleets and jobs for the placement tests (plain values)."""
+"""Small hand-built networks, jobs and plans for the planner's tests (plain values)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,13 @@ from planner.core.jobs import MODEL_CATALOG, Job
 from planner.core.plan import Plan
 
 A100 = "NVIDIA A100-SXM4-40GB"
+
+
+def make_net(specs: list[tuple[str, int, float]], rtt_ms: list[list[float]]) -> Network:
+    """Nodes from (gpu_name, gpus, memory_gb) and a full RTT matrix; bandwidth from the TCP model."""
+    nodes = [Node(id=str(k), city=None, gpus=g, gpu_name=name, memory_gb=mem)
+             for k, (name, g, mem) in enumerate(specs)]
+    return Network.from_matrix(nodes, np.array(rtt_ms, dtype=float))
 
 
 def two_city_net(per_city: int = 3, ids: list[str] | None = None) -> Network:

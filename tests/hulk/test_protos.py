@@ -12,6 +12,7 @@ from tests.helpers.paths import REPO
 GENERATED = ["hulk_pb2.py", "hulk_pb2.pyi", "hulk_pb2_grpc.py"]
 
 
+@pytest.mark.process
 def test_generated_stubs_are_current(tmp_path: Path) -> None:
     pytest.importorskip("grpc_tools")
     subprocess.run(

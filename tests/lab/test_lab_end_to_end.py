@@ -42,8 +42,9 @@ from lab.wan import HUB, REPO, WanLab
 from planner.core.costmodel import stage_memory_bytes
 from planner.files.jobs import parse_jobs
 from planner.service.store import Store
+from tests.helpers.waits import wait_until
 
-pytestmark = [pytest.mark.root, pytest.mark.integration]
+pytestmark = [pytest.mark.root, pytest.mark.process]
 
 FLEET = "lab"
 MQTT_URL = f"mqtt://{HUB_ADDRESS}:{MQTT_PORT}"
@@ -133,15 +134,13 @@ class LabFleet:
         return "\n".join(parts)
 
     def wait(self, predicate: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.5):
-        deadline = time.monotonic() + timeout_s
-        while True:
+        """``predicate``'s first truthy value, failing at once when a lab service has died."""
+        def checked():
             self.services.check()
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}\n{self.logs()}")
-            time.sleep(poll_s)
+            return predicate()
+
+        return wait_until(checked, timeout_s, what, interval=poll_s,
+                          detail=lambda: "\n" + self.logs())
 
     def wait_for_rtts(self, timeout_s: float = 60, min_samples: int = 3) -> dict:
         """The store's fleet once every pair of hosts has a measured RTT."""

@@ -13,7 +13,7 @@ import pytest
 from lab import netns
 from lab.wan import REPO
 
-pytestmark = [pytest.mark.root, pytest.mark.integration]
+pytestmark = [pytest.mark.root, pytest.mark.process]
 
 
 def test_the_planner_learns_the_configured_rtts_and_plans(lab_available, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 
 from lab.train import EXAMPLE, run_placement
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.process
 
 
 def assert_learns(run):

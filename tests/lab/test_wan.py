@@ -17,7 +17,7 @@ from lab import matrix as lm
 from lab import netns
 from lab.wan import REPO
 
-pytestmark = [pytest.mark.root, pytest.mark.integration]
+pytestmark = [pytest.mark.root, pytest.mark.process]
 
 
 def tolerance_ms(configured: float) -> float:

@@ -10,7 +10,7 @@ from planner.baselines.systems import (nearest_neighbour_chain, plan_system_a, p
 from planner.core.costmodel import estimate, estimate_plan, problems
 from planner.core.jobs import Job
 from planner.core.plan import Unplaced
-from tests.planner.conftest import make_net
+from tests.helpers.plans import make_net
 
 JOB = Job(name="j", params=8e8, layers=4, hidden=1000, seq_len=100, global_batch=8, micro_batch=2,
           steps=10)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,11 +11,13 @@ import pytest
 from planner.files.plan import read_plan
 
 from tests.helpers.paths import REPO
+from tests.helpers.processes import run_cli
+
+pytestmark = pytest.mark.process   # every test runs `hulk-planner plan` as a subprocess
 
 
-def hulk_planner(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+def hulk_planner(*args: object, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return run_cli(*args, cwd=cwd, timeout=120)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:

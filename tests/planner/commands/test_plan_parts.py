@@ -14,7 +14,7 @@ from rich.console import Console
 from hulk.errors import PlanningError
 from planner.commands.plan import LazyProgress, check_plannable, fmt_s
 from planner.core.jobs import Job
-from tests.planner.conftest import make_net
+from tests.helpers.plans import make_net
 
 
 class FakeClock:
@@ -63,6 +63,7 @@ def test_durations():
     assert fmt_s(3 * 3600) == "3.0 h" and fmt_s(5 * 86400) == "5.0 d" and fmt_s(float("inf")) == "inf"
 
 
+@pytest.mark.process
 def test_bench_runner_reports_a_missing_module(tmp_path, repo_dir):
     result = subprocess.run([sys.executable, "-m", "bench.run", "--only", "no_such_bench",
                              "--out", str(tmp_path)], cwd=repo_dir, capture_output=True, text=True,

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +11,7 @@ from hulk.wire.broker import parse_broker_url, placement_topic, plan_topic
 from hulk.wire.placement import parse_placement, parse_summary
 from planner.service.publisher import MqttPublisher
 
-from tests.helpers.paths import REPO
+from tests.helpers.processes import run_cli
 
 
 def test_broker_url_forms():
@@ -34,11 +31,11 @@ def plan_cli(tmp_path, *extra):
                        {"src": "n0", "dst": "n2", "rtt_ms": 2.0}]}
     (tmp_path / "fleet.json").write_text(json.dumps(fleet))
     (tmp_path / "jobs.yaml").write_text("jobs:\n  - {name: a, model: gpt2-xl}\n")
-    return subprocess.run([sys.executable, "-m", "planner.cli", "plan", str(tmp_path / "jobs.yaml"),
-                           "--fleet", str(tmp_path / "fleet.json"), "--no-compare", *extra],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    return run_cli("plan", tmp_path / "jobs.yaml", "--fleet", tmp_path / "fleet.json",
+                   "--no-compare", *extra)
 
 
+@pytest.mark.process
 def test_push_without_a_broker_url_is_a_one_line_error(tmp_path, monkeypatch):
     monkeypatch.delenv("HULK_MQTT", raising=False)
     proc = plan_cli(tmp_path, "--push")
@@ -46,7 +43,7 @@ def test_push_without_a_broker_url_is_a_one_line_error(tmp_path, monkeypatch):
     assert proc.stderr.strip().count("\n") == 0 and "--mqtt" in proc.stderr
 
 
-@pytest.mark.integration
+@pytest.mark.process
 async def test_plan_push_publishes_every_placed_node_and_the_summary(broker, tmp_path):
     proc = plan_cli(tmp_path, "--push", "--mqtt", broker.url, "--fleet-name", "ops")
     assert proc.returncode == 0, proc.stderr

@@ -17,7 +17,7 @@ from planner.core.costmodel import (Placement, Stage, compute_bound_s, estimate,
                                     problems, sequential_totals, stage_memory_bytes)
 from planner.core.fleet import Fleet, Link, Node, bandwidth_from_rtt, complete
 from planner.core.jobs import Job
-from tests.planner.conftest import make_net
+from tests.helpers.plans import make_net
 
 JOB = Job(name="j", params=8e8, layers=4, hidden=1000, seq_len=100, global_batch=8, micro_batch=2,
           steps=10)

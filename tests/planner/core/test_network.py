@@ -8,7 +8,7 @@ from planner.baselines.dtfm import plan_dtfm
 from planner.baselines.systems import plan_system_b
 from planner.core.jobs import catalog_job
 from planner.search import plan_search
-from tests.planner.conftest import make_net
+from tests.helpers.plans import make_net
 
 RTT = [[0.0, 1.0, 1.0], [1.0, 0.0, 1.0], [1.0, 1.0, 0.0]]
 

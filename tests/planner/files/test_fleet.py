@@ -72,6 +72,7 @@ def test_design_md_example_reads(tmp_path: Path):
     assert len(issues) == 1 and "self-loop" in issues[0].message and issues[0].line == 7
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("name", ["asia-24", "world-48"])
 def test_shipped_examples_are_connected_and_current(tmp_path: Path, name: str):
     import subprocess

@@ -229,7 +229,7 @@ def fuzz_planner(tmp_path_factory):
     from planner.security.guard import RateLimit
     from planner.security.tls import init_pki
 
-    from tests.planner.security.conftest import ThreadedPlanner, bearer, channel, register_request
+    from tests.helpers.threaded_planner import ThreadedPlanner, bearer, channel, register_request
 
     from hulk.v1 import hulk_pb2_grpc
     tmp = tmp_path_factory.mktemp("fuzz")
@@ -320,5 +320,5 @@ def test_grpc_register_and_heartbeat_random_fields(fuzz_planner, data):
                                      detail=data.draw(short_text), changed_at_ms=data.draw(int64)))
     _call(stub.Heartbeat, beat, metadata)
     # Put n1 back where the report fuzzing expects it.
-    from tests.planner.security.conftest import register_request
+    from tests.helpers.threaded_planner import register_request
     stub.Register(register_request("n1", "127.0.0.2"), metadata=metadata, timeout=10)

@@ -15,9 +15,10 @@ from planner.core.generate import generate_fleet
 from planner.files.fleet import save_fleet_json
 from planner.gnn import checkpoint as ckpt
 from planner.gnn.online import ACTIVE_NAME, RESULTS_NAME
-from tests.planner.service.conftest import run_cli, start_planner
+from tests.helpers.processes import run_cli, start_planner
+from tests.helpers.waits import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.process
 
 
 def sub_fleet(fleet, keep: int):
@@ -29,16 +30,6 @@ def sub_fleet(fleet, keep: int):
 def results(model_dir: Path) -> list[dict]:
     path = model_dir / RESULTS_NAME
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-
-
-def wait_for(condition, timeout: float, what: str, planner):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}:\n{planner.output()}")
 
 
 def test_fleet_change_fine_tunes_in_background_without_blocking_ingestion(tiny_checkpoint,
@@ -59,15 +50,16 @@ def test_fleet_change_fine_tunes_in_background_without_blocking_ingestion(tiny_c
         "--retrain-job-sets", "4", "--retrain-epochs", "2", "--retrain-teacher-budget", "3"))
     try:
         # The fleet present at start is tuned for first.
-        wait_for(lambda: len(results(model_dir)) >= 1, 40, "the first fine-tuning run", planner)
+        wait_until(lambda: len(results(model_dir)) >= 1, 40, "the first fine-tuning run",
+                   detail=planner.output)
         after_first = active.read_bytes()
         started = planner.output().count("GNN fine-tuning started")
         assert started == 1, planner.output()
 
         imported = run_cli("fleet", "import", str(grown), "--db", str(db))
         assert imported.returncode == 0, imported.stderr
-        wait_for(lambda: planner.output().count("GNN fine-tuning started") == 2, 10,
-                 "the fleet change to be noticed", planner)
+        wait_until(lambda: planner.output().count("GNN fine-tuning started") == 2, 10,
+                   "the fleet change to be noticed", detail=planner.output)
 
         # Ingestion while the fine-tune runs: every call answers promptly.
         stub = hulk_pb2_grpc.PlannerStub(planner.channel())

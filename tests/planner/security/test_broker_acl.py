@@ -8,7 +8,6 @@ import grp
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -20,24 +19,21 @@ import pytest
 
 from planner import cli
 from planner.security.tls import init_pki
+from tests.helpers.broker import MOSQUITTO, start_mosquitto
+from tests.helpers.paths import REPO
+from tests.helpers.ports import free_port
+from tests.helpers.processes import stop_process
+from tests.helpers.waits import wait_until
 
 paho = pytest.importorskip("paho.mqtt.client")
 
-from tests.helpers.paths import REPO
 SHIPPED = REPO / "deploy" / "mosquitto" / "hulk.conf"
-MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 FLEET = "f1"
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.process
 if not Path(MOSQUITTO).exists() or not shutil.which("mosquitto_passwd"):
     pytestmark = [pytestmark, pytest.mark.skip(reason="mosquitto / mosquitto_passwd not installed "
                                                       "(make install adds Debian's mosquitto)")]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _topic(node: str) -> str:
@@ -51,7 +47,7 @@ class ShippedBroker:
 
     def __init__(self):
         self.dir = Path(tempfile.mkdtemp(prefix="hulk-mq-"))
-        self.tls_port, self.local_port = _free_port(), _free_port()
+        self.tls_port, self.local_port = free_port(), free_port()
         self.db = self.dir / "planner.sqlite"
         pki = init_pki(self.dir / "tls", ["127.0.0.1", "localhost"])
         self.ca = pki["ca"]
@@ -90,27 +86,15 @@ class ShippedBroker:
             os.chmod(path, 0o2750 if path.is_dir() else 0o640)
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mosquitto exited: {self.proc.stderr.read().decode()[:500]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.tls_port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("mosquitto did not start")
+        self.proc = start_mosquitto(self.conf, self.tls_port)
 
     def reload(self) -> None:
         self.proc.send_signal(signal.SIGHUP)
         time.sleep(0.5)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+        if self.proc:
+            stop_process(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -178,15 +162,6 @@ def _client(broker, name: str) -> Client:
     return client
 
 
-def _wait(predicate, seconds: float = 3.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def test_acl_file_grants_each_node_only_its_own_placement(broker):
     acl = (broker.dir / "acl").read_text()
     assert "user n1\ntopic read hulk/v1/+/nodes/n1/placement\n" in acl
@@ -204,7 +179,7 @@ def test_node_reads_its_own_placement_but_not_another_nodes(broker):
         n1.subscribe(_topic("n2"))
         n1.subscribe(f"hulk/v1/{FLEET}/#")          # a wildcard reaches nothing extra either
         n1.subscribe(_topic("n1"))
-        assert _wait(lambda: any(t == _topic("n1") for t, _ in n1.received))
+        wait_until(lambda: any(t == _topic("n1") for t, _ in n1.received), 3, "n1's placement")
         time.sleep(1.0)  # give any wrongly delivered message time to arrive
         assert {t for t, _ in n1.received} == {_topic("n1")}
         assert all(p == b'{"for": "n1"}' for _, p in n1.received)
@@ -226,7 +201,8 @@ def test_node_cannot_publish_placements(broker):
         # Positive control: the planner's own publish does reach the watcher.
         _client_planner = _client(broker, "planner")
         _client_planner.publish(f"hulk/v1/{FLEET}/plan", b"real", retain=False)
-        assert _wait(lambda: (f"hulk/v1/{FLEET}/plan", b"real") in watcher.received)
+        wait_until(lambda: (f"hulk/v1/{FLEET}/plan", b"real") in watcher.received, 3,
+                   "the planner's own plan message")
         time.sleep(0.5)
         assert not [m for m in watcher.received if b"forged" in m[1]]
         _client_planner.close()

@@ -15,9 +15,8 @@ from planner import cli
 from planner.security.guard import RateLimit
 from planner.security.tls import CertPaths, issue_cert
 
-from .conftest import ThreadedPlanner, bearer, channel, register_request, sample
-
-pytestmark = pytest.mark.integration
+from tests.helpers.threaded_planner import (ThreadedPlanner, bearer, channel, register_request,
+                                            sample)
 
 
 def _code(call, *args, **kwargs) -> grpc.StatusCode:

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hulk.v1 import hulk_pb2, hulk_pb2_grpc
 from hulk.wire.records import RegisterRequest
-from tests.planner.security.conftest import ThreadedPlanner, bearer, channel, register_request, sample
+from tests.helpers.threaded_planner import ThreadedPlanner, bearer, channel, register_request, sample
 
 REGISTER = "/hulk.v1.Planner/Register"
 REPORT = "/hulk.v1.Planner/Report"

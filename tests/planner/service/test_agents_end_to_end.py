@@ -9,17 +9,18 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from planner.service.store import Store
 
-from .conftest import REPO, free_port, start_planner
+from tests.helpers.paths import REPO
+from tests.helpers.ports import free_port
+from tests.helpers.processes import agent_command, start_planner, worktree_env
+from tests.helpers.waits import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.root]
+pytestmark = [pytest.mark.process, pytest.mark.root]
 
 if importlib.util.find_spec("agent.cli") is None:
     pytest.skip("agent.cli is not importable yet (the agent is built in parallel)",
@@ -30,19 +31,13 @@ if os.geteuid() != 0:
 NODES = {"n2": "127.0.0.2", "n3": "127.0.0.3", "n4": "127.0.0.4"}
 
 
-def agent_command() -> list[str]:
-    script = Path(sys.executable).parent / "hulk-agent"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "agent"]
-
-
 def start_agent(node_id: str, address: str, planner: str, state: Path) -> subprocess.Popen:
     state.mkdir(parents=True, exist_ok=True)
     log = (state / "agent.log").open("w")
     proc = subprocess.Popen(
         [*agent_command(), "--planner", planner, "--node-id", node_id, "--address", address,
          "--interval", "1", "--state-dir", str(state), "--insecure", "--log-level", "INFO"],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=worktree_env())
     log.close()
     return proc
 
@@ -80,18 +75,6 @@ def stored_by_node(db: Path) -> dict[str, int]:
     return counts
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.5, detail=None):
-    start = time.monotonic()
-    while time.monotonic() < start + timeout:
-        value = predicate()
-        if value:
-            print(f"{what}: {time.monotonic() - start:.1f} s")
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}"
-                         + (f": {detail()}" if detail else ""))
-
-
 def test_agents_measure_every_pair_and_nothing_is_lost_across_a_planner_restart(tmp_path: Path):
     db = tmp_path / "planner.db"
     port = free_port()
@@ -105,7 +88,8 @@ def test_agents_measure_every_pair_and_nothing_is_lost_across_a_planner_restart(
             ok = all(p in pairs and pairs[p].mean_ms is not None for p in wanted)
             return pairs if ok else None
 
-        pairs = wait_for(every_pair_measured, 45, "every ordered pair to be measured")
+        pairs = wait_until(every_pair_measured, 45, "every ordered pair to be measured",
+                           interval=0.5)
         for (src, dst), st in pairs.items():
             assert st.mean_ms < 5.0, (src, dst, st)
         with Store(db) as store:
@@ -123,16 +107,17 @@ def test_agents_measure_every_pair_and_nothing_is_lost_across_a_planner_restart(
             now = {n: spool_counts(tmp_path / n) for n in NODES}
             return all(now[n][1] > 0 and now[n][0] >= before[n][0] + 6 for n in NODES)
 
-        wait_for(piled_up, 30, "samples to pile up in every spool while the planner is down",
-                 detail=lambda: (before, {n: spool_counts(tmp_path / n) for n in NODES}))
+        wait_until(piled_up, 30, "samples to pile up in every spool while the planner is down",
+                   interval=0.5,
+                   detail=lambda: (before, {n: spool_counts(tmp_path / n) for n in NODES}))
 
         # Everything spooled up to the restart must leave the spool (the agents keep probing,
         # so newer samples come and go all the time).
         mark = {n: spool_counts(tmp_path / n)[0] for n in NODES}
         planner = start_planner(db, port=port)
-        wait_for(lambda: all(oldest_spooled(tmp_path / n) > mark[n] for n in NODES), 45,
-                 "the spools to drain into the restarted planner",
-                 detail=lambda: (mark, {n: oldest_spooled(tmp_path / n) for n in NODES}))
+        wait_until(lambda: all(oldest_spooled(tmp_path / n) > mark[n] for n in NODES), 45,
+                   "the spools to drain into the restarted planner", interval=0.5,
+                   detail=lambda: (mark, {n: oldest_spooled(tmp_path / n) for n in NODES}))
     finally:
         for proc in agents.values():
             proc.send_signal(signal.SIGTERM)

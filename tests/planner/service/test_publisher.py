@@ -14,16 +14,9 @@ from hulk.wire.placement import parse_placement, parse_summary
 from planner.service.publisher import MqttPublisher, push_new_plan
 from agent.placement import PlacementSubscriber
 from tests.helpers.plans import manual_plan, two_city_net
+from tests.helpers.waits import wait_until_async
 
-pytestmark = pytest.mark.integration
-
-
-async def wait_until(predicate, timeout_s: float = 10.0, what: str = "condition"):
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+pytestmark = pytest.mark.process
 
 
 class Agents:
@@ -40,7 +33,7 @@ class Agents:
 
     async def __aenter__(self):
         self.tasks = [asyncio.create_task(s.run()) for s in self.subs.values()]
-        await wait_until(lambda: all(s.connected.is_set() for s in self.subs.values()), what="subscribe")
+        await wait_until_async(lambda: all(s.connected.is_set() for s in self.subs.values()), what="subscribe")
         return self
 
     async def __aexit__(self, *exc):
@@ -57,7 +50,7 @@ async def test_each_of_three_agents_receives_exactly_its_own_placement(broker, t
     publisher = MqttPublisher(parse_broker_url(broker.url))
     async with Agents(broker.url, tmp_path, ["n0", "n3", "n5"]) as agents:
         pushed = await push_new_plan(publisher, plan, net, fleet="lab", plan_id="p1", issued_at_ms=1)
-        await wait_until(lambda: agents.changes["n0"] and agents.changes["n3"], what="placements")
+        await wait_until_async(lambda: agents.changes["n0"] and agents.changes["n3"], what="placements")
         await asyncio.sleep(0.3)  # room for any stray second delivery
         for node in ["n0", "n3"]:
             assert agents.changes[node] == [pushed[node]]          # once, and its own
@@ -76,12 +69,12 @@ async def test_broker_restart_loses_nothing(broker, tmp_path):
     async with Agents(broker.url, tmp_path, ["n0", "n1"]) as agents:
         first = await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1",
                                     issued_at_ms=1)
-        await wait_until(lambda: agents.changes["n0"] and agents.changes["n1"], what="first plan")
+        await wait_until_async(lambda: agents.changes["n0"] and agents.changes["n1"], what="first plan")
         broker.stop()
-        await wait_until(lambda: not agents.subs["n0"].connected.is_set(), what="disconnect")
+        await wait_until_async(lambda: not agents.subs["n0"].connected.is_set(), what="disconnect")
         await asyncio.sleep(0.5)                      # a few reconnect attempts fail meanwhile
         broker.start()
-        await wait_until(lambda: all(s.connects >= 2 for s in agents.subs.values()), what="reconnect")
+        await wait_until_async(lambda: all(s.connects >= 2 for s in agents.subs.values()), what="reconnect")
         # The retained placements survived the restart (persistence) ...
         retained = await publisher.read_retained(placement_topic("lab", "n0"))
         assert parse_placement(retained) == first["n0"]
@@ -91,7 +84,7 @@ async def test_broker_restart_loses_nothing(broker, tmp_path):
         # A plan pushed after the restart arrives.
         second = await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p2",
                                      issued_at_ms=2)
-        await wait_until(lambda: len(agents.changes["n1"]) == 2, what="second plan")
+        await wait_until_async(lambda: len(agents.changes["n1"]) == 2, what="second plan")
         assert agents.changes["n1"][-1] == second["n1"]
 
 
@@ -101,7 +94,7 @@ async def test_broker_restart_with_agent_connecting_afterwards_gets_the_retained
     pushed = await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1)
     broker.restart()
     async with Agents(broker.url, tmp_path, ["n2"]) as agents:
-        await wait_until(lambda: agents.changes["n2"], what="retained placement")
+        await wait_until_async(lambda: agents.changes["n2"], what="retained placement")
         assert agents.changes["n2"] == [pushed["n2"]]
 
 
@@ -111,7 +104,7 @@ async def test_malformed_message_is_logged_and_ignored_and_previous_placement_st
     async with Agents(broker.url, tmp_path, ["n4"]) as agents:
         pushed = await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1",
                                      issued_at_ms=1)
-        await wait_until(lambda: agents.changes["n4"], what="placement")
+        await wait_until_async(lambda: agents.changes["n4"], what="placement")
         path = tmp_path / "n4" / "placement.json"
         before = path.read_bytes()
         caplog.set_level(logging.WARNING, logger="agent.placement")
@@ -119,7 +112,7 @@ async def test_malformed_message_is_logged_and_ignored_and_previous_placement_st
         wrong_node = pushed["n4"].to_bytes().replace(b'"node":"n4"', b'"node":"n0"')
         for bad in [b"{not json", b'{"format": "hulk-placement/9"}', wrong_node]:
             await publisher.publish_retained({topic: bad})
-        await wait_until(lambda: agents.subs["n4"].ignored == 3, what="three ignored messages")
+        await wait_until_async(lambda: agents.subs["n4"].ignored == 3, what="three ignored messages")
         assert path.read_bytes() == before
         assert agents.changes["n4"] == [pushed["n4"]]
         assert agents.subs["n4"].current == pushed["n4"]
@@ -132,9 +125,9 @@ async def test_empty_retained_message_clears_the_placement(broker, tmp_path):
     publisher = MqttPublisher(parse_broker_url(broker.url))
     async with Agents(broker.url, tmp_path, ["n0"]) as agents:
         await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1)
-        await wait_until(lambda: agents.changes["n0"], what="placement")
+        await wait_until_async(lambda: agents.changes["n0"], what="placement")
         await publisher.publish_retained({placement_topic("lab", "n0"): b""})
-        await wait_until(lambda: len(agents.changes["n0"]) == 2, what="clear")
+        await wait_until_async(lambda: len(agents.changes["n0"]) == 2, what="clear")
         assert agents.changes["n0"][-1] is None
         assert not (tmp_path / "n0" / "placement.json").exists()
     assert await publisher.read_retained(placement_topic("lab", "n0"), wait_s=0.3) is None
@@ -152,11 +145,11 @@ async def test_a_restarted_agent_follows_the_broker_not_its_stale_file(broker, t
     publisher = MqttPublisher(parse_broker_url(broker.url))
     pushed = await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1)
     async with Agents(broker.url, tmp_path, ["n0", "n1"]) as agents:
-        await wait_until(lambda: agents.changes["n0"] and agents.changes["n1"], what="placements")
+        await wait_until_async(lambda: agents.changes["n0"] and agents.changes["n1"], what="placements")
     # While both agents are down, n0 is cleared (re-planned away); n1 keeps its placement.
     await publisher.publish_retained({placement_topic("lab", "n0"): b""})
     async with Agents(broker.url, tmp_path, ["n0", "n1"], retained_wait_s=0.3) as agents:
-        await wait_until(lambda: agents.changes["n1"], what="n1's retained placement")
+        await wait_until_async(lambda: agents.changes["n1"], what="n1's retained placement")
         assert agents.changes["n1"] == [pushed["n1"]]        # acted on again after the restart
-        await wait_until(lambda: not (tmp_path / "n0" / "placement.json").exists(), what="stale file removed")
+        await wait_until_async(lambda: not (tmp_path / "n0" / "placement.json").exists(), what="stale file removed")
         assert agents.changes["n0"] == []

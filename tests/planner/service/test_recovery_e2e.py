@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,19 +28,15 @@ from hulk.wire.broker import parse_broker_url, placement_topic, plan_topic
 from hulk.wire.placement import parse_summary
 from hulk.wire.records import GpuInfo, Inventory
 from planner.service.publisher import MqttPublisher
-from tests.helpers.broker import free_port
+from tests.helpers.ports import free_port
+from tests.helpers.processes import run_cli, start_planner
+from tests.helpers.waits import wait_until_async
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.process
 
-from tests.helpers.paths import REPO
 NODES = [f"lab-{i}" for i in range(5)]
 NODE_TIMEOUT_S = 3.0
 A100 = GpuInfo(name="NVIDIA A100-SXM4-40GB", uuid="", compute_capability=8.0, memory_bytes=40 * 10**9)
-
-
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=REPO, text=True,
-                          capture_output=True, timeout=timeout)
 
 
 def fleet_file(path: Path) -> Path:
@@ -58,40 +53,18 @@ def sleeper(role):
     return [sys.executable, "-c", "import time; time.sleep(120)"]
 
 
-async def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 @pytest.fixture
 def planner_serve(broker, tmp_path):
     db = tmp_path / "planner.sqlite"
-    imported = cli("fleet", "import", str(fleet_file(tmp_path / "fleet.json")), "--db", str(db))
+    imported = run_cli("fleet", "import", fleet_file(tmp_path / "fleet.json"), "--db", db)
     assert imported.returncode == 0, imported.stderr
-    port = free_port()
-    log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "planner.cli", "serve", "--db", str(db), "--listen", f"127.0.0.1:{port}",
-         "--insecure", "--fleet-name", "lab", "--mqtt", broker.url, "--node-timeout", str(NODE_TIMEOUT_S),
-         "--recovery-interval", "0.25", "--rollup-seconds", "1"],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    planner = start_planner(db, extra=(
+        "--fleet-name", "lab", "--mqtt", broker.url, "--node-timeout", str(NODE_TIMEOUT_S),
+        "--recovery-interval", "0.25", "--rollup-seconds", "1"))
     try:
-        deadline = time.monotonic() + 20
-        while "listening on" not in (tmp_path / "serve.log").read_text():
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
-            assert time.monotonic() < deadline, "planner did not start"
-            time.sleep(0.05)
-        yield {"db": db, "target": f"127.0.0.1:{port}", "log": tmp_path / "serve.log"}
+        yield {"db": db, "target": planner.address, "log": planner.log}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        planner.stop()
 
 
 class Agent:
@@ -132,13 +105,14 @@ async def test_a_silent_node_gets_its_jobs_replanned_and_pushed_within_the_timeo
     for agent in agents.values():
         agent.start()
     try:
-        await wait_for(lambda: all(a.component.subscriber and a.component.subscriber.connected.is_set()
-                                   for a in agents.values()), 30, "agents registered and subscribed")
+        await wait_until_async(
+            lambda: all(a.component.subscriber and a.component.subscriber.connected.is_set()
+                        for a in agents.values()), 30, "agents registered and subscribed")
         jobs = tmp_path / "jobs.yaml"
         jobs.write_text("jobs:\n"
                         "  - {name: a, model: gpt2-xl, command: 'python train.py'}\n"
                         "  - {name: b, model: bert-large, command: 'python train.py'}\n")
-        pushed = await asyncio.to_thread(cli, "plan", str(jobs), "--db", str(planner_serve["db"]),
+        pushed = await asyncio.to_thread(run_cli, "plan", str(jobs), "--db", str(planner_serve["db"]),
                                          "--no-compare", "--push", "--mqtt", broker.url,
                                          "--fleet-name", "lab")
         assert pushed.returncode == 0, pushed.stderr + pushed.stdout
@@ -148,17 +122,19 @@ async def test_a_silent_node_gets_its_jobs_replanned_and_pushed_within_the_timeo
         nodes_of = {j.name: j.node_ids for j in summary.jobs}
         assert set(nodes_of) == {"a", "b"}
         # Every agent holds exactly its own role(s).
-        await wait_for(lambda: all((a.placement is not None) == any(n in v for v in nodes_of.values())
-                                   for n, a in agents.items()), 10, "placements on the agents")
+        await wait_until_async(
+            lambda: all((a.placement is not None) == any(n in v for v in nodes_of.values())
+                        for n, a in agents.items()), 10, "placements on the agents")
         for n, agent in agents.items():
             if agent.placement is not None:
                 assert agent.placement.node == n
                 assert {r.job for r in agent.placement.roles} == {j for j, v in nodes_of.items() if n in v}
         # Launch states reach the planner through the heartbeat and `fleet show` prints them.
-        await wait_for(lambda: all(a.runtime.launch_status.state.name == "RUNNING"
-                                   for a in agents.values() if a.placement), 10, "running jobs")
+        await wait_until_async(lambda: all(a.runtime.launch_status.state.name == "RUNNING"
+                                           for a in agents.values() if a.placement), 10,
+                               "running jobs")
         await asyncio.sleep(1.0)
-        shown = await asyncio.to_thread(cli, "fleet", "show", "--db", str(planner_serve["db"]))
+        shown = await asyncio.to_thread(run_cli, "fleet", "show", "--db", str(planner_serve["db"]))
         assert shown.returncode == 0, shown.stderr
         assert "RUNNING" in shown.stdout.upper()
 
@@ -178,7 +154,7 @@ async def test_a_silent_node_gets_its_jobs_replanned_and_pushed_within_the_timeo
                     return True
             return False
 
-        await wait_for(replanned, NODE_TIMEOUT_S + 10, "the new placement of job a")
+        await wait_until_async(replanned, NODE_TIMEOUT_S + 10, "the new placement of job a")
         elapsed = time.monotonic() - t_loss
         print(f"\nloss-to-new-placement: {elapsed:.2f} s (node timeout {NODE_TIMEOUT_S:g} s)")
         assert elapsed < NODE_TIMEOUT_S + 5

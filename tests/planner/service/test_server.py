@@ -14,9 +14,9 @@ from hulk.v1 import hulk_pb2, hulk_pb2_grpc
 from planner.files.fleet import load_fleet
 from planner.service.store import Store
 
-from .conftest import PlannerProcess, run_cli, start_planner
+from tests.helpers.processes import PlannerProcess, run_cli, start_planner
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.process
 
 
 def register(stub, node_id: str, city: str = "", coords=None, address: str = "127.0.0.1"):
