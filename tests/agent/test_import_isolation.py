@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers.paths import REPO
 
 FORBIDDEN = ("planner", "numpy", "torch")
@@ -16,6 +18,7 @@ def agent_modules() -> list[str]:
                   if path.stem not in ("__init__", "__main__"))
 
 
+@pytest.mark.process
 def test_every_agent_module_imports_without_the_planner_numpy_or_torch():
     modules = agent_modules()
     assert {"agent.cli", "agent.runtime", "agent.reporter", "agent.placement"} <= set(modules)

@@ -128,6 +128,7 @@ def test_shipped_broker_config_denies_anonymous_and_requires_tls():
             assert "certfile " in block and "keyfile " in block
 
 
+@pytest.mark.process
 @needs_systemd
 @pytest.mark.parametrize("unit, ceiling", [("hulk-agent.service", 2.0), ("hulk-planner.service", 1.5)])
 def test_units_score_low_exposure_in_systemd_analyze_security(unit, ceiling):

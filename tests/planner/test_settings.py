@@ -94,6 +94,7 @@ def planner_with(variable: str, value: str, *args: str) -> subprocess.CompletedP
     ("HULK_WINDOW_DAYS", "ninety"),
     ("HULK_LOG_LEVEL", "verbose"),
 ])
+@pytest.mark.process
 def test_hulk_planner_with_a_bad_variable_exits_2_with_one_line(variable, value, tmp_path):
     result = planner_with(variable, value, "fleet", "show", "--db", str(tmp_path / "x.db"))
     assert result.returncode == 2, result.stderr

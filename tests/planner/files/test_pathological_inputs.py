@@ -113,6 +113,7 @@ def test_hostile_jobs_yaml_is_one_line(text, expected):
     assert expected in str(caught.value) and "\n" not in str(caught.value)
 
 
+@pytest.mark.process
 def test_the_cli_exits_2_with_one_line(tmp_path):
     path = write_fleet(tmp_path, '{"nodes": [{"id": "a", "gpus": ' + "9" * 5000 + "}]}")
     proc = subprocess.run([sys.executable, "-m", "planner.cli", "plan", str(REPO / "examples" / "jobs.yaml"),

@@ -24,6 +24,7 @@ def test_an_existing_ca_key_is_kept_and_the_error_says_so(tmp_path):
     assert (paths["ca_key"].read_bytes(), paths["ca"].read_bytes()) == before
 
 
+@pytest.mark.process
 def test_the_cli_refuses_a_second_init_ca_with_exit_2(tmp_path):
     command = [sys.executable, "-m", "planner.cli", "enroll", "--init-ca", str(tmp_path),
                "--host", "127.0.0.1"]

@@ -98,6 +98,7 @@ def tiny_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.process
 def test_health_is_not_serving_while_the_store_cannot_write(tiny_disk, pki):
     planner = ThreadedPlanner(tiny_disk / "planner.sqlite", pki)
     try:
