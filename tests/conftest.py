@@ -8,13 +8,22 @@ starts a process without the marker fails, so the fast lane stays free of them.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from hypothesis import settings as hypothesis_settings
+
 from tests.helpers.broker import broker  # noqa: F401  (a real mosquitto, for any test area)
 from tests.helpers.paths import REPO, SHARED
+
+# Property tests draw the same examples on every run (CI included): a failure is reproducible
+# and a green run means the same thing twice. HYPOTHESIS_PROFILE=explore draws new ones.
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+hypothesis_settings.register_profile("explore", derandomize=False)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Fixtures that start a process (`ip`, `sh`, mosquitto) for the tests that use them.
 PROCESS_FIXTURES = frozenset({"broker", "lab_host", "icmp_blocked_host", "lab_available",
