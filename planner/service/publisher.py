@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+import random
+import secrets
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from hulk.errors import UnavailableError
@@ -32,14 +34,22 @@ class Publisher(Protocol):
 
 
 class MqttPublisher:
-    """aiomqtt client per call: connect, publish (QoS 1, retained), wait for acks, disconnect."""
+    """aiomqtt client per call: connect, publish (QoS 1, retained), wait for acks, disconnect.
+
+    The shipped broker makes an account's name its client id, so the planner's connections
+    (serve's recovery, an operator's ``plan --push``) share one: a newer connection ends an older
+    one's session. A call whose connection ends that way is tried again (``attempts`` in all,
+    after a short random pause): publishing retained messages twice is harmless."""
 
     def __init__(self, broker: BrokerAddress, *, identifier: str | None = None, timeout_s: float = 10.0,
-                 client_factory: Callable[..., Any] | None = None):
+                 client_factory: Callable[..., Any] | None = None, attempts: int = 4,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
         self.broker = broker
-        self.identifier = identifier or f"hulk-planner-{os.getpid()}"
+        self.identifier = identifier
         self.timeout_s = timeout_s
+        self.attempts = attempts
         self._client_factory = client_factory
+        self._sleep = sleep
 
     def _client(self) -> Any:
         factory = self._client_factory
@@ -47,27 +57,43 @@ class MqttPublisher:
             import aiomqtt
 
             factory = aiomqtt.Client
-        return factory(self.broker.host, self.broker.port, identifier=self.identifier,
+        # Unique per connection where the broker keeps client ids (another broker configuration).
+        identifier = self.identifier or f"hulk-planner-{os.getpid()}-{secrets.token_hex(4)}"
+        return factory(self.broker.host, self.broker.port, identifier=identifier,
                        username=self.broker.username, password=self.broker.password,
                        timeout=self.timeout_s, **client_tls_kwargs(self.broker))
 
-    async def publish_retained(self, messages: Mapping[str, bytes]) -> None:
+    async def _retrying(self, call: Callable[[], Awaitable[Any]], what: str) -> Any:
         import aiomqtt
 
-        try:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return await call()
+            except (aiomqtt.MqttError, OSError) as exc:
+                if attempt == self.attempts:
+                    raise UnavailableError(f"MQTT broker {self.broker.host}:{self.broker.port}: "
+                                           f"cannot {what} ({exc})") from None
+                log.debug("MQTT %s failed (%s); attempt %d of %d", what, exc, attempt + 1,
+                          self.attempts)
+                await self._sleep(random.uniform(0.05, 0.3) * attempt)
+
+    async def publish_retained(self, messages: Mapping[str, bytes]) -> None:
+        async def publish() -> None:
             async with self._client() as client:
                 # Publish concurrently; each call returns when the broker's PUBACK arrives.
-                await asyncio.gather(*(client.publish(topic, payload, qos=1, retain=True)
-                                       for topic, payload in messages.items()))
-        except (aiomqtt.MqttError, OSError) as exc:
-            raise UnavailableError(f"MQTT broker {self.broker.host}:{self.broker.port}: "
-                                   f"cannot publish ({exc})") from None
+                results = await asyncio.gather(
+                    *(client.publish(topic, payload, qos=1, retain=True)
+                      for topic, payload in messages.items()), return_exceptions=True)
+                failed = [r for r in results if isinstance(r, BaseException)]
+                if failed:
+                    raise failed[0]
+
+        await self._retrying(publish, "publish")
 
     async def read_retained(self, topic: str, wait_s: float = 1.0) -> bytes | None:
         """The retained payload of ``topic`` (None when there is none within ``wait_s``)."""
-        import aiomqtt
 
-        try:
+        async def read() -> bytes | None:
             async with self._client() as client:
                 await client.subscribe(topic, qos=1)
                 try:
@@ -77,10 +103,9 @@ class MqttPublisher:
                                 return bytes(message.payload) or None
                 except TimeoutError:
                     return None
-        except (aiomqtt.MqttError, OSError) as exc:
-            raise UnavailableError(f"MQTT broker {self.broker.host}:{self.broker.port}: "
-                                   f"cannot read {topic} ({exc})") from None
-        return None
+            return None
+
+        return await self._retrying(read, f"read {topic}")
 
 
 def plan_messages(fleet: str, node_placements: Mapping[str, NodePlacement], summary: dict[str, Any] | None,

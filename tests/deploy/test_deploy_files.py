@@ -173,3 +173,16 @@ def test_agent_requirements_pin_every_agent_dependency_with_hashes():
     assert direct == set(wanted), "agent-requirements.in differs from pyproject's dependencies"
     assert "--require-hashes -r /path/to/hulk/deploy/agent-requirements.txt" in \
         (DEPLOY / "INSTALL.md").read_text()
+
+
+def test_mosquitto_limits_drop_in_and_nftables_rules_are_shipped_as_installed():
+    limits = (DEPLOY / "mosquitto" / "limits.conf").read_text()
+    assert "[Service]\nLimitNOFILE=65536" in limits
+    rules = (DEPLOY / "nftables" / "hulk-broker.nft").read_text()
+    assert "tcp dport 8883" in rules and "ct count over 256" in rules
+    install = (DEPLOY / "INSTALL.md").read_text()
+    assert "deploy/nftables/hulk-broker.nft" in install and "deploy/mosquitto/limits.conf" in install
+    conf = (DEPLOY / "mosquitto" / "hulk.conf").read_text()
+    # a listener setting: one per listener, never above the first (that opens 0.0.0.0:1883)
+    assert conf.count("use_username_as_clientid true") == conf.count("\nlistener ")
+    assert conf.index("use_username_as_clientid") > conf.index("\nlistener ")

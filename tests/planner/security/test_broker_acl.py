@@ -4,30 +4,19 @@ publishes nothing."""
 
 from __future__ import annotations
 
-import grp
-import os
 import shutil
-import signal
-import ssl
-import subprocess
-import tempfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from planner import cli
-from planner.security.tls import init_pki
-from tests.helpers.broker import MOSQUITTO, start_mosquitto
-from tests.helpers.paths import REPO
-from tests.helpers.ports import free_port
-from tests.helpers.processes import stop_process
+from tests.helpers.broker import MOSQUITTO
 from tests.helpers.waits import wait_until
 
 paho = pytest.importorskip("paho.mqtt.client")
 
-SHIPPED = REPO / "deploy" / "mosquitto" / "hulk.conf"
+from tests.helpers.shipped_broker import Client, ShippedBroker  # noqa: E402
+
 FLEET = "f1"
 
 pytestmark = pytest.mark.process
@@ -38,108 +27,6 @@ if not Path(MOSQUITTO).exists() or not shutil.which("mosquitto_passwd"):
 
 def _topic(node: str) -> str:
     return f"hulk/v1/{FLEET}/nodes/{node}/placement"
-
-
-class ShippedBroker:
-    """The shipped config with /etc/mosquitto/hulk -> a temp dir and test ports; files laid out as
-    INSTALL.md says (group mosquitto, setgid dir, keys 0640) so the broker reads them after it
-    drops to the mosquitto user."""
-
-    def __init__(self):
-        self.dir = Path(tempfile.mkdtemp(prefix="hulk-mq-"))
-        self.tls_port, self.local_port = free_port(), free_port()
-        self.db = self.dir / "planner.sqlite"
-        pki = init_pki(self.dir / "tls", ["127.0.0.1", "localhost"])
-        self.ca = pki["ca"]
-        text = SHIPPED.read_text()
-        assert "listener 8883\n" in text and "listener 1883 127.0.0.1\n" in text
-        text = (text.replace("/etc/mosquitto/hulk", str(self.dir))
-                .replace("listener 8883\n", f"listener {self.tls_port} 127.0.0.1\n")
-                .replace("listener 1883 127.0.0.1\n", f"listener {self.local_port} 127.0.0.1\n"))
-        self.conf = self.dir / "mosquitto.conf"
-        self.conf.write_text(text + f"\nlog_dest file {self.dir}/mosquitto.log\nlog_type all\n")
-        self.proc: subprocess.Popen | None = None
-
-    def enroll(self, *args: str) -> dict[str, str]:
-        import contextlib
-        import io
-        import json
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            assert cli.main(["enroll", *args, "--db", str(self.db), "--mqtt-passwd",
-                             str(self.dir / "passwd"), "--mqtt-acl", str(self.dir / "acl"),
-                             "--json"]) == 0
-        self._share_with_broker()
-        return json.loads(out.getvalue())
-
-    def revoke(self, node: str) -> None:
-        assert cli.main(["revoke", node, "--db", str(self.db), "--mqtt-passwd",
-                         str(self.dir / "passwd"), "--mqtt-acl", str(self.dir / "acl")]) == 0
-        self._share_with_broker()
-
-    def _share_with_broker(self) -> None:
-        if os.geteuid() != 0:
-            return
-        gid = grp.getgrnam("mosquitto").gr_gid
-        for path in [self.dir, *self.dir.rglob("*")]:
-            os.chown(path, 0, gid)
-            os.chmod(path, 0o2750 if path.is_dir() else 0o640)
-
-    def start(self) -> None:
-        self.proc = start_mosquitto(self.conf, self.tls_port)
-
-    def reload(self) -> None:
-        self.proc.send_signal(signal.SIGHUP)
-        time.sleep(0.5)
-
-    def stop(self) -> None:
-        if self.proc:
-            stop_process(self.proc)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class Client:
-    """A paho client over TLS that records what it receives."""
-
-    def __init__(self, broker: ShippedBroker, username: str | None, password: str | None, *,
-                 tls: bool = True):
-        self.received: list[tuple[str, bytes]] = []
-        self.connected = threading.Event()
-        self.reason = None
-        self.c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"t-{username}-{time.time_ns()}")
-        if username:
-            self.c.username_pw_set(username, password)
-        if tls:
-            self.c.tls_set(ca_certs=str(broker.ca), tls_version=ssl.PROTOCOL_TLS_CLIENT)
-        self.c.on_connect = self._on_connect
-        self.c.on_message = lambda c, u, m: self.received.append((m.topic, m.payload))
-        self.port = broker.tls_port
-
-    def _on_connect(self, client, userdata, flags, reason, properties):
-        self.reason = reason
-        self.connected.set()
-
-    def connect(self) -> bool:
-        try:
-            self.c.connect("127.0.0.1", self.port, keepalive=30)
-        except (OSError, ssl.SSLError):
-            return False
-        self.c.loop_start()
-        self.connected.wait(3)
-        return self.reason is not None and not self.reason.is_failure
-
-    def subscribe(self, topic: str) -> None:
-        done = threading.Event()
-        self.c.on_subscribe = lambda *a: done.set()
-        self.c.subscribe(topic, qos=1)
-        assert done.wait(5)
-
-    def publish(self, topic: str, payload: bytes, retain: bool = True) -> None:
-        self.c.publish(topic, payload, qos=1, retain=retain).wait_for_publish(5)
-
-    def close(self) -> None:
-        self.c.loop_stop()
-        self.c.disconnect()
 
 
 @pytest.fixture(scope="module")
@@ -198,14 +85,14 @@ def test_node_cannot_publish_placements(broker):
         n1.publish(_topic("n1"), b'{"forged": true}')
         n1.publish(_topic("n2"), b'{"forged": true}')
         n1.publish(f"hulk/v1/{FLEET}/plan", b'{"forged": true}')
-        # Positive control: the planner's own publish does reach the watcher.
-        _client_planner = _client(broker, "planner")
-        _client_planner.publish(f"hulk/v1/{FLEET}/plan", b"real", retain=False)
+        # Positive control: the planner's own publish does reach the watcher. (The watcher
+        # publishes it: the broker binds client ids to accounts, so a second planner connection
+        # would end the watcher's session.)
+        watcher.publish(f"hulk/v1/{FLEET}/plan", b"real", retain=False)
         wait_until(lambda: (f"hulk/v1/{FLEET}/plan", b"real") in watcher.received, 3,
                    "the planner's own plan message")
         time.sleep(0.5)
         assert not [m for m in watcher.received if b"forged" in m[1]]
-        _client_planner.close()
     finally:
         n1.close()
         watcher.close()
