@@ -51,6 +51,10 @@ class Replanner:
     ``last_seen()`` -> node id -> last heartbeat (epoch ms); ``network()`` -> the live Network;
     ``addresses()`` -> node id -> registered address (rendezvous addresses). ``search`` plans
     the affected jobs (serve passes the GNN when it has a model dir).
+
+    A restarted planner knows only heartbeats from before it went down: every node gets a full
+    ``timeout_s`` after ``started_ms`` (when serve started) to reach it before it can be called
+    silent, so a planner down for an hour stops no running job.
     """
 
     def __init__(self, publisher: Publisher, *, fleet: str,
@@ -59,7 +63,8 @@ class Replanner:
                  addresses: Callable[[], Awaitable[Mapping[str, str]]] | None = None,
                  timeout_s: float = 30.0, search: SearchFn = plan_search, seed: int = 0,
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-                 monotonic: Callable[[], float] = time.monotonic, read_wait_s: float = 0.3):
+                 monotonic: Callable[[], float] = time.monotonic, read_wait_s: float = 0.3,
+                 started_ms: int | None = None):
         self.publisher = publisher
         self.fleet = fleet
         self.last_seen = last_seen
@@ -71,6 +76,7 @@ class Replanner:
         self.clock_ms = clock_ms
         self.monotonic = monotonic
         self.read_wait_s = read_wait_s
+        self.started_ms = clock_ms() if started_ms is None else started_ms
 
     async def check(self) -> RecoveryReport | None:
         """One round; None when nothing had to change."""
@@ -82,8 +88,9 @@ class Replanner:
         now = self.clock_ms()
         planned = {n for job in summary.jobs for n in job.node_ids}
         # Only nodes the store monitors can be declared down (a plan made from a fleet file may
-        # name nodes that have no agent).
-        down = sorted(down_nodes({n: seen[n] for n in planned if n in seen}, now, self.timeout_s))
+        # name nodes that have no agent); none before it had a full timeout to reach this planner.
+        heard = {n: max(seen[n] or 0, self.started_ms) for n in planned if n in seen}
+        down = sorted(down_nodes(heard, now, self.timeout_s))
         if not down:
             return None
         t0 = self.monotonic()

@@ -45,7 +45,7 @@ async def test_replanner_pushes_new_roles_only_to_the_affected_job_and_clears_th
         return net
 
     replanner = Replanner(broker, fleet="lab", last_seen=last_seen, network=network, timeout_s=3,
-                          clock_ms=lambda: now[0])
+                          clock_ms=lambda: now[0], started_ms=0)    # serving for a long time
     report = await replanner.check()
     assert report is not None and report.down == ["n2"] and report.replanned == ["a"]
     assert report.kept == ["b"]
@@ -86,3 +86,31 @@ async def test_replanner_without_a_plan_does_nothing():
 
     replanner = Replanner(MemoryBroker(), fleet="lab", last_seen=never, network=never)
     assert await replanner.check() is None
+
+
+async def test_a_restarted_planner_gives_every_node_a_full_timeout_before_calling_it_silent():
+    """serve restarted after an hour down: the store's heartbeats are an hour old, yet no job is
+    stopped; a node still silent a full timeout after the restart is re-planned as usual."""
+    net = two_city_net(per_city=4)
+    broker = MemoryBroker()
+    await push_new_plan(broker, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1)
+    restart = 3_600_000 + 100_000
+    now = [restart]
+    seen = {n: 100_000 for n in net.ids}                 # last heard an hour before the restart
+
+    async def last_seen():
+        return seen
+
+    async def network():
+        return net
+
+    replanner = Replanner(broker, fleet="lab", last_seen=last_seen, network=network, timeout_s=3,
+                          clock_ms=lambda: now[0])
+    assert await replanner.check() is None               # right after the restart
+    now[0] = restart + 2_500
+    seen.update({n: now[0] for n in net.ids if n != "n2"})   # the agents are back within seconds
+    assert await replanner.check() is None
+    assert broker.published[-1:] and len(broker.published) == 1    # nothing pushed but the plan
+    now[0] = restart + 3_500                             # n2 never came back
+    report = await replanner.check()
+    assert report is not None and report.down == ["n2"]
