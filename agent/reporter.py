@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -19,7 +20,7 @@ from typing import Protocol
 import grpc
 
 from agent.clock import Clock, SystemClock
-from agent.spool import Spool
+from agent.spool import Spool, SpoolFullError
 from hulk import errors
 from hulk.v1 import hulk_pb2_grpc
 from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, LaunchStatus, ProbeSample,
@@ -200,6 +201,9 @@ class Reporter:
                     dropped = self.spool.discard(batch.batch_id)
                     log.error("%s; dropped batch %s (%d samples)", err, batch.batch_id, dropped)
                 continue
+            except SpoolFullError as err:
+                await self._back_off(err)  # an ack needs a little room: it comes back
+                continue
             except errors.StoreError:
                 raise  # the spool is broken: the runtime decides
             except errors.HulkError as err:
@@ -213,7 +217,7 @@ class Reporter:
         """Wait until a full batch is spooled or linger_s has passed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.linger_s
-        while self.spool.depth < self.max_batch:
+        while self.spool.stored < self.max_batch:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return
@@ -230,13 +234,29 @@ class Reporter:
         await self._clock.sleep(delay)
 
     async def flush(self, deadline_s: float) -> int:
-        """On shutdown: send what can be sent within ``deadline_s``. Returns batches sent."""
+        """On shutdown: send what can be sent within ``deadline_s``, what memory holds included
+        (saved first; sent as it is if the disk has no room even then). Returns batches sent."""
         sent = 0
         try:
             async with asyncio.timeout(deadline_s):
-                while await self.send_one():
+                while True:
+                    self.spool.save()  # acknowledged batches leave room for what memory holds
+                    if not await self.send_one():
+                        break
+                    sent += 1
+                while self.spool.held:
+                    await self._send_held()
                     sent += 1
         except (TimeoutError, errors.HulkError) as err:
             log.info("flush stopped after %d batches (%s); %d samples stay spooled", sent,
-                     err or "deadline", self.spool.depth)
+                     str(err) or "deadline", self.spool.depth)
         return sent
+
+    async def _send_held(self) -> None:
+        samples = self.spool.held_batch(self.max_batch)
+        batch_id = uuid.uuid4().hex
+        await self.client.report(self.node_id, batch_id, samples, self.spool.dropped)
+        self.spool.forget_held(len(samples))
+        self.sent_batches += 1
+        self.sent_samples += len(samples)
+        log.info("sent %d samples the disk had no room for as batch %s", len(samples), batch_id)

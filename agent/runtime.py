@@ -93,7 +93,6 @@ class AgentRuntime:
         self.flush_deadline_s = flush_deadline_s
         self.restart_delay_s = restart_delay_s
         self.spool_write_s = spool_write_s
-        self._unspooled: list[ProbeSample] = []
         self._register_backoff = register_backoff or Backoff(1.0, 2.0, 60.0, rng=rng)
         self.registration: RegisterAnswer | None = None
         self.inventory: Inventory | None = None
@@ -231,7 +230,7 @@ class AgentRuntime:
         try:
             self._write_spool()
         except errors.StoreError as err:
-            log.error("%s; %d samples lost", err, len(self._unspooled))
+            log.error("%s; %d samples stay in memory", err, self.spool.held)
         if self.registration is not None:
             sent = await self.reporter.flush(self.flush_deadline_s)
             log.info("flushed %d batch(es); %d samples stay spooled", sent, self.spool.depth)
@@ -260,19 +259,15 @@ class AgentRuntime:
                 await self.clock.sleep(self.restart_delay_s)
 
     def _sink(self, samples: Sequence[ProbeSample]) -> None:
-        # Buffered for up to spool_write_s: one SQLite transaction a second, not one a round.
-        self._unspooled.extend(samples)
+        # Held in memory for up to spool_write_s: one SQLite transaction a second, not one a round.
+        self.spool.hold(samples)
 
     def _write_spool(self) -> None:
-        if not self._unspooled:
+        """What the spool holds in memory onto disk, as far as there is room (a full disk is
+        not an error: the samples wait in memory, bounded, and are counted if dropped)."""
+        if not self.spool.held:
             return
-        try:
-            dropped = self.spool.append(self._unspooled)
-        except errors.StoreError:
-            # Keep them for the next try, within the spool's own bound.
-            del self._unspooled[:-self.spool.max_samples]
-            raise
-        self._unspooled = []
+        dropped = self.spool.save()
         if dropped:
             log.warning("spool full (%d samples): dropped the %d oldest", self.spool.max_samples,
                         dropped)
@@ -328,7 +323,7 @@ class AgentRuntime:
             try:
                 result = await self.client.heartbeat(
                     self.config.node_id, epoch_ms(self.clock),
-                    self.spool.depth + len(self._unspooled),
+                    self.spool.depth,
                     self.spool.dropped, self._launch)
             except errors.HulkError as err:
                 failures += 1
