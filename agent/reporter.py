@@ -139,12 +139,22 @@ class GrpcPlannerClient:
 # ------------------------------------------------------------------------------- the reporter
 
 class Reporter:
-    """Drains the spool into Report calls, oldest first, one batch at a time."""
+    """Drains the spool into Report calls, oldest first, one batch at a time.
+
+    A batch the planner refuses as invalid is dropped at once (counted). One it fails on
+    (INTERNAL, UNKNOWN: a planner bug, perhaps a value it cannot store) is retried with backoff,
+    and set aside as dropped after ``give_up_after`` failures in a row, so one bad batch cannot
+    block the spool. A planner that is down, rate-limits or refuses the token says nothing
+    about the batch: that is retried for as long as it takes.
+    """
+
+    GIVE_UP_AFTER = 8     # failures of one batch in a row (about 2 minutes of backoff)
 
     def __init__(self, node_id: str, spool: Spool, client: PlannerClient, *,
                  max_batch: int = 500, backoff: Backoff | None = None,
                  clock: Clock | None = None, linger_s: float = 5.0,
-                 on_unregistered: Callable[[], None] | None = None):
+                 on_unregistered: Callable[[], None] | None = None,
+                 give_up_after: int = GIVE_UP_AFTER):
         self.node_id = node_id
         self.spool = spool
         self.client = client
@@ -155,6 +165,9 @@ class Reporter:
         # cost more CPU than all the probing.
         self.linger_s = linger_s
         self._on_unregistered = on_unregistered
+        self.give_up_after = give_up_after
+        self._batch_id: str | None = None     # the batch of the last Report sent
+        self._failing: tuple[str | None, int] = (None, 0)   # (batch, failures in a row)
         self._wake = asyncio.Event()
         self.sent_batches = 0
         self.sent_samples = 0
@@ -169,6 +182,7 @@ class Reporter:
         batch = self.spool.take_batch(self.max_batch)
         if batch is None:
             return None
+        self._batch_id = batch.batch_id
         result = await self.client.report(self.node_id, batch.batch_id, batch.samples,
                                           self.spool.dropped)
         self.spool.ack(batch.batch_id)
@@ -207,11 +221,30 @@ class Reporter:
             except errors.StoreError:
                 raise  # the spool is broken: the runtime decides
             except errors.HulkError as err:
+                if type(err) is errors.HulkError and self._set_aside(err):
+                    continue  # INTERNAL and such: the planner failed on this batch
                 await self._back_off(err)
                 continue
+            self._failing = (None, 0)
             self.backoff.reset()
             if sent is None or sent < self.max_batch:
                 await self._linger()
+
+    def _set_aside(self, err: errors.HulkError) -> bool:
+        """Count a failure of the current batch; past the bound, drop it (counted, logged
+        once). Returns whether it was dropped."""
+        batch_id, failures = self._failing
+        failures = failures + 1 if batch_id == self._batch_id else 1
+        self._failing = (self._batch_id, failures)
+        if self._batch_id is None or failures < self.give_up_after:
+            return False
+        dropped = self.spool.discard(self._batch_id)
+        log.error("%s: the planner failed on batch %s %d times in a row; set its %d samples "
+                  "aside as dropped so later ones can flow", err, self._batch_id, failures,
+                  dropped)
+        self._failing = (None, 0)
+        self.backoff.reset()
+        return True
 
     async def _linger(self) -> None:
         """Wait until a full batch is spooled or linger_s has passed."""
