@@ -80,21 +80,35 @@ class PlannerClient(Protocol):
     async def close(self) -> None: ...
 
 
-def make_channel(target: str, *, insecure: bool, ca: Path | None) -> grpc.aio.Channel:
+def _read_pem(path: Path | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise errors.ConfigError(f"cannot read the {what}: {err.strerror or err}",
+                                 path=str(path)) from None
+
+
+def make_channel(target: str, *, insecure: bool, ca: Path | None,
+                 client_cert: Path | None = None,
+                 client_key: Path | None = None) -> grpc.aio.Channel:
+    """A channel to the planner: TLS verified with ``ca`` (None: the system's CAs), presenting
+    ``client_cert`` and ``client_key`` when given (for a planner run with --client-ca)."""
     options = [("grpc.keepalive_time_ms", 60_000), ("grpc.max_receive_message_length", 16 << 20)]
     if insecure:
         log.warning("gRPC to %s is plaintext (--insecure): anyone on the path can read and forge "
                     "reports", target)
         return grpc.aio.insecure_channel(target, options=options)
-    root = None
-    if ca is not None:
-        try:
-            root = ca.read_bytes()
-        except OSError as err:
-            raise errors.ConfigError(f"cannot read the CA certificate: {err.strerror or err}",
-                                     path=str(ca)) from None
-    return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=root),
-                                   options=options)
+    if (client_cert is None) != (client_key is None):
+        raise errors.ConfigError("a client certificate needs its key, and the key its "
+                                 "certificate", field="client_cert")
+    root = _read_pem(ca, "CA certificate")
+    chain = _read_pem(client_cert, "client certificate")
+    key = _read_pem(client_key, "client private key")
+    credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key,
+                                               certificate_chain=chain)
+    return grpc.aio.secure_channel(target, credentials, options=options)
 
 
 class GrpcPlannerClient:
@@ -108,9 +122,11 @@ class GrpcPlannerClient:
 
     @classmethod
     def connect(cls, target: str, *, insecure: bool, ca: Path | None = None, token: str = "",
-                call_timeout_s: float = 10.0) -> GrpcPlannerClient:
-        return cls(make_channel(target, insecure=insecure, ca=ca), token=token,
-                   call_timeout_s=call_timeout_s)
+                call_timeout_s: float = 10.0, client_cert: Path | None = None,
+                client_key: Path | None = None) -> GrpcPlannerClient:
+        return cls(make_channel(target, insecure=insecure, ca=ca, client_cert=client_cert,
+                                client_key=client_key),
+                   token=token, call_timeout_s=call_timeout_s)
 
     async def _call(self, method: str, request):
         try:

@@ -124,7 +124,9 @@ class AgentRuntime:
                         "our groups): probing over TCP only")
         parts = dict(
             client=GrpcPlannerClient.connect(config.planner, insecure=config.insecure,
-                                             ca=config.ca, token=config.token),
+                                             ca=config.ca, token=config.token,
+                                             client_cert=config.client_cert,
+                                             client_key=config.client_key),
             spool=Spool(config.spool_path, config.spool_max),
             pinger=IcmpPinger(mode) if mode else None,
             notifier=SystemdNotifier.from_environ(),
