@@ -45,13 +45,33 @@ class Component(Protocol):
     async def run(self, runtime: AgentRuntime) -> None: ...
 
 
+# What the agent takes from the planner's ProbeSettings: a value outside is not used (the local
+# one is, with one warning). A NaN fails every comparison, so it is outside too.
+PLANNER_SETTING_RANGES: dict[str, tuple[float, float]] = {
+    "interval_s": (0.1, 86400.0), "packets_per_round": (1, 100), "timeout_s": (0.01, 60.0),
+    "payload_bytes": (0, 1472), "max_concurrency": (1, 4096), "max_batch": (1, 10_000),
+}
+
+
+def unusable_planner_settings(planner: ProbeSettings | None) -> dict[str, str]:
+    """The planner's settings the agent will not use (0 means not sent: never unusable), with
+    why."""
+    problems = {}
+    for name, (low, high) in PLANNER_SETTING_RANGES.items():
+        value = getattr(planner, name) if planner is not None else 0
+        if value and not low <= value <= high:
+            problems[name] = f"{value!r} is outside {low:g}-{high:g}"
+    return problems
+
+
 def effective_settings(config: AgentConfig, planner: ProbeSettings | None) -> ProbeSettings:
     """The probe settings to use: a value the operator set locally wins, else the planner's
-    (when it sent one: 0 means not set), else the local default."""
+    (when it sent a usable one: 0 means not set), else the local default."""
+    unusable = unusable_planner_settings(planner)
     values = {}
     for name in (f.name for f in fields(ProbeSettings)):
         local = getattr(config, name, getattr(PROBE_DEFAULTS, name))
-        remote = getattr(planner, name) if planner is not None else 0
+        remote = getattr(planner, name) if planner is not None and name not in unusable else 0
         values[name] = local if name in config.explicit or not remote else type(local)(remote)
     return ProbeSettings(**values)
 
@@ -111,6 +131,7 @@ class AgentRuntime:
         self._registered: asyncio.Event | None = None
         self._reregister: asyncio.Event | None = None
         self.heartbeats_sent = 0
+        self._warned_settings: set[tuple[str, str]] = set()
 
     @classmethod
     def from_config(cls, config: AgentConfig, *, components: Iterable[Component] = (),
@@ -283,6 +304,11 @@ class AgentRuntime:
     async def _register_once(self) -> RegisterAnswer:
         registration = await self.client.register(self.register_request())
         self.registration = registration
+        for name, why in unusable_planner_settings(registration.settings).items():
+            if (name, why) not in self._warned_settings:
+                self._warned_settings.add((name, why))
+                log.warning("ignoring the planner's %s: %s; using %r", name, why,
+                            getattr(effective_settings(self.config, None), name))
         settings = effective_settings(self.config, registration.settings)
         self.prober.set_settings(settings)
         self.prober.set_peers(registration.peers)
