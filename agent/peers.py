@@ -92,9 +92,10 @@ class PeerResolver:
             if len(self._running) >= self.max_lookups:
                 return None  # too many names hanging already: try again next round
             lookup = self._start(address)
-        try:
-            return await asyncio.wait_for(asyncio.shield(lookup), self.timeout_s)
-        except asyncio.TimeoutError:
+        try:  # asyncio.timeout, not wait_for: that may swallow a cancel in 3.11
+            async with asyncio.timeout(self.timeout_s):
+                return await asyncio.shield(lookup)
+        except TimeoutError:
             return None  # the lookup goes on; its answer is cached when it comes
 
     def _start(self, name: str) -> asyncio.Future:

@@ -64,10 +64,11 @@ class TcpConnector:
             sock.setblocking(False)
             started = time.perf_counter()
             try:
-                await asyncio.wait_for(loop.sock_connect(sock, (address, port)), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await loop.sock_connect(sock, (address, port))
             except ConnectionRefusedError:
                 pass  # an RST is an answer from the peer's kernel
-            except (asyncio.TimeoutError, OSError):
+            except (TimeoutError, OSError):
                 return PacketResult(sent_at, None)
             rtt_ms = (time.perf_counter() - started) * 1000
         return PacketResult(sent_at, rtt_ms if rtt_ms <= timeout_s * 1000 else None)
@@ -213,9 +214,10 @@ class Prober:
                 wait = 1.0 if due is None else max(self.batch_window_s,
                                                    due - self._clock.monotonic())
                 self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=min(wait, 5.0))
-                except asyncio.TimeoutError:
+                try:  # asyncio.timeout: wait_for may swallow a cancel (see Reporter._linger)
+                    async with asyncio.timeout(min(wait, 5.0)):
+                        await self._wake.wait()
+                except TimeoutError:
                     pass
         finally:
             for task in list(self._in_flight.values()):

@@ -271,9 +271,12 @@ class Reporter:
             if remaining <= 0:
                 return
             self._wake.clear()
+            # asyncio.timeout, not wait_for: in 3.11 wait_for swallows a cancel that comes as
+            # the event is set, and the agent's stop would then wait for this loop forever.
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=remaining)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(remaining):
+                    await self._wake.wait()
+            except TimeoutError:
                 return
 
     async def _back_off(self, err: errors.HulkError) -> None:

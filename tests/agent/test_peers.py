@@ -75,7 +75,7 @@ async def test_an_unresolvable_peer_name_delays_no_other_peer(tmp_path: Path):
     planner = PlannerDouble(
         peers=[("good-2", "127.0.0.2", 0), ("stalls", "stall.hulk-test.example", 0),
                ("good-3", "127.0.0.3", 0)],
-        settings=hulk_pb2.ProbeSettings(interval_s=1.0, packets_per_round=3, timeout_s=0.5,
+        settings=hulk_pb2.ProbeSettings(interval_s=1.0, packets_per_round=1, timeout_s=0.5,
                                         max_batch=50))
     server, port = await start_server(planner)
     log_path = tmp_path / "agent.log"
@@ -103,10 +103,13 @@ async def test_an_unresolvable_peer_name_delays_no_other_peer(tmp_path: Path):
     output = log_path.read_text()
     assert exit_code == 0, output
     for peer in ("good-2", "good-3"):
+        # A round a second for 9 s (the prober may start a round up to 0.5 s late, and skips
+        # one still running); before the fix, each lookup of the bad name stalled the whole
+        # agent for 6 s (two tries of 3 s), and these peers got nothing at all.
         sent = sorted({s.sent_at_ms for s in planner.stored_samples() if s.peer_id == peer})
-        assert len(sent) >= 18, (peer, len(sent), output)      # 3 packets a second for 9 s
+        assert len(sent) >= 6, (peer, len(sent), output)
         gaps = [b - a for a, b in zip(sent, sent[1:])]
-        assert max(gaps) < 1800, (peer, max(gaps), output)     # never a stalled round
+        assert max(gaps) < 2600, (peer, gaps, output)
     assert not [s for s in planner.stored_samples() if s.peer_id == "stalls"]
     assert output.count("cannot resolve") == 1, output
     assert "Traceback" not in output
