@@ -1,7 +1,8 @@
 """mTLS from the agent's side (issue 12: advertised, but the agent could not present a client
 certificate). A real `hulk-planner serve --client-ca` and a real mosquitto with
-``require_certificate true``: without the node's certificate the agent is refused, with it (config
-file fields, HULK_CLIENT_CERT/HULK_CLIENT_KEY, flags; ``?cert=&key=`` in the broker URL) it gets in."""
+``require_certificate true``: without the node's certificate the agent is refused; with it (config
+file fields, HULK_CLIENT_CERT/HULK_CLIENT_KEY, flags; ``?cert=&key=`` in the broker URL) it is in.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from agent.config import load_config
 from agent.placement import PlacementSubscriber
 from agent.reporter import GrpcPlannerClient
 from agent.runtime import AgentRuntime
-from agent.spool import Spool
 from hulk import errors
 from hulk.wire.broker import parse_broker_url
 from hulk.wire.records import Inventory, LaunchStatus
