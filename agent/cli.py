@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--insecure", action="store_const", const=True, default=None,
         help="plaintext gRPC (warned about); default: TLS")
     add("--ca", metavar="FILE", help="CA certificate that signs the planner's certificate")
+    add("--client-cert", metavar="FILE", help="this node's client certificate (PEM), for a "
+                                              "planner that requires one (--client-ca)")
+    add("--client-key", metavar="FILE", help="the private key (PEM) of --client-cert")
     add("--mqtt", metavar="URL", help="broker URL mqtt://[user:pass@]HOST:PORT")
     add("--spool-max", metavar="N", help="most samples spooled before the oldest are dropped")
     add("--packets-per-round", metavar="N", help="probe packets per round "
@@ -67,6 +70,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         "config": args.config, "planner": args.planner, "node_id": args.node_id,
         "address": args.address, "city": args.city, "interval_s": args.interval,
         "state_dir": args.state_dir, "insecure": args.insecure, "ca": args.ca,
+        "client_cert": args.client_cert, "client_key": args.client_key,
         "mqtt": args.mqtt, "spool_max": args.spool_max,
         "packets_per_round": args.packets_per_round, "timeout_s": args.timeout,
         "max_concurrency": args.max_concurrency, "probe_port": args.probe_port,

@@ -18,6 +18,7 @@ import yaml
 
 from hulk import settings
 from hulk.errors import ConfigError
+from hulk.wire.broker import parse_broker_url
 from hulk.wire.records import ProbeSettings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -39,6 +40,8 @@ class AgentConfig:
     insecure: bool = False
     token: str = ""
     ca: Path | None = None
+    client_cert: Path | None = None   # this node's certificate for a planner requiring mTLS
+    client_key: Path | None = None    # and its private key (PEM)
     mqtt: str = ""
     spool_max: int = 1_000_000
     packets_per_round: int = PROBE_DEFAULTS.packets_per_round
@@ -67,6 +70,8 @@ SOURCES: dict[str, tuple[str | None, str | None]] = {
     "insecure": ("HULK_INSECURE", "--insecure"),
     "token": ("HULK_TOKEN", None),            # never a flag: it would show in `ps`
     "ca": ("HULK_CA", "--ca"),
+    "client_cert": ("HULK_CLIENT_CERT", "--client-cert"),
+    "client_key": ("HULK_CLIENT_KEY", "--client-key"),
     "mqtt": ("HULK_MQTT", "--mqtt"),
     "spool_max": ("HULK_SPOOL_MAX", "--spool-max"),
     "packets_per_round": ("HULK_PACKETS_PER_ROUND", "--packets-per-round"),
@@ -79,7 +84,8 @@ SOURCES: dict[str, tuple[str | None, str | None]] = {
 
 # Keys a config file may use besides the field names.
 FILE_ALIASES = {"interval": "interval_s", "timeout": "timeout_s", "node-id": "node_id",
-                "state-dir": "state_dir", "log-level": "log_level", "spool-max": "spool_max"}
+                "state-dir": "state_dir", "log-level": "log_level", "spool-max": "spool_max",
+                "client-cert": "client_cert", "client-key": "client_key"}
 
 
 class _Bad(ValueError):
@@ -173,10 +179,30 @@ def _ca(value: Any) -> Path | None:
     return path
 
 
+def _pem_file(what: str) -> Callable[[Any], Path | None]:
+    def parse(value: Any) -> Path | None:
+        text = _text(value)
+        if not text:
+            return None
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise _Bad(f"expected a readable {what} file (PEM), {text!r} does not exist")
+        return path
+    return parse
+
+
 def _mqtt(value: Any) -> str:
     text = _text(value)
     if text and not re.match(r"^mqtts?://[^/\s]+", text):
         raise _Bad(f"expected a broker URL mqtt://[user:pass@]HOST:PORT, got {text!r}")
+    if "cert=" in text or "key=" in text:  # a client certificate for the broker: check now
+        try:
+            broker = parse_broker_url(text, source="")
+        except ConfigError as err:
+            raise _Bad(str(err)) from None
+        for what, path in (("cert", broker.cert), ("key", broker.key)):
+            if path and not Path(path).is_file():
+                raise _Bad(f"expected a readable file for {what}=, {path!r} does not exist")
     return text
 
 
@@ -197,6 +223,8 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "insecure": _boolean,
     "token": _text,
     "ca": _ca,
+    "client_cert": _pem_file("client certificate"),
+    "client_key": _pem_file("client private key"),
     "mqtt": _mqtt,
     "spool_max": _integer(100, 1_000_000_000, "samples"),
     "packets_per_round": _integer(1, 100, "packets"),
@@ -276,5 +304,20 @@ def load_config(flags: Mapping[str, Any] | None = None, *,
             variable, flag = SOURCES[name]
             raise ConfigError(f"required: give {flag}, set {variable} or put {name!r} in the "
                               "config file", field=name)
+    _check_client_certificate(values)
     return AgentConfig(**values, explicit=frozenset(explicit))
+
+
+def _check_client_certificate(values: Mapping[str, Any]) -> None:
+    """A client certificate comes with its key, and only over TLS."""
+    cert, key = values.get("client_cert"), values.get("client_key")
+    if bool(cert) != bool(key):
+        missing = "client_key" if cert else "client_cert"
+        variable, flag = SOURCES[missing]
+        raise ConfigError(f"a client certificate needs its key and the key its certificate: give "
+                          f"{flag}, set {variable} or put {missing!r} in the config file",
+                          field=missing)
+    if cert and values.get("insecure"):
+        raise ConfigError("a client certificate needs TLS, but insecure (plaintext gRPC) is on",
+                          field="client_cert")
 

@@ -7,6 +7,9 @@
 - Where ICMP gets no answer at all (or cannot be sent) and the peer lists a probe port, a TCP
   connect round measures instead; a peer found ICMP-blocked is probed over TCP and re-tried
   over ICMP every ``icmp_recheck_rounds`` rounds.
+- Peers come from the planner: one the agent cannot probe (agent.peers.peer_problem) is skipped
+  with one warning; a host name is resolved off the event loop (agent.peers.PeerResolver), so
+  a name that does not resolve delays only its own rounds.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import random
 import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from agent.clock import Clock, SystemClock
+from agent.peers import PeerResolver, peer_problem
 from hulk.wire.records import Peer, ProbeKind, ProbeSample, ProbeSettings
 
 log = logging.getLogger(__name__)
@@ -60,10 +64,11 @@ class TcpConnector:
             sock.setblocking(False)
             started = time.perf_counter()
             try:
-                await asyncio.wait_for(loop.sock_connect(sock, (address, port)), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await loop.sock_connect(sock, (address, port))
             except ConnectionRefusedError:
                 pass  # an RST is an answer from the peer's kernel
-            except (asyncio.TimeoutError, OSError):
+            except (TimeoutError, OSError):
                 return PacketResult(sent_at, None)
             rtt_ms = (time.perf_counter() - started) * 1000
         return PacketResult(sent_at, rtt_ms if rtt_ms <= timeout_s * 1000 else None)
@@ -146,12 +151,14 @@ class Prober:
     def __init__(self, settings: ProbeSettings, sink: SampleSink, *, pinger: Pinger | None,
                  connector: Connector | None = None, clock: Clock | None = None,
                  rng: random.Random | None = None, icmp_recheck_rounds: int = 10,
-                 batch_window_s: float = 0.5, packet_gap_s: float = 0.2):
+                 batch_window_s: float = 0.5, packet_gap_s: float = 0.2,
+                 resolver: PeerResolver | None = None):
         self.settings = settings
         self.packet_gap_s = packet_gap_s
         self._sink = sink
         self._pinger = pinger
         self._connector = connector or TcpConnector()
+        self._resolver = resolver or PeerResolver()
         self._clock = clock or SystemClock()
         self._scheduler = RoundScheduler(settings.interval_s, rng or random.Random())
         self._semaphore = asyncio.Semaphore(settings.max_concurrency)
@@ -165,7 +172,17 @@ class Prober:
 
     # -- configuration, safe to call while running
     def set_peers(self, peers: Iterable[Peer]) -> None:
-        self._scheduler.set_peers(peers, self._clock.monotonic())
+        """Probe these peers from now on; one the agent cannot probe is skipped (one warning
+        per peer and problem, however often the planner names it)."""
+        usable = []
+        for peer in peers:
+            problem = peer_problem(peer)
+            if problem is None:
+                usable.append(peer)
+            else:
+                self._warn_once(f"bad:{peer.node_id}:{problem}", "skipping peer %r from the "
+                                "planner: %s", peer.node_id[:64], problem)
+        self._scheduler.set_peers(usable, self._clock.monotonic())
         self._wake.set()
 
     def set_settings(self, settings: ProbeSettings) -> None:
@@ -197,9 +214,10 @@ class Prober:
                 wait = 1.0 if due is None else max(self.batch_window_s,
                                                    due - self._clock.monotonic())
                 self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=min(wait, 5.0))
-                except asyncio.TimeoutError:
+                try:  # asyncio.timeout: wait_for may swallow a cancel (see Reporter._linger)
+                    async with asyncio.timeout(min(wait, 5.0)):
+                        await self._wake.wait()
+                except TimeoutError:
                     pass
         finally:
             for task in list(self._in_flight.values()):
@@ -221,6 +239,12 @@ class Prober:
 
     async def probe_round(self, peer: Peer) -> list[ProbeSample]:
         """One round to one peer: ICMP, or TCP where ICMP is unavailable or blocked."""
+        address = await self._resolver.resolve(peer.address)
+        if address is None:
+            self._warn_once(f"dns:{peer.node_id}:{peer.address}", "cannot resolve %s's address "
+                            "%r: not probing it until it resolves", peer.node_id, peer.address)
+            return []
+        peer = replace(peer, address=address)
         p = self.settings
         blocked_left = self._icmp_blocked.get(peer.node_id, 0)
         if self._pinger is not None and (blocked_left == 0 or not peer.probe_port):

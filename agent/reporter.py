@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -19,7 +20,7 @@ from typing import Protocol
 import grpc
 
 from agent.clock import Clock, SystemClock
-from agent.spool import Spool
+from agent.spool import Spool, SpoolFullError
 from hulk import errors
 from hulk.v1 import hulk_pb2_grpc
 from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, LaunchStatus, ProbeSample,
@@ -79,21 +80,35 @@ class PlannerClient(Protocol):
     async def close(self) -> None: ...
 
 
-def make_channel(target: str, *, insecure: bool, ca: Path | None) -> grpc.aio.Channel:
+def _read_pem(path: Path | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise errors.ConfigError(f"cannot read the {what}: {err.strerror or err}",
+                                 path=str(path)) from None
+
+
+def make_channel(target: str, *, insecure: bool, ca: Path | None,
+                 client_cert: Path | None = None,
+                 client_key: Path | None = None) -> grpc.aio.Channel:
+    """A channel to the planner: TLS verified with ``ca`` (None: the system's CAs), presenting
+    ``client_cert`` and ``client_key`` when given (for a planner run with --client-ca)."""
     options = [("grpc.keepalive_time_ms", 60_000), ("grpc.max_receive_message_length", 16 << 20)]
     if insecure:
         log.warning("gRPC to %s is plaintext (--insecure): anyone on the path can read and forge "
                     "reports", target)
         return grpc.aio.insecure_channel(target, options=options)
-    root = None
-    if ca is not None:
-        try:
-            root = ca.read_bytes()
-        except OSError as err:
-            raise errors.ConfigError(f"cannot read the CA certificate: {err.strerror or err}",
-                                     path=str(ca)) from None
-    return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=root),
-                                   options=options)
+    if (client_cert is None) != (client_key is None):
+        raise errors.ConfigError("a client certificate needs its key, and the key its "
+                                 "certificate", field="client_cert")
+    root = _read_pem(ca, "CA certificate")
+    chain = _read_pem(client_cert, "client certificate")
+    key = _read_pem(client_key, "client private key")
+    credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key,
+                                               certificate_chain=chain)
+    return grpc.aio.secure_channel(target, credentials, options=options)
 
 
 class GrpcPlannerClient:
@@ -107,9 +122,11 @@ class GrpcPlannerClient:
 
     @classmethod
     def connect(cls, target: str, *, insecure: bool, ca: Path | None = None, token: str = "",
-                call_timeout_s: float = 10.0) -> GrpcPlannerClient:
-        return cls(make_channel(target, insecure=insecure, ca=ca), token=token,
-                   call_timeout_s=call_timeout_s)
+                call_timeout_s: float = 10.0, client_cert: Path | None = None,
+                client_key: Path | None = None) -> GrpcPlannerClient:
+        return cls(make_channel(target, insecure=insecure, ca=ca, client_cert=client_cert,
+                                client_key=client_key),
+                   token=token, call_timeout_s=call_timeout_s)
 
     async def _call(self, method: str, request):
         try:
@@ -138,12 +155,22 @@ class GrpcPlannerClient:
 # ------------------------------------------------------------------------------- the reporter
 
 class Reporter:
-    """Drains the spool into Report calls, oldest first, one batch at a time."""
+    """Drains the spool into Report calls, oldest first, one batch at a time.
+
+    A batch the planner refuses as invalid is dropped at once (counted). One it fails on
+    (INTERNAL, UNKNOWN: a planner bug, perhaps a value it cannot store) is retried with backoff,
+    and set aside as dropped after ``give_up_after`` failures in a row, so one bad batch cannot
+    block the spool. A planner that is down, rate-limits or refuses the token says nothing
+    about the batch: that is retried for as long as it takes.
+    """
+
+    GIVE_UP_AFTER = 8     # failures of one batch in a row (about 2 minutes of backoff)
 
     def __init__(self, node_id: str, spool: Spool, client: PlannerClient, *,
                  max_batch: int = 500, backoff: Backoff | None = None,
                  clock: Clock | None = None, linger_s: float = 5.0,
-                 on_unregistered: Callable[[], None] | None = None):
+                 on_unregistered: Callable[[], None] | None = None,
+                 give_up_after: int = GIVE_UP_AFTER):
         self.node_id = node_id
         self.spool = spool
         self.client = client
@@ -154,6 +181,9 @@ class Reporter:
         # cost more CPU than all the probing.
         self.linger_s = linger_s
         self._on_unregistered = on_unregistered
+        self.give_up_after = give_up_after
+        self._batch_id: str | None = None     # the batch of the last Report sent
+        self._failing: tuple[str | None, int] = (None, 0)   # (batch, failures in a row)
         self._wake = asyncio.Event()
         self.sent_batches = 0
         self.sent_samples = 0
@@ -168,6 +198,7 @@ class Reporter:
         batch = self.spool.take_batch(self.max_batch)
         if batch is None:
             return None
+        self._batch_id = batch.batch_id
         result = await self.client.report(self.node_id, batch.batch_id, batch.samples,
                                           self.spool.dropped)
         self.spool.ack(batch.batch_id)
@@ -200,27 +231,52 @@ class Reporter:
                     dropped = self.spool.discard(batch.batch_id)
                     log.error("%s; dropped batch %s (%d samples)", err, batch.batch_id, dropped)
                 continue
+            except SpoolFullError as err:
+                await self._back_off(err)  # an ack needs a little room: it comes back
+                continue
             except errors.StoreError:
                 raise  # the spool is broken: the runtime decides
             except errors.HulkError as err:
+                if type(err) is errors.HulkError and self._set_aside(err):
+                    continue  # INTERNAL and such: the planner failed on this batch
                 await self._back_off(err)
                 continue
+            self._failing = (None, 0)
             self.backoff.reset()
             if sent is None or sent < self.max_batch:
                 await self._linger()
+
+    def _set_aside(self, err: errors.HulkError) -> bool:
+        """Count a failure of the current batch; past the bound, drop it (counted, logged
+        once). Returns whether it was dropped."""
+        batch_id, failures = self._failing
+        failures = failures + 1 if batch_id == self._batch_id else 1
+        self._failing = (self._batch_id, failures)
+        if self._batch_id is None or failures < self.give_up_after:
+            return False
+        dropped = self.spool.discard(self._batch_id)
+        log.error("%s: the planner failed on batch %s %d times in a row; set its %d samples "
+                  "aside as dropped so later ones can flow", err, self._batch_id, failures,
+                  dropped)
+        self._failing = (None, 0)
+        self.backoff.reset()
+        return True
 
     async def _linger(self) -> None:
         """Wait until a full batch is spooled or linger_s has passed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.linger_s
-        while self.spool.depth < self.max_batch:
+        while self.spool.stored < self.max_batch:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return
             self._wake.clear()
+            # asyncio.timeout, not wait_for: in 3.11 wait_for swallows a cancel that comes as
+            # the event is set, and the agent's stop would then wait for this loop forever.
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=remaining)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(remaining):
+                    await self._wake.wait()
+            except TimeoutError:
                 return
 
     async def _back_off(self, err: errors.HulkError) -> None:
@@ -230,13 +286,29 @@ class Reporter:
         await self._clock.sleep(delay)
 
     async def flush(self, deadline_s: float) -> int:
-        """On shutdown: send what can be sent within ``deadline_s``. Returns batches sent."""
+        """On shutdown: send what can be sent within ``deadline_s``, what memory holds included
+        (saved first; sent as it is if the disk has no room even then). Returns batches sent."""
         sent = 0
         try:
             async with asyncio.timeout(deadline_s):
-                while await self.send_one():
+                while True:
+                    self.spool.save()  # acknowledged batches leave room for what memory holds
+                    if not await self.send_one():
+                        break
+                    sent += 1
+                while self.spool.held:
+                    await self._send_held()
                     sent += 1
         except (TimeoutError, errors.HulkError) as err:
             log.info("flush stopped after %d batches (%s); %d samples stay spooled", sent,
-                     err or "deadline", self.spool.depth)
+                     str(err) or "deadline", self.spool.depth)
         return sent
+
+    async def _send_held(self) -> None:
+        samples = self.spool.held_batch(self.max_batch)
+        batch_id = uuid.uuid4().hex
+        await self.client.report(self.node_id, batch_id, samples, self.spool.dropped)
+        self.spool.forget_held(len(samples))
+        self.sent_batches += 1
+        self.sent_samples += len(samples)
+        log.info("sent %d samples the disk had no room for as batch %s", len(samples), batch_id)

@@ -45,13 +45,33 @@ class Component(Protocol):
     async def run(self, runtime: AgentRuntime) -> None: ...
 
 
+# What the agent takes from the planner's ProbeSettings: a value outside is not used (the local
+# one is, with one warning). A NaN fails every comparison, so it is outside too.
+PLANNER_SETTING_RANGES: dict[str, tuple[float, float]] = {
+    "interval_s": (0.1, 86400.0), "packets_per_round": (1, 100), "timeout_s": (0.01, 60.0),
+    "payload_bytes": (0, 1472), "max_concurrency": (1, 4096), "max_batch": (1, 10_000),
+}
+
+
+def unusable_planner_settings(planner: ProbeSettings | None) -> dict[str, str]:
+    """The planner's settings the agent will not use (0 means not sent: never unusable), with
+    why."""
+    problems = {}
+    for name, (low, high) in PLANNER_SETTING_RANGES.items():
+        value = getattr(planner, name) if planner is not None else 0
+        if value and not low <= value <= high:
+            problems[name] = f"{value!r} is outside {low:g}-{high:g}"
+    return problems
+
+
 def effective_settings(config: AgentConfig, planner: ProbeSettings | None) -> ProbeSettings:
     """The probe settings to use: a value the operator set locally wins, else the planner's
-    (when it sent one: 0 means not set), else the local default."""
+    (when it sent a usable one: 0 means not set), else the local default."""
+    unusable = unusable_planner_settings(planner)
     values = {}
     for name in (f.name for f in fields(ProbeSettings)):
         local = getattr(config, name, getattr(PROBE_DEFAULTS, name))
-        remote = getattr(planner, name) if planner is not None else 0
+        remote = getattr(planner, name) if planner is not None and name not in unusable else 0
         values[name] = local if name in config.explicit or not remote else type(local)(remote)
     return ProbeSettings(**values)
 
@@ -93,7 +113,6 @@ class AgentRuntime:
         self.flush_deadline_s = flush_deadline_s
         self.restart_delay_s = restart_delay_s
         self.spool_write_s = spool_write_s
-        self._unspooled: list[ProbeSample] = []
         self._register_backoff = register_backoff or Backoff(1.0, 2.0, 60.0, rng=rng)
         self.registration: RegisterAnswer | None = None
         self.inventory: Inventory | None = None
@@ -112,6 +131,7 @@ class AgentRuntime:
         self._registered: asyncio.Event | None = None
         self._reregister: asyncio.Event | None = None
         self.heartbeats_sent = 0
+        self._warned_settings: set[tuple[str, str]] = set()
 
     @classmethod
     def from_config(cls, config: AgentConfig, *, components: Iterable[Component] = (),
@@ -125,7 +145,9 @@ class AgentRuntime:
                         "our groups): probing over TCP only")
         parts = dict(
             client=GrpcPlannerClient.connect(config.planner, insecure=config.insecure,
-                                             ca=config.ca, token=config.token),
+                                             ca=config.ca, token=config.token,
+                                             client_cert=config.client_cert,
+                                             client_key=config.client_key),
             spool=Spool(config.spool_path, config.spool_max),
             pinger=IcmpPinger(mode) if mode else None,
             notifier=SystemdNotifier.from_environ(),
@@ -231,7 +253,7 @@ class AgentRuntime:
         try:
             self._write_spool()
         except errors.StoreError as err:
-            log.error("%s; %d samples lost", err, len(self._unspooled))
+            log.error("%s; %d samples stay in memory", err, self.spool.held)
         if self.registration is not None:
             sent = await self.reporter.flush(self.flush_deadline_s)
             log.info("flushed %d batch(es); %d samples stay spooled", sent, self.spool.depth)
@@ -260,19 +282,15 @@ class AgentRuntime:
                 await self.clock.sleep(self.restart_delay_s)
 
     def _sink(self, samples: Sequence[ProbeSample]) -> None:
-        # Buffered for up to spool_write_s: one SQLite transaction a second, not one a round.
-        self._unspooled.extend(samples)
+        # Held in memory for up to spool_write_s: one SQLite transaction a second, not one a round.
+        self.spool.hold(samples)
 
     def _write_spool(self) -> None:
-        if not self._unspooled:
+        """What the spool holds in memory onto disk, as far as there is room (a full disk is
+        not an error: the samples wait in memory, bounded, and are counted if dropped)."""
+        if not self.spool.held:
             return
-        try:
-            dropped = self.spool.append(self._unspooled)
-        except errors.StoreError:
-            # Keep them for the next try, within the spool's own bound.
-            del self._unspooled[:-self.spool.max_samples]
-            raise
-        self._unspooled = []
+        dropped = self.spool.save()
         if dropped:
             log.warning("spool full (%d samples): dropped the %d oldest", self.spool.max_samples,
                         dropped)
@@ -286,6 +304,11 @@ class AgentRuntime:
     async def _register_once(self) -> RegisterAnswer:
         registration = await self.client.register(self.register_request())
         self.registration = registration
+        for name, why in unusable_planner_settings(registration.settings).items():
+            if (name, why) not in self._warned_settings:
+                self._warned_settings.add((name, why))
+                log.warning("ignoring the planner's %s: %s; using %r", name, why,
+                            getattr(effective_settings(self.config, None), name))
         settings = effective_settings(self.config, registration.settings)
         self.prober.set_settings(settings)
         self.prober.set_peers(registration.peers)
@@ -328,7 +351,7 @@ class AgentRuntime:
             try:
                 result = await self.client.heartbeat(
                     self.config.node_id, epoch_ms(self.clock),
-                    self.spool.depth + len(self._unspooled),
+                    self.spool.depth,
                     self.spool.dropped, self._launch)
             except errors.HulkError as err:
                 failures += 1

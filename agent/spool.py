@@ -1,17 +1,38 @@
 """The agent's local SQLite spool: samples wait here until the planner acknowledges them.
 
-- append(): new samples, un-batched.
+- hold(): new samples, into memory (cheap; the prober calls it every round).
+- save(): what memory holds, onto disk (the runtime calls it about once a second).
+- append(): hold() then save().
 - take_batch(): the pending batch if there is one (a retry reuses its id), else the oldest
-  un-batched samples under a fresh id, written to disk before it is sent.
+  samples under a fresh id, recorded on disk before it is sent.
 - ack(batch_id): the planner stored (or already had) the batch; delete it.
-- Bounded: past ``max_samples`` the oldest un-batched samples are dropped and counted; the
-  count is persistent and cumulative (ReportRequest.spool_dropped).
+- Bounded: past ``max_samples`` on disk the oldest un-batched samples are dropped, past
+  ``memory_max`` in memory the oldest held ones; both are counted, and the count is persistent
+  and cumulative (ReportRequest.spool_dropped).
+
+Near a full disk (issue 12: the write-ahead log alone filled a small filesystem):
+
+- The log stays small: WAL mode (a commit costs no fsync, which matters on the event loop, and
+  a reader never blocks the writer), folded into the database every ``WAL_PAGES`` pages and
+  kept at most ``WAL_LIMIT_BYTES``. The log file is reused, not re-grown, after each
+  checkpoint, so deleting acknowledged samples finds its room already allocated; a rollback
+  journal would instead need fresh space for every transaction, deletes included.
+- New samples go to disk only while the filesystem keeps ``reserve_bytes`` free (or while
+  they fit in pages the spool already owns): the reserve is what the checkpoint, the batch
+  record and the acks need, so the spool can always drain. Otherwise, and whenever SQLite says
+  the disk is full, they wait in memory and save() tries again later.
+- Batches are a row of their own (id, last sample) instead of a stamp on every sample, and
+  rows leave in chunks of ``CHUNK_ROWS``: neither taking nor acknowledging a batch needs room
+  in proportion to its size.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sqlite3
 import uuid
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +40,9 @@ from pathlib import Path
 from hulk.errors import StoreError
 from hulk.wire.records import ProbeKind, ProbeSample
 
+log = logging.getLogger(__name__)
+
+# batch_id and its index are what spools before the batches table used; kept readable.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS samples (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -31,10 +55,24 @@ CREATE TABLE IF NOT EXISTS samples (
     rtt_ms REAL NOT NULL,
     timeout_ms REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS samples_batch ON samples(batch_id);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO counters VALUES ('dropped', 0);
+CREATE TABLE IF NOT EXISTS batches (batch_id TEXT PRIMARY KEY, last_seq INTEGER NOT NULL);
 """
+
+WAL_PAGES = 64                    # checkpoint every 64 pages of log (256 KiB at 4 KiB pages)
+WAL_LIMIT_BYTES = 256 << 10       # the log file left after a checkpoint is at most this big
+RESERVE_BYTES = 512 << 10         # room kept free for checkpoints, batch records and acks
+CHUNK_ROWS = 500                  # rows inserted or deleted per transaction
+ROW_BYTES = 100                   # a sample on disk, generously (about 60 in practice)
+MEMORY_MAX = 50_000               # samples held in memory at most while the disk is full
+
+SQLITE_IOERR, SQLITE_FULL = 10, 13
+_COLUMNS = "peer_id, sent_at_ms, kind, payload_bytes, lost, rtt_ms, timeout_ms"
+
+
+class SpoolFullError(StoreError):
+    """The filesystem has no room for this write now; the same call may work later."""
 
 
 @dataclass(frozen=True)
@@ -43,116 +81,261 @@ class Batch:
     samples: tuple[ProbeSample, ...]
 
 
+def _is_full(err: sqlite3.Error) -> bool:
+    """A write that failed for lack of room (or an I/O error writing): worth retrying later."""
+    code = getattr(err, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (SQLITE_FULL, SQLITE_IOERR)
+    return "disk is full" in str(err) or "disk I/O error" in str(err)
+
+
+def _row(s: ProbeSample) -> tuple:
+    return (s.peer_id, s.sent_at_ms, int(s.kind), s.payload_bytes, int(s.lost), s.rtt_ms,
+            s.timeout_ms)
+
+
 class Spool:
-    def __init__(self, path: Path, max_samples: int):
+    def __init__(self, path: Path, max_samples: int, *, memory_max: int | None = None,
+                 reserve_bytes: int = RESERVE_BYTES):
         if max_samples < 1:
             raise ValueError("max_samples must be at least 1")
         self.path = Path(path)
         self.max_samples = max_samples
+        self.memory_max = max(1, memory_max if memory_max is not None
+                              else min(max_samples, MEMORY_MAX))
+        self.reserve_bytes = reserve_bytes
+        self._held: deque[ProbeSample] = deque()
+        self._unsaved_dropped = 0       # dropped from memory, not yet added to the disk counter
+        self._waiting_since_held: int | None = None   # held count when saving stopped (logged)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(self.path), isolation_level=None, timeout=10.0)
             self._db.execute("PRAGMA journal_mode=WAL")
             # WAL + NORMAL: a commit survives a process crash; a power cut may lose the last ones.
             self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
+            self._db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
             self._db.executescript(SCHEMA)
-            self._depth = self._db.execute("SELECT count(*) FROM samples").fetchone()[0]
+            self._migrate()
+            self._page_size = self._db.execute("PRAGMA page_size").fetchone()[0]
+            self._stored = self._db.execute("SELECT count(*) FROM samples").fetchone()[0]
+            self._saved_dropped = self._db.execute(
+                "SELECT value FROM counters WHERE name = 'dropped'").fetchone()[0]
+            self._pending = self._db.execute(
+                "SELECT batch_id, last_seq FROM batches ORDER BY last_seq LIMIT 1").fetchone()
         except (sqlite3.Error, OSError) as err:
             raise StoreError(f"{self.path}: cannot open the spool: {err}") from None
 
-    def _fail(self, what: str, err: Exception) -> StoreError:
-        return StoreError(f"{self.path}: spool {what} failed: {err}")
+    def _migrate(self) -> None:
+        """A spool written before the batches table: its stamped batch becomes the pending one."""
+        self._db.execute("DROP INDEX IF EXISTS samples_batch")
+        if self._db.execute("SELECT 1 FROM batches LIMIT 1").fetchone() is None:
+            stamped = self._db.execute(
+                "SELECT batch_id, max(seq) FROM samples WHERE batch_id IS NOT NULL"
+                " GROUP BY batch_id ORDER BY min(seq) LIMIT 1").fetchone()
+            if stamped is not None:
+                self._db.execute("INSERT INTO batches VALUES (?, ?)", stamped)
+
+    def _fail(self, what: str, err: sqlite3.Error) -> StoreError:
+        kind = SpoolFullError if _is_full(err) else StoreError
+        return kind(f"{self.path}: spool {what} failed: {err}")
+
+    # ------------------------------------------------------------------ samples in
+    def hold(self, samples: Iterable[ProbeSample]) -> int:
+        """Keep samples in memory until the next save(); returns how many of the oldest held
+        ones the memory bound dropped."""
+        self._held.extend(samples)
+        dropped = len(self._held) - self.memory_max
+        if dropped <= 0:
+            return 0
+        for _ in range(dropped):
+            self._held.popleft()
+        if not self._unsaved_dropped:
+            log.warning("spool: %d samples wait in memory, the most it keeps; dropping the "
+                        "oldest until the disk has room again", self.memory_max)
+        self._unsaved_dropped += dropped
+        return dropped
+
+    def save(self) -> int:
+        """Write what memory holds to disk, as far as there is room (the rest stays held).
+        Returns how many older samples the disk bound dropped. Raises StoreError only for a
+        broken spool, never for a full disk."""
+        dropped = 0
+        while self._held:
+            chunk = [self._held[i] for i in range(min(CHUNK_ROWS, len(self._held)))]
+            if not self._room_for(len(chunk)):
+                self._note_waiting("the filesystem is nearly full")
+                break
+            try:
+                dropped += self._insert(chunk)
+            except SpoolFullError as err:
+                self._note_waiting(str(err))
+                break
+            for _ in chunk:
+                self._held.popleft()
+        if not self._held and self._waiting_since_held is not None:
+            log.warning("spool: the disk has room again; every held sample is saved "
+                        "(%d dropped so far)", self.dropped)
+            self._waiting_since_held = None
+        return dropped
 
     def append(self, samples: Iterable[ProbeSample]) -> int:
-        """Store samples; returns how many older ones were dropped to stay within the bound."""
-        rows = [(s.peer_id, s.sent_at_ms, int(s.kind), s.payload_bytes, int(s.lost), s.rtt_ms,
-                 s.timeout_ms) for s in samples]
-        if not rows:
-            return 0
+        """hold() then save(); returns how many samples the bounds dropped."""
+        return self.hold(samples) + self.save()
+
+    def _room_for(self, rows: int) -> bool:
+        needed = rows * ROW_BYTES
+        try:
+            stat = os.statvfs(self.path.parent)
+            free = stat.f_bavail * stat.f_frsize
+            if free - needed >= self.reserve_bytes:
+                return True
+            # Pages freed by acknowledged batches take new samples without growing the file.
+            owned = self._db.execute("PRAGMA freelist_count").fetchone()[0] * self._page_size
+        except (OSError, sqlite3.Error):
+            return True  # cannot tell: let SQLite answer
+        return owned >= needed
+
+    def _note_waiting(self, why: str) -> None:
+        if self._waiting_since_held is None:
+            self._waiting_since_held = len(self._held)
+            log.warning("spool: cannot write to %s (%s); %d samples wait in memory (at most %d) "
+                        "and are saved when there is room", self.path, why, len(self._held),
+                        self.memory_max)
+
+    def _insert(self, chunk: list[ProbeSample]) -> int:
+        """One transaction: the chunk in, the oldest un-batched out past the bound, counters."""
         try:
             with self._transaction():
-                self._db.executemany(
-                    "INSERT INTO samples (peer_id, sent_at_ms, kind, payload_bytes, lost, rtt_ms,"
-                    " timeout_ms) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
-                depth = self._depth + len(rows)
+                self._db.executemany(f"INSERT INTO samples ({_COLUMNS}) VALUES (?, ?, ?, ?, ?,"
+                                     " ?, ?)", [_row(s) for s in chunk])
+                depth = self._stored + len(chunk)
                 dropped = 0
                 if depth > self.max_samples:
                     # Only un-batched samples go: a batch in flight may already be stored upstream.
                     cursor = self._db.execute(
-                        "DELETE FROM samples WHERE seq IN (SELECT seq FROM samples"
-                        " WHERE batch_id IS NULL ORDER BY seq LIMIT ?)",
-                        (depth - self.max_samples,))
+                        "DELETE FROM samples WHERE seq IN (SELECT seq FROM samples WHERE seq > ?"
+                        " ORDER BY seq LIMIT ?)", (self._pending_last(), depth - self.max_samples))
                     dropped = cursor.rowcount
-                    self._db.execute("UPDATE counters SET value = value + ? WHERE name = 'dropped'",
-                                     (dropped,))
+                counted = dropped + self._unsaved_dropped
+                if counted:
+                    self._db.execute("UPDATE counters SET value = value + ? WHERE name = "
+                                     "'dropped'", (counted,))
         except sqlite3.Error as err:
             raise self._fail("append", err) from None
-        self._depth = depth - dropped
+        self._stored = depth - dropped
+        self._saved_dropped += counted
+        self._unsaved_dropped = 0
         return dropped
 
+    def _pending_last(self) -> int:
+        return self._pending[1] if self._pending is not None else 0
+
+    # ------------------------------------------------------------------ batches out
     def take_batch(self, max_samples: int) -> Batch | None:
-        """The batch to send next: the pending one (same id as before), else a new one."""
+        """The batch to send next: the pending one (same id as before), else a new one of the
+        oldest samples on disk; None when the disk holds none."""
         try:
-            row = self._db.execute(
-                "SELECT batch_id FROM samples WHERE batch_id IS NOT NULL ORDER BY seq LIMIT 1"
-            ).fetchone()
-            if row is None:
-                batch_id = uuid.uuid4().hex
-                with self._transaction():
-                    cursor = self._db.execute(
-                        "UPDATE samples SET batch_id = ? WHERE seq IN (SELECT seq FROM samples"
-                        " WHERE batch_id IS NULL ORDER BY seq LIMIT ?)", (batch_id, max_samples))
-                if cursor.rowcount == 0:
+            if self._pending is None:
+                row = self._db.execute(
+                    "SELECT max(seq) FROM (SELECT seq FROM samples ORDER BY seq LIMIT ?)",
+                    (max_samples,)).fetchone()
+                if row[0] is None:
                     return None
-            else:
-                batch_id = row[0]
-            rows = self._db.execute(
-                "SELECT peer_id, sent_at_ms, kind, payload_bytes, lost, rtt_ms, timeout_ms"
-                " FROM samples WHERE batch_id = ? ORDER BY seq", (batch_id,)).fetchall()
+                pending = (uuid.uuid4().hex, row[0])
+                with self._transaction():
+                    self._db.execute("INSERT INTO batches VALUES (?, ?)", pending)
+                self._pending = pending
+            rows = self._db.execute(f"SELECT {_COLUMNS} FROM samples WHERE seq <= ? ORDER BY seq",
+                                    (self._pending[1],)).fetchall()
         except sqlite3.Error as err:
             raise self._fail("take_batch", err) from None
+        if not rows:  # acknowledged, but the process stopped before the record went
+            self._finish(self._pending[0], count_dropped=False)
+            return self.take_batch(max_samples)
         samples = tuple(ProbeSample(peer_id=r[0], sent_at_ms=r[1], kind=ProbeKind(r[2]),
                                     payload_bytes=r[3], lost=bool(r[4]), rtt_ms=r[5],
                                     timeout_ms=r[6]) for r in rows)
-        return Batch(batch_id, samples)
+        return Batch(self._pending[0], samples)
 
     def ack(self, batch_id: str) -> int:
         """The planner has the batch: delete it. Returns how many samples left the spool."""
-        try:
-            with self._transaction():
-                cursor = self._db.execute("DELETE FROM samples WHERE batch_id = ?", (batch_id,))
-        except sqlite3.Error as err:
-            raise self._fail("ack", err) from None
-        self._depth -= cursor.rowcount
-        return cursor.rowcount
+        return self._finish(batch_id, count_dropped=False)
 
     def discard(self, batch_id: str) -> int:
         """Give up on a batch the planner refuses for good; its samples count as dropped."""
-        try:
-            with self._transaction():
-                cursor = self._db.execute("DELETE FROM samples WHERE batch_id = ?", (batch_id,))
-                self._db.execute("UPDATE counters SET value = value + ? WHERE name = 'dropped'",
-                                 (cursor.rowcount,))
-        except sqlite3.Error as err:
-            raise self._fail("discard", err) from None
-        self._depth -= cursor.rowcount
-        return cursor.rowcount
+        return self._finish(batch_id, count_dropped=True)
 
+    def _finish(self, batch_id: str, *, count_dropped: bool) -> int:
+        """Delete the pending batch in chunks; a chunk left by a crash is sent again under the
+        same id, which the planner answers as a duplicate."""
+        if self._pending is None or self._pending[0] != batch_id:
+            return 0
+        last_seq, removed = self._pending[1], 0
+        what = "discard" if count_dropped else "ack"
+        while True:
+            try:
+                with self._transaction():
+                    cursor = self._db.execute(
+                        "DELETE FROM samples WHERE seq IN (SELECT seq FROM samples WHERE seq <= ?"
+                        " ORDER BY seq LIMIT ?)", (last_seq, CHUNK_ROWS))
+                    gone = cursor.rowcount
+                    if count_dropped and gone:
+                        self._db.execute("UPDATE counters SET value = value + ? WHERE name = "
+                                         "'dropped'", (gone,))
+                    if gone < CHUNK_ROWS:
+                        self._db.execute("DELETE FROM batches WHERE batch_id = ?", (batch_id,))
+            except sqlite3.Error as err:
+                raise self._fail(what, err) from None
+            self._stored -= gone
+            removed += gone
+            if count_dropped:
+                self._saved_dropped += gone
+            if gone < CHUNK_ROWS:
+                self._pending = None
+                return removed
+
+    # ------------------------------------------------------------------ state
     @property
     def depth(self) -> int:
-        """Samples in the spool, batched or not."""
-        return self._depth
+        """Samples the spool has, on disk (batched or not) and waiting in memory."""
+        return self._stored + len(self._held)
+
+    @property
+    def stored(self) -> int:
+        """Samples on disk, where batches come from."""
+        return self._stored
+
+    @property
+    def held(self) -> int:
+        """Samples waiting in memory for room on disk."""
+        return len(self._held)
 
     @property
     def dropped(self) -> int:
-        """Samples dropped past the bound (or refused), cumulative over the spool's life."""
-        try:
-            return int(self._db.execute(
-                "SELECT value FROM counters WHERE name = 'dropped'").fetchone()[0])
-        except sqlite3.Error as err:
-            raise self._fail("read", err) from None
+        """Samples dropped past the bounds (or refused), cumulative over the spool's life."""
+        return self._saved_dropped + self._unsaved_dropped
+
+    def held_batch(self, max_samples: int) -> tuple[ProbeSample, ...]:
+        """Up to ``max_samples`` of the oldest held samples, left in memory: at shutdown, what
+        the disk cannot take is sent as it is (then forget_held())."""
+        return tuple(self._held[i] for i in range(min(max_samples, len(self._held))))
+
+    def forget_held(self, count: int) -> None:
+        """The planner has the oldest ``count`` held samples."""
+        for _ in range(min(count, len(self._held))):
+            self._held.popleft()
 
     def close(self) -> None:
+        """Save what memory holds if there is room, then close. What cannot be saved is lost
+        (logged with its count)."""
+        try:
+            self.save()
+        except StoreError as err:
+            log.error("%s", err)
+        if self._held or self._unsaved_dropped:
+            log.error("spool: no room on disk: %d samples held in memory are lost, and %d "
+                      "dropped ones go uncounted", len(self._held), self._unsaved_dropped)
         try:
             self._db.close()
         except sqlite3.Error:
@@ -163,7 +346,8 @@ class Spool:
 
 
 class _Transaction:
-    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error) on an autocommit connection."""
+    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error) on an autocommit connection. SQLite may
+    have rolled back by itself after a full disk; a failed COMMIT is rolled back here."""
 
     def __init__(self, db: sqlite3.Connection):
         self._db = db
@@ -172,4 +356,18 @@ class _Transaction:
         self._db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._db.execute("ROLLBACK" if exc_type else "COMMIT")
+        if exc_type is None:
+            try:
+                self._db.execute("COMMIT")
+                return
+            except sqlite3.Error:
+                self._rollback()
+                raise
+        self._rollback()
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass

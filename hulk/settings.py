@@ -32,7 +32,10 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_INSECURE", "agent, planner", "1 (true/yes/on) for plaintext gRPC (warned about)"),
     EnvVar("HULK_TOKEN", "agent", "the node's enrolment token for gRPC"),
     EnvVar("HULK_CA", "agent", "CA certificate to verify the planner"),
-    EnvVar("HULK_MQTT", "agent, planner", "broker URL mqtt://[user:pass@]HOST:PORT"),
+    EnvVar("HULK_CLIENT_CERT", "agent", "this node's client certificate (PEM) for a planner run with --client-ca"),
+    EnvVar("HULK_CLIENT_KEY", "agent", "the private key (PEM) of HULK_CLIENT_CERT"),
+    EnvVar("HULK_MQTT", "agent, planner", "broker URL mqtt://[user:pass@]HOST:PORT, or "
+           "mqtts://...[?ca=PATH][&cert=PATH&key=PATH] (TLS; cert/key: a client certificate)"),
     EnvVar("HULK_SPOOL_MAX", "agent", "most samples the spool keeps before dropping the oldest"),
     EnvVar("HULK_LOG_LEVEL", "agent, planner", "DEBUG, INFO, WARNING or ERROR"),
     EnvVar("HULK_PROBE_PORT", "agent", "TCP port this agent listens on for peers' connect probes (0: none)"),

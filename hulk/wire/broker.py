@@ -26,6 +26,8 @@ class BrokerAddress:
     password: str | None = None
     tls: bool = False              # mqtts://: TLS to the broker (deploy/mosquitto/hulk.conf)
     ca: str | None = None          # mqtts://...?ca=PATH: the fleet CA; None: the system's CAs
+    cert: str | None = None        # mqtts://...&cert=PATH&key=PATH: this client's certificate
+    key: str | None = None         # and its private key (PEM), for a broker requiring them
 
     def __repr__(self) -> str:  # never print the password
         user = f"{self.username}:***@" if self.username else ""
@@ -36,10 +38,13 @@ class BrokerAddress:
 
 
 def parse_broker_url(url: str, *, source: str = "--mqtt") -> BrokerAddress:
-    """``mqtt://[user:pass@]HOST[:PORT]`` or ``mqtts://[user:pass@]HOST[:PORT][?ca=PATH]``
-    -> BrokerAddress; anything else is a ConfigError."""
+    """``mqtt://[user:pass@]HOST[:PORT]`` or
+    ``mqtts://[user:pass@]HOST[:PORT][?ca=PATH][&cert=PATH&key=PATH]`` -> BrokerAddress; anything
+    else is a ConfigError. ``cert`` and ``key`` (a client certificate, for a broker that requires
+    one: mosquitto's ``require_certificate true``) come together."""
     text = (url or "").strip()
-    expected = "expected mqtt://[USER:PASS@]HOST[:PORT] or mqtts://[USER:PASS@]HOST[:PORT][?ca=PATH]"
+    expected = ("expected mqtt://[USER:PASS@]HOST[:PORT] or "
+                "mqtts://[USER:PASS@]HOST[:PORT][?ca=PATH][&cert=PATH&key=PATH]")
     try:
         parts = urlsplit(text)
         port = parts.port
@@ -47,10 +52,13 @@ def parse_broker_url(url: str, *, source: str = "--mqtt") -> BrokerAddress:
     except ValueError:
         raise ConfigError(f"{expected}, got {_hide_password(text)!r}", field=source) from None
     tls = parts.scheme == "mqtts"
+    options = {name: values[0] for name, values in query.items()}
     if (parts.scheme not in ("mqtt", "mqtts") or not parts.hostname
-            or parts.path not in ("", "/") or (query and (not tls or set(query) != {"ca"}
-                                                         or len(query["ca"]) != 1
-                                                         or not query["ca"][0]))):
+            or parts.path not in ("", "/")
+            or (query and (not tls or not set(query) <= {"ca", "cert", "key"}
+                           or any(len(values) != 1 or not values[0]
+                                  for values in query.values())))
+            or ("cert" in options) != ("key" in options)):
         raise ConfigError(f"{expected}, got {_hide_password(text)!r}", field=source)
     return BrokerAddress(
         host=parts.hostname,
@@ -58,7 +66,9 @@ def parse_broker_url(url: str, *, source: str = "--mqtt") -> BrokerAddress:
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password else None,
         tls=tls,
-        ca=query["ca"][0] if query else None,
+        ca=options.get("ca"),
+        cert=options.get("cert"),
+        key=options.get("key"),
     )
 
 
@@ -72,7 +82,8 @@ def client_tls_kwargs(broker: BrokerAddress) -> dict[str, Any]:
         return {}
     import aiomqtt
 
-    return {"tls_params": aiomqtt.TLSParameters(ca_certs=broker.ca)}
+    return {"tls_params": aiomqtt.TLSParameters(ca_certs=broker.ca, certfile=broker.cert,
+                                                keyfile=broker.key)}
 
 
 def check_name(value: str, what: str) -> str:

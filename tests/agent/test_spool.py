@@ -90,3 +90,30 @@ def test_discard_counts_as_dropped(tmp_path: Path):
     batch = spool.take_batch(10)
     assert spool.discard(batch.batch_id) == 10
     assert spool.dropped == 10 and spool.depth == 2
+
+
+def test_a_spool_written_by_the_previous_version_keeps_its_pending_batch(tmp_path: Path):
+    """Before the batches table, a batch was a batch_id stamped on its samples (indexed)."""
+    path = tmp_path / "spool.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript("""
+            CREATE TABLE samples (seq INTEGER PRIMARY KEY AUTOINCREMENT, batch_id TEXT,
+                peer_id TEXT NOT NULL, sent_at_ms INTEGER NOT NULL, kind INTEGER NOT NULL,
+                payload_bytes INTEGER NOT NULL, lost INTEGER NOT NULL, rtt_ms REAL NOT NULL,
+                timeout_ms REAL NOT NULL);
+            CREATE INDEX samples_batch ON samples(batch_id);
+            CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+            INSERT INTO counters VALUES ('dropped', 7);""")
+        db.executemany("INSERT INTO samples (batch_id, peer_id, sent_at_ms, kind, payload_bytes,"
+                       " lost, rtt_ms, timeout_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       [("old-batch" if s.sent_at_ms % 100 < 4 else None, s.peer_id,
+                         s.sent_at_ms, int(s.kind), s.payload_bytes, int(s.lost), s.rtt_ms,
+                         s.timeout_ms) for s in samples(10)])
+    spool = Spool(path, max_samples=1000)
+    assert spool.depth == 10 and spool.dropped == 7
+    pending = spool.take_batch(100)
+    assert pending.batch_id == "old-batch" and pending.samples == tuple(samples(4))
+    assert spool.ack("old-batch") == 4
+    following = spool.take_batch(100)
+    assert following.batch_id != "old-batch" and following.samples == tuple(samples(6, start=4))
+    spool.close()
