@@ -29,7 +29,7 @@ from hulk.wire.records import Inventory, LaunchStatus
 from planner.security.tls import CertPaths, init_pki, issue_cert
 from tests.helpers.paths import REPO
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.process
 
 
 def free_port() -> int:

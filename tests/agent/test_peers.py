@@ -25,7 +25,8 @@ from agent.runtime import AgentRuntime
 from agent.spool import Spool
 from hulk.v1 import hulk_pb2
 from hulk.wire.records import Inventory, Peer
-from tests.agent.planner_double import PlannerDouble, start_server, wait_until
+from tests.agent.planner_double import PlannerDouble, start_server
+from tests.helpers.waits import wait_until_async
 from tests.helpers.paths import REPO
 
 
@@ -63,7 +64,7 @@ class BlackholeDns:
 
 
 @pytest.mark.root
-@pytest.mark.integration
+@pytest.mark.process
 async def test_an_unresolvable_peer_name_delays_no_other_peer(tmp_path: Path):
     """The real agent, in a mount namespace whose resolv.conf names a server that never
     answers; peers 127.0.0.2 and 127.0.0.3 answer ICMP, stall.hulk-test.example never resolves."""
@@ -88,9 +89,9 @@ async def test_an_unresolvable_peer_name_delays_no_other_peer(tmp_path: Path):
             cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
-        await wait_until(lambda: planner.seen.registers, timeout=30)
+        await wait_until_async(lambda: planner.seen.registers, timeout=30)
         await asyncio.sleep(9.0)
-        await wait_until(lambda: dns.queries > 0, timeout=5)   # the name really was looked up
+        await wait_until_async(lambda: dns.queries > 0, timeout=5)   # the name really was looked up
     finally:
         agent.send_signal(signal.SIGTERM)
         try:
@@ -149,7 +150,7 @@ async def test_a_bad_peer_costs_one_warning_and_no_traceback(tmp_path: Path, cap
     caplog.set_level(logging.INFO)
     task = asyncio.create_task(runtime.run())
     try:
-        await wait_until(lambda: len(planner.seen.registers) >= 4 and sum(
+        await wait_until_async(lambda: len(planner.seen.registers) >= 4 and sum(
             s.peer_id == "good" for s in planner.stored_samples()) >= 8, timeout=20)
     finally:
         runtime.request_stop()
@@ -212,7 +213,7 @@ async def test_resolver_caches_answers_and_failures_and_shares_a_running_lookup(
         == [None] * 5                                        # timed out, one lookup for all
     assert await resolver.resolve("slow.example") is None and calls.count("slow.example") == 1
     release.set()
-    await wait_until(lambda: "slow.example" in resolver._cache, timeout=5)
+    await wait_until_async(lambda: "slow.example" in resolver._cache, timeout=5)
     now[0] = 61.0                                            # the failure expires
     assert await resolver.resolve("gone.example") is None and calls.count("gone.example") == 2
     assert await resolver.resolve("gpu.example") == "192.0.2.7" and calls.count("gpu.example") == 1

@@ -16,7 +16,8 @@ from agent.runtime import AgentRuntime, effective_settings, unusable_planner_set
 from agent.spool import Spool
 from hulk.v1 import hulk_pb2
 from hulk.wire.records import Inventory, ProbeSettings
-from tests.agent.planner_double import PlannerDouble, start_server, wait_until
+from tests.agent.planner_double import PlannerDouble, start_server
+from tests.helpers.waits import wait_until_async
 
 
 class AnsweringPinger:
@@ -48,7 +49,7 @@ async def test_absurd_planner_settings_are_ignored_with_one_warning(tmp_path: Pa
     caplog.set_level(logging.INFO)
     task = asyncio.create_task(runtime.run())
     try:
-        await wait_until(lambda: len(planner.seen.registers) >= 3
+        await wait_until_async(lambda: len(planner.seen.registers) >= 3
                          and len(planner.stored_samples()) >= 2 * PROBE_DEFAULTS.packets_per_round,
                          timeout=20)
     finally:

@@ -15,7 +15,8 @@ import pytest
 from agent.reporter import Backoff, GrpcPlannerClient, Reporter
 from agent.spool import Spool
 from hulk.wire.records import ProbeKind, ProbeSample
-from tests.agent.planner_double import PlannerDouble, start_server, wait_until
+from tests.agent.planner_double import PlannerDouble, start_server
+from tests.helpers.waits import wait_until_async
 
 POISON_RTT_MS = 1e300
 
@@ -54,10 +55,10 @@ async def run_until_drained(status: grpc.StatusCode, tmp_path: Path) -> tuple[Po
                         backoff=Backoff(0.02, 2.0, 0.1, rng=random.Random(7)))
     task = asyncio.create_task(reporter.run())
     try:
-        await wait_until(lambda: spool.depth == 0, timeout=20)
+        await wait_until_async(lambda: spool.depth == 0, timeout=20)
         spool.append(samples(5, start=40))        # later samples flow too
         reporter.wake()
-        await wait_until(lambda: spool.depth == 0, timeout=20)
+        await wait_until_async(lambda: spool.depth == 0, timeout=20)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -105,7 +106,7 @@ async def test_a_planner_that_is_down_or_refuses_the_token_costs_no_samples(tmp_
                         backoff=Backoff(0.02, 2.0, 0.05, rng=random.Random(7)))
     task = asyncio.create_task(reporter.run())
     try:
-        await wait_until(lambda: len(planner.refused) >= 3 * Reporter.GIVE_UP_AFTER, timeout=20)
+        await wait_until_async(lambda: len(planner.refused) >= 3 * Reporter.GIVE_UP_AFTER, timeout=20)
         assert spool.depth == 10 and spool.dropped == 0
     finally:
         task.cancel()

@@ -27,9 +27,10 @@ from agent.runtime import AgentRuntime
 from agent.spool import Spool
 from hulk.v1 import hulk_pb2
 from hulk.wire.records import Inventory, ProbeKind, ProbeSample
-from tests.agent.planner_double import PlannerDouble, start_server, wait_until
+from tests.agent.planner_double import PlannerDouble, start_server
+from tests.helpers.waits import wait_until_async
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.process]   # tmpfs mounts, a real agent process
 
 
 @pytest.fixture
@@ -200,7 +201,7 @@ async def test_the_agent_on_a_full_disk_accounts_for_every_sample_through_sigter
     task = asyncio.create_task(runtime.run())
     try:
         # ~60 bytes a sample: 40,000 samples do not fit in 2 MiB; the agent goes on probing.
-        await wait_until(lambda: pinger.produced > 50_000 and runtime.spool.held > 1000,
+        await wait_until_async(lambda: pinger.produced > 50_000 and runtime.spool.held > 1000,
                          timeout=60)
         planner.down = False                      # the planner comes back as the agent stops
         os.kill(os.getpid(), signal.SIGTERM)
