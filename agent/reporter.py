@@ -31,10 +31,14 @@ log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------------ backoff
 
+AGENT_BACKOFF_CAP_S = 5.0   # back within seconds of a restarted planner (its node timeout is 30 s)
+
+
 class Backoff:
     """Delays initial * factor**n, capped, each scaled by a random factor in [1 - jitter, 1]."""
 
-    def __init__(self, initial_s: float = 1.0, factor: float = 2.0, cap_s: float = 60.0,
+    def __init__(self, initial_s: float = 1.0, factor: float = 2.0,
+                 cap_s: float = AGENT_BACKOFF_CAP_S,
                  jitter: float = 0.5, rng: random.Random | None = None):
         if not (initial_s > 0 and factor >= 1 and cap_s >= initial_s and 0 <= jitter <= 1):
             raise ValueError("backoff needs initial > 0, factor >= 1, cap >= initial, "

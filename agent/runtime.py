@@ -113,7 +113,7 @@ class AgentRuntime:
         self.flush_deadline_s = flush_deadline_s
         self.restart_delay_s = restart_delay_s
         self.spool_write_s = spool_write_s
-        self._register_backoff = register_backoff or Backoff(1.0, 2.0, 60.0, rng=rng)
+        self._register_backoff = register_backoff or Backoff(rng=rng)
         self.registration: RegisterAnswer | None = None
         self.inventory: Inventory | None = None
         self._launch = LaunchStatus(state=LaunchState.IDLE, changed_at_ms=epoch_ms(self.clock))
@@ -124,7 +124,7 @@ class AgentRuntime:
         self.prober = Prober(settings, self._sink, pinger=pinger,
                              connector=connector or TcpConnector(), clock=self.clock, rng=rng)
         self.reporter = Reporter(config.node_id, spool, client, max_batch=settings.max_batch,
-                                 backoff=report_backoff or Backoff(1.0, 2.0, 60.0, rng=rng),
+                                 backoff=report_backoff or Backoff(rng=rng),
                                  clock=self.clock, linger_s=report_linger_s,
                                  on_unregistered=self.request_reregister)
         self._stop: asyncio.Event | None = None

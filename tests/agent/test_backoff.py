@@ -85,3 +85,11 @@ def test_agent_defaults_are_the_settings_the_planner_pushes():
     config = load_config({"planner": "p:1", "node_id": "n"}, env_reader=lambda name: None)
     assert effective_settings(config, None) == ProbeSettings()
     assert effective_settings(config, ProbeSettings()) == ProbeSettings()
+
+
+def test_the_agents_retries_are_back_within_seconds_of_a_restarted_planner():
+    """A planner down for an hour: the agents' next try comes at most 5 s after it is back, well
+    inside its 30 s node timeout (it was about a minute, longer than the timeout)."""
+    backoff = Backoff(jitter=0.0)
+    delays = [backoff.next_delay() for _ in range(3600)]
+    assert max(delays) == 5.0 and sum(delays) > 3600 * 4.9
