@@ -4,6 +4,11 @@ Every message is retained with QoS 1, so an agent that (re)connects later gets i
 the broker, and a publish returns only once the broker has acknowledged it. An empty retained
 payload deletes the retained message: that is how a node that no longer has a role is cleared.
 aiomqtt/paho errors become :class:`hulk.errors.UnavailableError`.
+
+Every placement and the summary are signed (``hulk.wire.signing.Signer``) and valid for
+``VALIDITY_MS`` (7 days) from their issue time; ``serve --mqtt`` re-signs what it retains once
+less than ``RESIGN_BEFORE_MS`` (4 days) is left, so an agent that restarts and re-reads its
+retained placement always finds it valid while the planner runs (planner/service/recovery.py).
 """
 
 from __future__ import annotations
@@ -19,10 +24,14 @@ from typing import Any, Protocol
 from hulk.errors import UnavailableError
 from hulk.wire.broker import BrokerAddress, client_tls_kwargs, placement_topic, plan_topic
 from hulk.wire.placement import NodePlacement, summary_bytes
+from hulk.wire.signing import Signer
 from planner.core.placements import build_node_placements, build_summary
 from planner.service.store import Store
 
 log = logging.getLogger(__name__)
+
+VALIDITY_MS = 7 * 24 * 3600 * 1000
+RESIGN_BEFORE_MS = 4 * 24 * 3600 * 1000
 
 
 class Publisher(Protocol):
@@ -109,19 +118,27 @@ class MqttPublisher:
 
 
 def plan_messages(fleet: str, node_placements: Mapping[str, NodePlacement], summary: dict[str, Any] | None,
-                  *, clear: Iterable[str] = ()) -> dict[str, bytes]:
-    """Topic -> payload for a push: each node's placement, b"" for ``clear`` nodes, the summary."""
+                  *, signer: Signer, issued_at_ms: int, validity_ms: int = VALIDITY_MS,
+                  clear: Iterable[str] = ()) -> dict[str, bytes]:
+    """Topic -> payload for a push: each node's placement and the summary, signed and valid from
+    ``issued_at_ms`` for ``validity_ms``; b"" for ``clear`` nodes."""
+    expires = issued_at_ms + validity_ms
     messages = {placement_topic(fleet, node): b"" for node in clear if node not in node_placements}
-    messages.update({placement_topic(fleet, node): np_.to_bytes() for node, np_ in node_placements.items()})
+    messages.update({placement_topic(fleet, node): np_.signed(signer, issued_at_ms=issued_at_ms,
+                                                              expires_at_ms=expires).to_bytes()
+                     for node, np_ in node_placements.items()})
     if summary is not None:
-        messages[plan_topic(fleet)] = summary_bytes(summary)
+        timed = {**summary, "issued_at_ms": issued_at_ms, "expires_at_ms": expires}
+        messages[plan_topic(fleet)] = summary_bytes(signer.sign(timed))
     return messages
 
 
 async def push_plan(publisher: Publisher, fleet: str, node_placements: Mapping[str, NodePlacement],
-                    summary: dict[str, Any] | None, *, clear: Iterable[str] = ()) -> int:
-    """Publish a plan; returns the number of messages the broker acknowledged."""
-    messages = plan_messages(fleet, node_placements, summary, clear=clear)
+                    summary: dict[str, Any] | None, *, signer: Signer, issued_at_ms: int,
+                    validity_ms: int = VALIDITY_MS, clear: Iterable[str] = ()) -> int:
+    """Publish a plan, signed; returns the number of messages the broker acknowledged."""
+    messages = plan_messages(fleet, node_placements, summary, signer=signer,
+                             issued_at_ms=issued_at_ms, validity_ms=validity_ms, clear=clear)
     await publisher.publish_retained(messages)
     log.info("pushed %d placement(s), cleared %d node(s) on fleet %s", len(node_placements),
              sum(1 for p in messages.values() if p == b""), fleet)
@@ -134,14 +151,15 @@ def new_plan_id(now_ms: int) -> str:
 
 
 async def push_new_plan(publisher: Publisher, plan: Any, net: Any, *, fleet: str, plan_id: str,
-                        issued_at_ms: int, addresses: Mapping[str, str] | None = None,
+                        issued_at_ms: int, signer: Signer, addresses: Mapping[str, str] | None = None,
                         jobs: list[Any] | None = None) -> dict[str, NodePlacement]:
     """Push a whole plan: every node of ``net`` with a role gets its placement, every other node
     of ``net`` is cleared, and the summary is replaced. Returns the placements pushed."""
     placements = build_node_placements(plan, net, fleet=fleet, plan_id=plan_id, addresses=addresses)
     summary = build_summary(plan, net, fleet=fleet, plan_id=plan_id, issued_at_ms=issued_at_ms,
                             node_placements=placements, jobs=jobs)
-    await push_plan(publisher, fleet, placements, summary, clear=net.ids)
+    await push_plan(publisher, fleet, placements, summary, signer=signer, issued_at_ms=issued_at_ms,
+                    clear=net.ids)
     return placements
 
 
