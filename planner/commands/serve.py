@@ -96,14 +96,14 @@ def check_flags(args: argparse.Namespace) -> None:
                           field="--rollup-seconds")
     if args.mqtt:
         parse_broker_url(args.mqtt, source="--mqtt")
-        from planner.security.signing import load_signer
-        args.signer = load_signer(args.signing_key, "--signing-key")
         if not args.node_timeout > 0:
             raise ConfigError(f"expected seconds > 0, got {args.node_timeout}",
                               field="--node-timeout")
         if args.recovery_interval is not None and not args.recovery_interval > 0:
             raise ConfigError(f"expected seconds > 0, got {args.recovery_interval}",
                               field="--recovery-interval")
+        from planner.security.signing import load_signer
+        args.signer = load_signer(args.signing_key, "--signing-key")
     if args.model_dir is None:
         if args.retrain:
             raise ConfigError("--retrain needs --model-dir (where the fine-tuned checkpoint goes)",

@@ -117,32 +117,42 @@ class MqttPublisher:
         return await self._retrying(read, f"read {topic}")
 
 
-def plan_messages(fleet: str, node_placements: Mapping[str, NodePlacement], summary: dict[str, Any] | None,
-                  *, signer: Signer, issued_at_ms: int, validity_ms: int = VALIDITY_MS,
-                  clear: Iterable[str] = ()) -> dict[str, bytes]:
-    """Topic -> payload for a push: each node's placement and the summary, signed and valid from
-    ``issued_at_ms`` for ``validity_ms``; b"" for ``clear`` nodes."""
+def sign_plan(node_placements: Mapping[str, NodePlacement], summary: dict[str, Any] | None, *,
+              signer: Signer, issued_at_ms: int, validity_ms: int = VALIDITY_MS
+              ) -> tuple[dict[str, NodePlacement], dict[str, Any] | None]:
+    """Each placement and the summary, signed and valid from ``issued_at_ms`` for ``validity_ms``."""
     expires = issued_at_ms + validity_ms
-    messages = {placement_topic(fleet, node): b"" for node in clear if node not in node_placements}
-    messages.update({placement_topic(fleet, node): np_.signed(signer, issued_at_ms=issued_at_ms,
-                                                              expires_at_ms=expires).to_bytes()
-                     for node, np_ in node_placements.items()})
+    signed = {node: np_.signed(signer, issued_at_ms=issued_at_ms, expires_at_ms=expires)
+              for node, np_ in node_placements.items()}
     if summary is not None:
-        timed = {**summary, "issued_at_ms": issued_at_ms, "expires_at_ms": expires}
-        messages[plan_topic(fleet)] = summary_bytes(signer.sign(timed))
+        summary = signer.sign({**summary, "issued_at_ms": issued_at_ms, "expires_at_ms": expires})
+    return signed, summary
+
+
+def plan_messages(fleet: str, node_placements: Mapping[str, NodePlacement], summary: dict[str, Any] | None,
+                  *, clear: Iterable[str] = ()) -> dict[str, bytes]:
+    """Topic -> payload for a push: each (signed) node placement, b"" for ``clear`` nodes, the
+    (signed) summary."""
+    messages = {placement_topic(fleet, node): b"" for node in clear if node not in node_placements}
+    messages.update({placement_topic(fleet, node): np_.to_bytes() for node, np_ in node_placements.items()})
+    if summary is not None:
+        messages[plan_topic(fleet)] = summary_bytes(summary)
     return messages
 
 
 async def push_plan(publisher: Publisher, fleet: str, node_placements: Mapping[str, NodePlacement],
                     summary: dict[str, Any] | None, *, signer: Signer, issued_at_ms: int,
-                    validity_ms: int = VALIDITY_MS, clear: Iterable[str] = ()) -> int:
-    """Publish a plan, signed; returns the number of messages the broker acknowledged."""
-    messages = plan_messages(fleet, node_placements, summary, signer=signer,
-                             issued_at_ms=issued_at_ms, validity_ms=validity_ms, clear=clear)
+                    validity_ms: int = VALIDITY_MS, clear: Iterable[str] = ()
+                    ) -> tuple[int, dict[str, NodePlacement]]:
+    """Sign and publish a plan; returns the number of messages the broker acknowledged and the
+    signed placements."""
+    signed, summary = sign_plan(node_placements, summary, signer=signer, issued_at_ms=issued_at_ms,
+                                validity_ms=validity_ms)
+    messages = plan_messages(fleet, signed, summary, clear=clear)
     await publisher.publish_retained(messages)
     log.info("pushed %d placement(s), cleared %d node(s) on fleet %s", len(node_placements),
              sum(1 for p in messages.values() if p == b""), fleet)
-    return len(messages)
+    return len(messages), signed
 
 
 def new_plan_id(now_ms: int) -> str:
@@ -154,13 +164,13 @@ async def push_new_plan(publisher: Publisher, plan: Any, net: Any, *, fleet: str
                         issued_at_ms: int, signer: Signer, addresses: Mapping[str, str] | None = None,
                         jobs: list[Any] | None = None) -> dict[str, NodePlacement]:
     """Push a whole plan: every node of ``net`` with a role gets its placement, every other node
-    of ``net`` is cleared, and the summary is replaced. Returns the placements pushed."""
+    of ``net`` is cleared, and the summary is replaced. Returns the (signed) placements pushed."""
     placements = build_node_placements(plan, net, fleet=fleet, plan_id=plan_id, addresses=addresses)
     summary = build_summary(plan, net, fleet=fleet, plan_id=plan_id, issued_at_ms=issued_at_ms,
                             node_placements=placements, jobs=jobs)
-    await push_plan(publisher, fleet, placements, summary, signer=signer, issued_at_ms=issued_at_ms,
-                    clear=net.ids)
-    return placements
+    _, signed = await push_plan(publisher, fleet, placements, summary, signer=signer,
+                                issued_at_ms=issued_at_ms, clear=net.ids)
+    return signed
 
 
 def registered_addresses(db_path: str | None) -> dict[str, str]:

@@ -136,8 +136,8 @@ class Replanner:
         new_nodes = {n for n, np_ in placements.items() if any(r.job in affected_names for r in np_.roles)}
         touched = old_nodes | new_nodes | set(down)
         sent = {n: placements[n] for n in touched if n in placements}
-        count = await push_plan(self.publisher, self.fleet, sent, new_summary, signer=self.signer,
-                                issued_at_ms=now, clear=[n for n in touched if n not in placements])
+        count, _ = await push_plan(self.publisher, self.fleet, sent, new_summary, signer=self.signer,
+                                   issued_at_ms=now, clear=[n for n in touched if n not in placements])
         elapsed = self.monotonic() - t0
         report = RecoveryReport(down=down, replanned=result.replanned, lost=result.lost,
                                 kept=result.kept, plan_id=plan_id, messages=count,
@@ -168,8 +168,8 @@ class Replanner:
                 continue
             placements[node] = placement
         body = {k: v for k, v in summary.document.items() if k != SIGNATURE_FIELD}
-        count = await push_plan(self.publisher, self.fleet, placements, body, signer=self.signer,
-                                issued_at_ms=now)
+        count, _ = await push_plan(self.publisher, self.fleet, placements, body, signer=self.signer,
+                                   issued_at_ms=now)
         log.info("re-signed plan %s: the summary and %d placement(s), valid for %.0f more days",
                  summary.plan_id, len(placements), VALIDITY_MS / 86_400_000)
         return count
