@@ -18,7 +18,8 @@ def serve_args(*flags: str):
 
 def test_good_flags_pass(tmp_path):
     check_flags(serve_args("--db", str(tmp_path / "p.db"), "--insecure", "--mqtt", "mqtt://b",
-                           "--signing-key", write_signing_key(tmp_path / "k"), "--node-timeout", "5", "--model-dir", str(tmp_path / "model"),
+                           "--signing-key", write_signing_key(tmp_path / "k"), "--node-timeout", "5",
+                           "--model-dir", str(tmp_path / "model"),
                            "--retrain-job-sets", "2", "--retrain-epochs", "1"))
     assert not (tmp_path / "p.db").exists()
 
