@@ -50,6 +50,11 @@ class AgentConfig:
     max_concurrency: int = PROBE_DEFAULTS.max_concurrency
     log_level: str = "INFO"
     probe_port: int = 0               # TCP port peers connect-probe us on (0: no listener)
+    # Placements (agent/placement.py, agent/launcher.py; docs/PLACEMENTS.md):
+    placement_key: str = ""           # the planner's public key (ed25519:... or a PEM file)
+    allowed_commands: tuple[tuple[str, ...], ...] = ()   # argv prefixes a placement may run
+    pass_env: tuple[str, ...] = ()    # variables jobs get besides HULK_*, PATH, HOME, LANG
+    torchrun: str = ""                # "" = torchrun beside the agent's python, else on PATH
     # Fields set by a file, variable or flag (not defaults): these win over the planner's
     # ProbeSettings; defaults give way to them.
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
@@ -80,6 +85,10 @@ SOURCES: dict[str, tuple[str | None, str | None]] = {
     "max_concurrency": ("HULK_MAX_CONCURRENCY", "--max-concurrency"),
     "log_level": ("HULK_LOG_LEVEL", "--log-level"),
     "probe_port": ("HULK_PROBE_PORT", "--probe-port"),
+    "placement_key": ("HULK_PLACEMENT_KEY", None),
+    "allowed_commands": ("HULK_ALLOWED_COMMANDS", None),
+    "pass_env": ("HULK_PASS_ENV", None),
+    "torchrun": ("HULK_TORCHRUN", None),
 }
 
 # Keys a config file may use besides the field names.
@@ -213,6 +222,45 @@ def _log_level(value: Any) -> str:
     return text
 
 
+def _placement_key(value: Any) -> str:
+    text = _text(value)
+    if text:
+        from hulk.wire.signing import Verifier
+        try:
+            Verifier.from_text(text, field=None)
+        except ConfigError as exc:
+            raise _Bad(str(exc)) from None
+    return text
+
+
+def _allowed_commands(value: Any) -> tuple[tuple[str, ...], ...]:
+    """A list of argv prefixes (each a list, or a string split as a shell would); a variable
+    separates them with ';'."""
+    import shlex
+    items = value.split(";") if isinstance(value, str) else value
+    if not isinstance(items, list) and not isinstance(value, str):
+        raise _Bad("expected a list of commands (argv prefixes such as [python, train.py])")
+    out = []
+    for item in items:
+        argv = shlex.split(item) if isinstance(item, str) else item
+        if not isinstance(argv, list) or not all(isinstance(a, (str, int, float)) for a in argv):
+            raise _Bad(f"expected a command as a string or a list of strings, got {item!r}")
+        if argv:
+            out.append(tuple(str(a) for a in argv))
+    return tuple(out)
+
+
+def _pass_env(value: Any) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise _Bad("expected a list of variable names")
+    names = tuple(str(n).strip() for n in items if str(n).strip())
+    bad = [n for n in names if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)]
+    if bad:
+        raise _Bad(f"expected variable names, got {bad[0]!r}")
+    return names
+
+
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "planner": _planner,
     "node_id": _node_id,
@@ -233,6 +281,10 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "max_concurrency": _integer(1, 4096, "rounds"),
     "log_level": _log_level,
     "probe_port": _integer(0, 65535, "port"),
+    "placement_key": _placement_key,
+    "allowed_commands": _allowed_commands,
+    "pass_env": _pass_env,
+    "torchrun": _text,
 }
 REQUIRED = ("planner", "node_id")
 

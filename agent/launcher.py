@@ -5,9 +5,20 @@ How a role runs: ``torchrun --nnodes N --node-rank R --nproc-per-node 1 --rdzv-b
 (the rank-0 node hosts a TCPStore on the job's port; every node knows its rank from the
 placement) is what works with torch 2.13 on CPU/gloo without an etcd or an elastic c10d
 round-trip, and it matches a placement exactly: the planner fixes ranks, nothing is negotiated.
-``--no-python`` makes torchrun run the job's command as written; a leading ``python``/``python3``
-is replaced by the configured interpreter (the one beside torchrun), so the training program runs
-in the environment that has torch.
+``--no-python`` makes torchrun run the job's command (an argv list) as written; a leading
+``python``/``python3`` is replaced by the configured interpreter (the one beside torchrun), so the
+training program runs in the environment that has torch. torchrun is the agent config's
+``torchrun`` (HULK_TORCHRUN), else the one beside the agent's python, else on PATH.
+
+What a placement may run (docs/PLACEMENTS.md):
+- only a command whose argv starts with one of the agent's ``allowed_commands`` (argv prefixes,
+  compared word by word, before ``python`` is replaced; none by default) and whose job name is
+  1-64 of [A-Za-z0-9._-]; a refused role is state FAILED with a one-line ``refused: ...`` detail;
+- in ``jobs_dir/<job>/`` (state_dir/jobs/<job>/, made 0700) with its log ``job.log`` there;
+- with an environment built from an allow-list: the role's HULK_* variables, PATH, HOME, LANG and
+  the config's ``pass_env`` names (never a HULK_* of the agent: not its token, broker URL or keys);
+- without the agent's capabilities: before exec the child clears its ambient and inheritable
+  capabilities, empties its bounding set and sets no_new_privs, so even as root it runs with none.
 
 The process gets HULK_* variables describing its role (hulk.settings lists them) besides the
 RANK/WORLD_SIZE/MASTER_* that torchrun sets. A new placement stops the old process group first:
@@ -21,6 +32,7 @@ States (exposed for the Heartbeat): idle, starting (spawned), running (alive aft
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import re
@@ -34,12 +46,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
-from hulk.wire.placement import NodePlacement, Role
+from hulk.wire.placement import NodePlacement, Role, valid_job_name
 from hulk.wire.records import LaunchState, LaunchStatus
 
 log = logging.getLogger(__name__)
 
 _PYTHON_RE = re.compile(r"^python(\d+(\.\d+)?)?$")
+BASE_ENV_NAMES = ("PATH", "HOME", "LANG")
+JOB_LOG = "job.log"
 
 
 # --------------------------------------------------------------------------- process runner
@@ -72,8 +86,27 @@ class _SubprocessHandle:
             pass
 
 
+def drop_capabilities() -> None:
+    """In the child before exec: no ambient, inheritable or bounding capabilities, and
+    no_new_privs, so the job runs without any capability even as root (Linux prctl/capset)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(38, 1, 0, 0, 0)                      # PR_SET_NO_NEW_PRIVS
+    libc.prctl(47, 4, 0, 0, 0)                      # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+    for cap in range(64):                           # PR_CAPBSET_DROP each (EINVAL past the last)
+        libc.prctl(24, cap, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)   # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()                  # {effective, permitted, inheritable} x 2
+    if libc.capget(header, data) == 0:
+        data[2] = data[5] = 0                       # inheritable: none
+        libc.capset(header, data)
+
+
 class SubprocessRunner:
-    """Real processes, each in a new session so the whole tree (torchrun + workers) is one group."""
+    """Real processes, each in a new session so the whole tree (torchrun + workers) is one group,
+    without the agent's capabilities (``drop_caps``)."""
+
+    def __init__(self, drop_caps: bool = True):
+        self.drop_caps = drop_caps and sys.platform == "linux"
 
     async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None,
                     log_path: Path | None) -> ProcessHandle:
@@ -85,7 +118,7 @@ class SubprocessRunner:
             proc = await asyncio.create_subprocess_exec(
                 *argv, env=dict(env), cwd=str(cwd) if cwd else None, stdin=asyncio.subprocess.DEVNULL,
                 stdout=out or asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True)
+                start_new_session=True, preexec_fn=drop_capabilities if self.drop_caps else None)
         finally:
             if out is not None:
                 out.close()
@@ -124,7 +157,7 @@ class TorchrunCommand:
         self.python = python
 
     def __call__(self, role: Role) -> list[str]:
-        program = shlex.split(role.command or "")
+        program = list(role.command or ())
         if not program:
             raise ValueError(f"job {role.job} has no command")
         if _PYTHON_RE.match(program[0]):
@@ -142,17 +175,22 @@ class Launcher:
 
     def __init__(self, *, runner: ProcessRunner | None = None,
                  command: Callable[[Role], list[str]] | None = None,
-                 grace_s: float = 10.0, running_after_s: float = 0.5, cwd: Path | None = None,
-                 log_dir: Path | None = None, base_env: Mapping[str, str] | None = None,
+                 grace_s: float = 10.0, running_after_s: float = 0.5, jobs_dir: Path | None = None,
+                 allowed_commands: Sequence[Sequence[str]] = (), pass_env: Sequence[str] = (),
+                 base_env: Mapping[str, str] | None = None,
                  on_status: Callable[[LaunchStatus], None] | None = None,
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)):
         self.runner = runner or SubprocessRunner()
         self.command = command or TorchrunCommand()
         self.grace_s = grace_s
         self.running_after_s = running_after_s
-        self.cwd = cwd
-        self.log_dir = log_dir
-        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.jobs_dir = Path(jobs_dir) if jobs_dir is not None else None
+        self.allowed_commands = tuple(tuple(prefix) for prefix in allowed_commands if prefix)
+        # The job's environment is an allow-list; the agent's own HULK_* (its token, its broker
+        # URL with a password, its keys) are never passed through.
+        names = [*BASE_ENV_NAMES, *(n for n in pass_env if not n.startswith("HULK_"))]
+        source = os.environ if base_env is None else base_env
+        self.base_env = {n: source[n] for n in names if n in source}
         self.on_status = on_status
         self._clock_ms = clock_ms
         self.status = LaunchStatus(changed_at_ms=clock_ms())
@@ -219,14 +257,41 @@ class Launcher:
             if code != 0:
                 return
 
+    def refusal(self, role: Role) -> str | None:
+        """Why ``role`` may not run here (one line), or None."""
+        if not valid_job_name(role.job):
+            return f"job name {role.job[:80]!r} is not 1-64 of [A-Za-z0-9._-]"
+        argv = tuple(role.command or ())
+        if not any(argv[:len(prefix)] == prefix for prefix in self.allowed_commands):
+            shown = shlex.join(argv)[:120]
+            return (f"command {shown!r} is not in this agent's allowed_commands" if self.allowed_commands
+                    else f"command {shown!r} refused: this agent's allowed_commands is empty")
+        return None
+
+    def job_dir(self, job: str) -> Path | None:
+        """jobs_dir/<job>/, made 0700: the job's working directory and the home of its log."""
+        if self.jobs_dir is None:
+            return None
+        path = self.jobs_dir / job
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.chmod(0o700)
+        return path
+
     async def _run_one(self, role: Role) -> int | None:
+        reason = self.refusal(role)
+        if reason is not None:
+            log.warning("refused to launch job %s of plan %s: %s", role.job[:80], role.plan_id, reason)
+            self._set(state=LaunchState.FAILED, plan_id=role.plan_id, job=role.job[:64], exit_code=0,
+                      detail=f"refused: {reason}")
+            return None
         self._set(state=LaunchState.STARTING, plan_id=role.plan_id, job=role.job, exit_code=0,
                   detail=f"stage {role.stage} replica {role.replica} rank {role.rank}/{role.world_size}")
         try:
             argv = self.command(role)
             env = {**self.base_env, **role_env(role)}
-            log_path = self.log_dir / f"{role.job}.log" if self.log_dir else None
-            proc = await self.runner.start(argv, env, self.cwd, log_path)
+            cwd = self.job_dir(role.job)
+            log_path = cwd / JOB_LOG if cwd is not None else None
+            proc = await self.runner.start(argv, env, cwd, log_path)
         except (OSError, ValueError) as exc:
             self._set(state=LaunchState.FAILED, detail=f"cannot start: {exc}")
             return None

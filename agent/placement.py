@@ -4,8 +4,16 @@
   retained, so after a reconnect the broker sends it again; an unchanged placement is a no-op.
 - Reconnects with exponential backoff (with jitter) when the broker goes away; the backoff starts
   over after a connection that worked.
-- A malformed message is logged and ignored: the previous placement (file and process) stays.
-- An empty message clears: the file is removed and the callback gets ``None``.
+- A placement is acted on only when it is signed by the pinned ``placement_key`` (the planner's
+  Ed25519 key), addressed to this node and fleet, not expired, and not older than the newest one
+  accepted (its issue time and plan id; kept in state_dir/placement-accepted.json across
+  restarts). Anything else (unsigned, wrongly signed, expired, replayed, malformed however deep
+  or large) is logged in one line and ignored: the previous placement (file and process) stays.
+  Without a pinned key every placement is refused. The same retained message redelivered (after
+  a reconnect) is a no-op before any of these checks, so a running job is never stopped by it.
+- An empty message clears: the file is removed and the callback gets ``None`` (a retained
+  message can only be deleted by an empty one, which cannot carry a signature; the broker's ACL
+  lets only the planner's account write placement topics).
 - After a restart, the broker's retained message is the truth, not the file of the last run: a
   file with no retained placement behind it (the node was cleared while down) is removed.
 - The file is written atomically (temporary file, fsync, rename, fsync of the directory), so a
@@ -15,9 +23,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +39,7 @@ from hulk.wire.placement import NodePlacement, parse_placement
 log = logging.getLogger(__name__)
 
 PLACEMENT_FILE = "placement.json"
+ACCEPTED_FILE = "placement-accepted.json"
 
 OnChange = Callable[[NodePlacement | None], Awaitable[None] | None]
 
@@ -79,15 +90,46 @@ class PlacementFile:
             os.close(fd)
 
 
+class AcceptedMark:
+    """The newest placement accepted, (issue time, plan id), in state_dir/placement-accepted.json:
+    anything older is a replay, also after the agent restarts."""
+
+    def __init__(self, state_dir: Path):
+        self.path = Path(state_dir) / ACCEPTED_FILE
+        try:
+            data = json.loads(self.path.read_text())
+            self.newest = (int(data["issued_at_ms"]), str(data["plan_id"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            self.newest = (0, "")
+
+    def is_older(self, placement: NodePlacement) -> bool:
+        return (placement.issued_at_ms, placement.plan_id) < self.newest
+
+    def accept(self, placement: NodePlacement) -> None:
+        self.newest = max(self.newest, (placement.issued_at_ms, placement.plan_id))
+        tmp = self.path.with_name(f".{ACCEPTED_FILE}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({"issued_at_ms": self.newest[0], "plan_id": self.newest[1]}))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("cannot record the accepted placement in %s: %s", self.path, exc)
+
+
 class PlacementSubscriber:
-    """Keeps ``state_dir/placement.json`` equal to this node's retained placement."""
+    """Keeps ``state_dir/placement.json`` equal to this node's retained, verified placement."""
 
     def __init__(self, broker: BrokerAddress, *, fleet: str, node_id: str, state_dir: Path,
-                 on_change: OnChange | None = None, client_factory: Callable[..., Any] | None = None,
+                 verifier: Any = None, on_change: OnChange | None = None,
+                 client_factory: Callable[..., Any] | None = None,
                  backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 retained_wait_s: float = 3.0):
+                 retained_wait_s: float = 3.0,
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)):
         self.broker = broker
+        self.verifier = verifier      # hulk.wire.signing.Verifier of the pinned key (None: refuse all)
+        self.clock_ms = clock_ms
+        self.accepted = AcceptedMark(state_dir)
         self.fleet = fleet
         self.node_id = node_id
         self.topic = placement_topic(fleet, node_id)
@@ -103,7 +145,7 @@ class PlacementSubscriber:
         self.retained_wait_s = retained_wait_s
         self.connected = asyncio.Event()
         self.connects = 0          # successful connections so far
-        self.ignored = 0           # malformed or misaddressed messages ignored
+        self.ignored = 0           # malformed, misaddressed or refused messages ignored
 
     def _client(self) -> Any:
         factory = self._client_factory
@@ -171,21 +213,43 @@ class PlacementSubscriber:
             payload = str(payload)
         try:
             placement = parse_placement(payload, source=topic)
-            if placement.node != self.node_id or placement.fleet != self.fleet:
-                raise InputError(f"expected node {self.node_id!r} of fleet {self.fleet!r}, got node "
-                                 f"{placement.node!r} of fleet {placement.fleet!r}", path=topic)
+            if placement == self.current:
+                return  # the retained message again, after a reconnect: already verified
+            self.check(placement, topic)
         except InputError as exc:
             self.ignored += 1
-            log.warning("ignored malformed placement, keeping the previous one: %s", exc)
+            log.warning("refused placement, keeping the previous one: %s", exc)
             return
-        if placement == self.current:
-            return  # the retained message again, after a reconnect
+        except Exception as exc:  # never let one message stop the subscriber (and the job)
+            self.ignored += 1
+            log.warning("refused placement, keeping the previous one: %s: %s",
+                        type(exc).__name__, str(exc)[:200])
+            return
+        self.accepted.accept(placement)
         self.file.save(placement)
         self.current = placement
         log.info("new placement from plan %s: %s", placement.plan_id,
                  ", ".join(f"{r.job} stage {r.stage} replica {r.replica} rank {r.rank}/{r.world_size}"
                            for r in placement.roles) or "no roles")
         await self._notify(placement)
+
+    def check(self, placement: NodePlacement, topic: str) -> None:
+        """InputError (one line) unless ``placement`` may be acted on (the module docstring)."""
+        if self.verifier is None:
+            raise InputError("no placement_key is configured (HULK_PLACEMENT_KEY): this agent "
+                             "acts on no placement", path=topic)
+        self.verifier.verify(placement.to_json(), source=topic)
+        if placement.node != self.node_id or placement.fleet != self.fleet:
+            raise InputError(f"expected node {self.node_id!r} of fleet {self.fleet!r}, got node "
+                             f"{placement.node!r} of fleet {placement.fleet!r}", path=topic)
+        now = self.clock_ms()
+        if placement.expires_at_ms <= now:
+            raise InputError(f"expired: plan {placement.plan_id} was valid until "
+                             f"{placement.expires_at_ms} ms, now is {now} ms", path=topic)
+        if self.accepted.is_older(placement):
+            raise InputError(f"replayed: plan {placement.plan_id} issued at {placement.issued_at_ms} ms "
+                             f"is older than the newest accepted (plan {self.accepted.newest[1]} "
+                             f"issued at {self.accepted.newest[0]} ms)", path=topic)
 
     async def _notify(self, placement: NodePlacement | None) -> None:
         if self.on_change is None:
@@ -208,8 +272,9 @@ class PlacementComponent:
 
     def __init__(self, broker: BrokerAddress, *, state_dir: Path, node_id: str,
                  launcher_factory: Callable[..., Any] | None = None, fleet: str | None = None,
-                 subscriber_kwargs: dict[str, Any] | None = None):
+                 subscriber_kwargs: dict[str, Any] | None = None, config: Any = None):
         self.broker = broker
+        self.config = config
         self.state_dir = Path(state_dir)
         self.node_id = node_id
         self.fleet = fleet
@@ -222,17 +287,24 @@ class PlacementComponent:
     def from_config(cls, config: Any) -> "PlacementComponent":
         from hulk.wire.broker import parse_broker_url
 
+        from hulk.wire.signing import Verifier
+
+        verifier = Verifier.from_text(config.placement_key) if config.placement_key else None
+        if verifier is None:
+            log.warning("no placement_key configured (HULK_PLACEMENT_KEY): every placement is refused")
         return cls(parse_broker_url(config.mqtt, source="--mqtt/HULK_MQTT"), state_dir=config.state_dir,
-                   node_id=config.node_id)
+                   node_id=config.node_id, config=config, subscriber_kwargs={"verifier": verifier})
 
     def _make_launcher(self, on_status: Callable[[Any], None]) -> Any:
         if self._launcher_factory is not None:
             return self._launcher_factory(on_status=on_status)
         from agent.launcher import Launcher, TorchrunCommand
-        from hulk.settings import env
 
-        return Launcher(command=TorchrunCommand(torchrun=env("HULK_TORCHRUN")),
-                        log_dir=self.state_dir / "jobs", cwd=self.state_dir, on_status=on_status)
+        config = self.config
+        return Launcher(command=TorchrunCommand(torchrun=getattr(config, "torchrun", "") or None),
+                        jobs_dir=self.state_dir / "jobs", on_status=on_status,
+                        allowed_commands=getattr(config, "allowed_commands", ()),
+                        pass_env=getattr(config, "pass_env", ()))
 
     async def run(self, runtime: Any) -> None:
         registration = await runtime.wait_registered()

@@ -44,6 +44,9 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_PAYLOAD_BYTES", "agent", "ICMP payload bytes (56 gives a 64-byte ICMP message)"),
     EnvVar("HULK_MAX_CONCURRENCY", "agent", "most probe rounds in flight at once"),
     EnvVar("HULK_TORCHRUN", "agent", "torchrun executable that launches placed jobs (default: beside python)"),
+    EnvVar("HULK_PLACEMENT_KEY", "agent", "pinned placement-signing public key (ed25519:... or .pub file)"),
+    EnvVar("HULK_ALLOWED_COMMANDS", "agent", "commands placements may run: argv prefixes, separated by ';'"),
+    EnvVar("HULK_PASS_ENV", "agent", "variables jobs get besides HULK_*, PATH, HOME, LANG (a,b)"),
     # planner
     EnvVar("HULK_DB", "planner", "path of the planner's SQLite store"),
     EnvVar("HULK_LISTEN", "planner", "HOST:PORT the planner serves gRPC on"),
@@ -51,6 +54,7 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_RAW_DAYS", "planner", "days raw samples are kept (default 7)"),
     EnvVar("HULK_WINDOW_DAYS", "planner", "rolling window in days (default 90)"),
     EnvVar("HULK_MODEL", "planner", "GNN checkpoint to use instead of the shipped one"),
+    EnvVar("HULK_SIGNING_KEY", "planner", "Ed25519 key that signs placements (from enroll --init-ca)"),
     # the training process an agent launches
     EnvVar("HULK_PLAN_ID", "launched job", "plan id of the placement"),
     EnvVar("HULK_JOB", "launched job", "job name"),

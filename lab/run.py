@@ -5,7 +5,9 @@
 1. builds one namespace per host (default: the paper's Table 1 cities) and the ``hub`` namespace,
    joined by the delaying switch (:mod:`lab.wan`);
 2. starts mosquitto and ``hulk-planner serve`` in the hub (10.77.0.1, zero delay to everyone) and
-   one ``hulk-agent`` per host namespace, each with its own state directory;
+   one ``hulk-agent`` per host namespace, each with its own state directory; a fresh
+   placement-signing key signs the placements, every agent pins its public key and may run only
+   the example trainer (``python <repo>/examples/train_gpt.py``; :func:`placement_security_env`);
 3. waits until the planner has learned an RTT for every pair and prints it beside the configured
    one;
 4. plans the jobs file and pushes the placements (``hulk-planner plan JOBS --db DB --push --mqtt
@@ -43,6 +45,30 @@ log = logging.getLogger("lab")
 MQTT_PORT = 1883
 PLANNER_PORT = 50051
 DEFAULT_JOBS = Path(__file__).with_name("jobs.yaml")
+EXAMPLE = REPO / "examples" / "train_gpt.py"
+
+
+def placement_security_env(work: Path) -> dict[str, str]:
+    """HULK_* variables for the lab's planner and agents: a signing key made in ``work`` (the
+    planner signs with it, the agents pin its public key), an allow-list that permits the example
+    training command, and the variables the trainer needs passed through."""
+    from hulk.wire.signing import Signer, generate_key_files
+
+    key = work / "placement-signing.key"
+    signer = (Signer.from_file(key) if key.exists()
+              else generate_key_files(key, work / "placement-signing.pub"))
+    return {"HULK_SIGNING_KEY": str(key), "HULK_PLACEMENT_KEY": signer.public_text(),
+            "HULK_ALLOWED_COMMANDS": f"python {EXAMPLE}",
+            "HULK_PASS_ENV": "PYTHONPATH,OMP_NUM_THREADS"}
+
+
+def resolve_example_paths(jobs: Path, out: Path) -> Path:
+    """``jobs`` with ``examples/...`` in commands made absolute (jobs run in their own folder)."""
+    text = jobs.read_text()
+    if "examples/" not in text:
+        return jobs
+    out.write_text(text.replace(" examples/", f" {REPO / 'examples'}/"))
+    return out
 
 
 class Services:
@@ -54,6 +80,7 @@ class Services:
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
         self.env.pop("HULK_TOKEN", None)
+        self.env.update(placement_security_env(work))
 
     def start(self, name: str, host: str, argv: Sequence[str]) -> subprocess.Popen:
         out = open(self.work / f"{name}.log", "wb")
@@ -254,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
         raise LabError(f"{jobs}: no such jobs file")
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="hulk-lab-run-"))
     work.mkdir(parents=True, exist_ok=True)
+    jobs = resolve_example_paths(jobs, work / "jobs.yaml")
     python = sys.executable
     if shutil.which("mosquitto") is None:
         raise LabError("mosquitto is not installed (make install installs it)")
@@ -342,7 +370,7 @@ def plan_and_show(args, lab, python, db, work, jobs, matrix, fleet, mqtt_url, st
     push = supports(python, ["-m", "planner.cli", "plan"], "--push")
     if push:
         plan_cmd += ["--push", "--mqtt", mqtt_url]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(services.env, PYTHONPATH=str(REPO))
 
     def plan(source: list[str]) -> subprocess.CompletedProcess:
         # In the hub, like an operator's shell on the planner host: the broker is only reachable

@@ -28,6 +28,7 @@ class PlannerSettings:
     raw_days: int = 7                  # days raw samples are kept
     window_days: int = 90              # rolling window of the fleet's links
     log_level: str = "INFO"
+    signing_key: str | None = None     # Ed25519 key that signs placements (`plan --push`, `serve`)
 
 
 # field -> the HULK_* variable it is read from (every one is listed in hulk.settings.ENV_VARS).
@@ -40,6 +41,7 @@ VARIABLES: dict[str, str] = {
     "raw_days": "HULK_RAW_DAYS",
     "window_days": "HULK_WINDOW_DAYS",
     "log_level": "HULK_LOG_LEVEL",
+    "signing_key": "HULK_SIGNING_KEY",
 }
 
 
@@ -95,6 +97,7 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "raw_days": _days,
     "window_days": _days,
     "log_level": _log_level,
+    "signing_key": str,
 }
 
 

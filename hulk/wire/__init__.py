@@ -2,8 +2,9 @@
 
 - ``hulk.wire.records``: the gRPC messages (protos/hulk/v1/hulk.proto) as immutable records that
   convert themselves to and from protobuf (``record.to_proto()``, ``Record.from_proto(msg)``).
-- ``hulk.wire.placement``: the MQTT placement message (``hulk-placement/1``) and the retained plan
-  summary (``hulk-plan-summary/1``), with their strict parsers.
+- ``hulk.wire.placement``: the MQTT placement message (``hulk-placement/2``) and the retained plan
+  summary (``hulk-plan-summary/2``), with their strict parsers.
+- ``hulk.wire.signing``: the Ed25519 signatures both messages carry.
 - ``hulk.wire.broker``: broker URLs and topic names.
 
 Both sides import from here and nothing else defines these records. Nothing here imports the

@@ -1,10 +1,14 @@
 """The MQTT placement messages: what a node is told to run, and the retained plan summary.
 
 - ``hulk/v1/<fleet>/nodes/<node_id>/placement`` carries one ``NodePlacement`` as
-  ``hulk-placement/1`` JSON (``NodePlacement.to_bytes``, strictly read by ``parse_placement``).
-- ``hulk/v1/<fleet>/plan`` carries the plan summary, ``hulk-plan-summary/1``: every job with its
+  ``hulk-placement/2`` JSON (``NodePlacement.to_bytes``, strictly read by ``parse_placement``).
+- ``hulk/v1/<fleet>/plan`` carries the plan summary, ``hulk-plan-summary/2``: every job with its
   stages as node ids, its plan id and its specification, so a planner can rebuild the plan from
   the broker (``parse_summary`` reads it into a ``PlanSummary``).
+
+Both carry ``issued_at_ms``, ``expires_at_ms`` and an Ed25519 ``signature`` over their canonical
+bytes (``hulk.wire.signing``); version 1 had none, which is why the format changed. A role's
+``command`` is an argv list; job names are 1-64 of ``[A-Za-z0-9._-]`` (not "." or "..").
 
 Roles and ranks. A job with K stages and D replicas runs as one torchrun group of ``K * D`` nodes,
 one process per node (``--nproc-per-node 1``). The node of stage k in replica p has
@@ -19,13 +23,21 @@ format only and imports nothing beyond the standard library and ``hulk.errors``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hulk.errors import InputError
 
-PLACEMENT_FORMAT = "hulk-placement/1"
-SUMMARY_FORMAT = "hulk-plan-summary/1"
+PLACEMENT_FORMAT = "hulk-placement/2"
+SUMMARY_FORMAT = "hulk-plan-summary/2"
+JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+MAX_ARGV = 256
+
+
+def valid_job_name(name: object) -> bool:
+    """1-64 of [A-Za-z0-9._-], not "." or "..": safe as one path component."""
+    return isinstance(name, str) and bool(JOB_NAME_RE.match(name)) and name not in (".", "..")
 MAX_PLACEMENT_BYTES = 256 << 10     # the broker's max_packet_size (deploy/mosquitto/hulk.conf)
 MAX_SUMMARY_BYTES = 64 << 20
 
@@ -48,7 +60,7 @@ class Role:
     rendezvous_address: str
     rendezvous_port: int
     micro_batch: int
-    command: str | None = None
+    command: tuple[str, ...] | None = None   # argv
 
     @property
     def nnodes(self) -> int:
@@ -67,15 +79,28 @@ class NodePlacement:
     node: str
     plan_id: str
     roles: tuple[Role, ...] = ()
+    issued_at_ms: int = 0
+    expires_at_ms: int = 0
+    signature: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "format": PLACEMENT_FORMAT,
             "fleet": self.fleet,
             "node": self.node,
             "plan_id": self.plan_id,
+            "issued_at_ms": self.issued_at_ms,
+            "expires_at_ms": self.expires_at_ms,
             "roles": [_role_json(r) for r in self.roles],
         }
+        if self.signature:
+            doc["signature"] = self.signature
+        return doc
+
+    def signed(self, signer: Any, *, issued_at_ms: int, expires_at_ms: int) -> "NodePlacement":
+        """This placement with fresh times and ``signer``'s signature (a ``hulk.wire.signing.Signer``)."""
+        bare = replace(self, issued_at_ms=issued_at_ms, expires_at_ms=expires_at_ms, signature="")
+        return replace(bare, signature=signer.sign(bare.to_json())["signature"])
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
@@ -97,7 +122,7 @@ def _role_json(role: Role) -> dict[str, Any]:
         "node_rank": role.rank,
         "rendezvous": {"address": role.rendezvous_address, "port": role.rendezvous_port},
         "micro_batch": role.micro_batch,
-        "command": role.command,
+        "command": list(role.command) if role.command is not None else None,
     }
 
 
@@ -164,10 +189,16 @@ def _parse_role(r: _Reader, value: Any, name: str) -> Role:
     rdzv = r.obj(obj["rendezvous"], f"{name}.rendezvous", {"address", "port"})
     command = obj["command"]
     if command is not None:
-        command = r.text(command, f"{name}.command")
+        if (not isinstance(command, list) or not 1 <= len(command) <= MAX_ARGV
+                or not all(isinstance(a, str) and "\0" not in a for a in command) or not command[0]):
+            raise r.fail(f"{name}.command", f"an argv list of 1-{MAX_ARGV} strings", command)
+        command = tuple(command)
+    job = obj["job"]
+    if not valid_job_name(job):
+        raise r.fail(f"{name}.job", "a job name of 1-64 [A-Za-z0-9._-]", job)
     return Role(
         plan_id=r.text(obj["plan_id"], f"{name}.plan_id"),
-        job=r.text(obj["job"], f"{name}.job"),
+        job=job,
         phase=r.integer(obj["phase"], f"{name}.phase"),
         stage=stage, num_stages=num_stages, layer_lo=layers[0], layer_hi=layers[1],
         replica=replica, num_replicas=num_replicas, rank=rank, world_size=world,
@@ -195,13 +226,19 @@ def _load_json(data: bytes | str, source: str, fmt: str, limit: int) -> Any:
                          path=source) from None
 
 
-def parse_placement(data: bytes | str, *, source: str = "placement") -> NodePlacement:
-    """Strictly parse a ``hulk-placement/1`` message; InputError (one line) on anything else."""
+def parse_placement(data: bytes | str, *, source: str = "placement",
+                    verifier: Any = None) -> NodePlacement:
+    """Strictly parse a ``hulk-placement/2`` message; InputError (one line) on anything else.
+
+    With ``verifier`` (a ``hulk.wire.signing.Verifier``) its signature must be good too."""
     r = _Reader(source)
     value = _load_json(data, source, PLACEMENT_FORMAT, MAX_PLACEMENT_BYTES)
     if isinstance(value, dict) and value.get("format") != PLACEMENT_FORMAT:  # say the version first
         raise r.fail("format", repr(PLACEMENT_FORMAT), value.get("format"))
-    obj = r.obj(value, "", {"format", "fleet", "node", "plan_id", "roles"})
+    obj = r.obj(value, "", {"format", "fleet", "node", "plan_id", "issued_at_ms", "expires_at_ms",
+                            "roles"}, {"signature"})
+    if verifier is not None:
+        verifier.verify(obj, source=source)
     if not isinstance(obj["roles"], list):
         raise r.fail("roles", "a list", obj["roles"])
     roles = tuple(_parse_role(r, item, f"roles[{i}]") for i, item in enumerate(obj["roles"]))
@@ -210,8 +247,12 @@ def parse_placement(data: bytes | str, *, source: str = "placement") -> NodePlac
         raise r.fail("roles", "at most one role per job")
     if [role.phase for role in roles] != sorted(role.phase for role in roles):
         raise r.fail("roles", "roles in phase order")
+    signature = obj.get("signature", "")
     return NodePlacement(fleet=r.text(obj["fleet"], "fleet"), node=r.text(obj["node"], "node"),
-                         plan_id=r.text(obj["plan_id"], "plan_id"), roles=roles)
+                         plan_id=r.text(obj["plan_id"], "plan_id"), roles=roles,
+                         issued_at_ms=r.integer(obj["issued_at_ms"], "issued_at_ms", 0, 2**63 - 1),
+                         expires_at_ms=r.integer(obj["expires_at_ms"], "expires_at_ms", 0, 2**63 - 1),
+                         signature=r.text(signature, "signature", empty=True))
 
 
 # ------------------------------------------------------------------------------ plan summary
@@ -238,14 +279,20 @@ class PlanSummary:
     issued_at_ms: int
     jobs: tuple[SummaryJob, ...]
     unplaced: tuple[tuple[str, str, dict[str, Any]], ...] = ()   # (name, reason, spec)
+    expires_at_ms: int = 0
+    document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # as read
 
 
-def parse_summary(data: bytes | str, *, source: str = "plan summary") -> PlanSummary:
-    """Parse a ``hulk-plan-summary/1`` document (what ``hulk/v1/<fleet>/plan`` retains)."""
+def parse_summary(data: bytes | str, *, source: str = "plan summary",
+                  verifier: Any = None) -> PlanSummary:
+    """Parse a ``hulk-plan-summary/2`` document (what ``hulk/v1/<fleet>/plan`` retains); with
+    ``verifier`` its signature must be good."""
     r = _Reader(source)
     value = _load_json(data, source, SUMMARY_FORMAT, MAX_SUMMARY_BYTES)
     if not isinstance(value, dict) or value.get("format") != SUMMARY_FORMAT:
         raise r.fail("format", repr(SUMMARY_FORMAT), value.get("format") if isinstance(value, dict) else None)
+    if verifier is not None:
+        verifier.verify(value, source=source)
     jobs = []
     for i, job in enumerate(value.get("jobs") or []):
         name = f"jobs[{i}]"
@@ -264,7 +311,9 @@ def parse_summary(data: bytes | str, *, source: str = "plan summary") -> PlanSum
         spec = job.get("spec")
         if not isinstance(spec, dict):
             raise r.fail(f"{name}.spec", "an object", spec)
-        jobs.append(SummaryJob(name=r.text(job.get("name"), f"{name}.name"),
+        if not valid_job_name(job.get("name")):
+            raise r.fail(f"{name}.name", "a job name of 1-64 [A-Za-z0-9._-]", job.get("name"))
+        jobs.append(SummaryJob(name=job["name"],
                                plan_id=r.text(job.get("plan_id"), f"{name}.plan_id"),
                                phase=r.integer(job.get("phase"), f"{name}.phase"),
                                micro_batch=r.integer(job.get("micro_batch"), f"{name}.micro_batch", 1),
@@ -275,7 +324,8 @@ def parse_summary(data: bytes | str, *, source: str = "plan summary") -> PlanSum
                        plan_id=r.text(value.get("plan_id"), "plan_id"),
                        method=str(value.get("method", "")),
                        issued_at_ms=r.integer(value.get("issued_at_ms", 0), "issued_at_ms", 0, 2**63 - 1),
-                       jobs=tuple(jobs), unplaced=unplaced)
+                       expires_at_ms=r.integer(value.get("expires_at_ms", 0), "expires_at_ms", 0, 2**63 - 1),
+                       jobs=tuple(jobs), unplaced=unplaced, document=value)
 
 
 def summary_bytes(summary: dict[str, Any]) -> bytes:

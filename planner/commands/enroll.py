@@ -3,10 +3,14 @@
     hulk-planner enroll NODE_ID --db PATH [--mqtt-passwd FILE --mqtt-acl FILE] [--json]
     hulk-planner enroll planner --role planner --db PATH --mqtt-passwd FILE --mqtt-acl FILE
     hulk-planner enroll --init-ca DIR --host planner.example.org [--host 203.0.113.7 ...]
+    hulk-planner enroll NODE_ID --db PATH --signing-key DIR/placement-signing.key   (prints placement_key)
     hulk-planner revoke NODE_ID --db PATH [--mqtt-passwd FILE --mqtt-acl FILE]
 
 A node gets a gRPC token bound to its id (stored hashed) and, with the broker files, a broker
-account that may only read its own placement topic. Secrets are printed once. After changing the
+account that may only read its own placement topic. Secrets are printed once. ``--init-ca`` also
+makes the Ed25519 placement-signing key (DIR/placement-signing.key, 0600, and .pub); with
+``--signing-key`` (HULK_SIGNING_KEY) ``enroll NODE`` prints ``placement_key``, the public key the
+agent pins (its ``placement_key`` setting). After changing the
 broker files reload mosquitto (``systemctl reload mosquitto``; it rereads them on SIGHUP).
 """
 
@@ -17,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from hulk.errors import InputError, NotFoundError
+from hulk.errors import ConfigError, InputError, NotFoundError
 from planner.security.credentials import CredentialStore, check_node_id
 from planner.security.broker_accounts import BrokerAccounts, placement_topic
 from planner.settings import PlannerSettings
@@ -35,6 +39,9 @@ def register(sub: argparse._SubParsersAction, settings: PlannerSettings) -> None
                         help="create a CA and a server certificate for --host names in DIR")
     enroll.add_argument("--host", action="append", default=[],
                         help="DNS name or IP address for the server certificate (repeatable)")
+    enroll.add_argument("--signing-key", metavar="FILE", default=settings.signing_key,
+                        help="the placement-signing key (HULK_SIGNING_KEY): print its public key "
+                             "as placement_key for the agent to pin")
     enroll.add_argument("--json", action="store_true", help="print the credentials as JSON")
     enroll.set_defaults(func=run_enroll)
 
@@ -71,9 +78,14 @@ def _broker(args: argparse.Namespace, db: Path) -> BrokerAccounts | None:
 def run_enroll(args: argparse.Namespace) -> int:
     out: dict[str, str] = {}
     if args.init_ca:
+        from planner.security.signing import PRIVATE_NAME, init_signing_key
         from planner.security.tls import init_pki  # cryptography is only needed here
+        if (args.init_ca / PRIVATE_NAME).exists():  # refuse before making anything
+            raise ConfigError(f"{args.init_ca / PRIVATE_NAME} already exists: keeping it (move it "
+                              "away first to make a new placement-signing key)", field="--init-ca")
         paths = init_pki(args.init_ca, args.host)
         out.update({k: str(v) for k, v in paths.items()})
+        out.update({k: str(v) for k, v in init_signing_key(args.init_ca).items()})
         if not args.node_id:
             _print(out, args.json)
             return 0
@@ -97,6 +109,9 @@ def run_enroll(args: argparse.Namespace) -> int:
     finally:
         store.close()
     out.update({"node_id": node_id, "token": issued.token})
+    if args.signing_key:
+        from hulk.wire.signing import Signer
+        out["placement_key"] = Signer.from_file(args.signing_key).public_text()
     if broker is not None:
         account = broker.add(node_id, role="node")
         out.update({"mqtt_username": account.username, "mqtt_password": account.password,
@@ -104,7 +119,8 @@ def run_enroll(args: argparse.Namespace) -> int:
     _print(out, args.json)
     if not args.json:
         print("# Shown once. On the node put HULK_TOKEN=<token> in /etc/hulk/agent.env (mode 0600)"
-              " and the broker account in its mqtt: URL; then `systemctl reload mosquitto`.",
+              " and the broker account in its mqtt: URL; placement_key (if shown) goes in its"
+              " placement_key setting; then `systemctl reload mosquitto`.",
               file=sys.stderr)
     return 0
 

@@ -61,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
                    help="publish the plan to the agents (retained MQTT messages; needs --mqtt)")
     p.add_argument("--mqtt", metavar="URL", default=settings.mqtt,
                    help="broker mqtt://[user:pass@]HOST:PORT for --push (HULK_MQTT)")
+    p.add_argument("--signing-key", metavar="FILE", default=settings.signing_key,
+                   help="Ed25519 key that signs pushed placements (HULK_SIGNING_KEY; "
+                        "enroll --init-ca makes DIR/placement-signing.key)")
     p.add_argument("--fleet-name", default=settings.fleet,
                    help="fleet name in the MQTT topics (HULK_FLEET; default 'default')")
     p.set_defaults(func=run)
@@ -253,6 +256,7 @@ def run(args) -> int:
 def push(args: argparse.Namespace, plan, net, jobs) -> str:
     """Publish ``plan`` to the agents as ``--push`` asks; returns the line to print."""
     from hulk.wire.broker import check_name, parse_broker_url
+    from planner.security.signing import load_signer
     from planner.service.publisher import (MqttPublisher, new_plan_id, push_new_plan,
                                            registered_addresses)
 
@@ -266,9 +270,10 @@ def push(args: argparse.Namespace, plan, net, jobs) -> str:
     fleet = check_name(args.fleet_name, "--fleet-name")
     now = int(time.time() * 1000)
     plan_id = new_plan_id(now)
+    signer = load_signer(args.signing_key, "--signing-key")
     placements = asyncio.run(push_new_plan(
         MqttPublisher(broker), plan, net, fleet=fleet, plan_id=plan_id, issued_at_ms=now,
-        addresses=registered_addresses(args.db), jobs=jobs))
+        signer=signer, addresses=registered_addresses(args.db), jobs=jobs))
     return (f"plan {plan_id} pushed to {len(placements)} node(s) of fleet {fleet} via "
             f"{broker.host}:{broker.port}")
 

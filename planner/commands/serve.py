@@ -51,6 +51,8 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     p.add_argument("--mqtt", metavar="URL", default=settings.mqtt,
                    help="broker mqtt://[user:pass@]HOST:PORT (HULK_MQTT): re-plan and push "
                         "placements when a node of the current plan goes silent")
+    p.add_argument("--signing-key", metavar="FILE", default=settings.signing_key,
+                   help="Ed25519 key that signs placements (HULK_SIGNING_KEY; needed with --mqtt)")
     p.add_argument("--node-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="a node silent this long is down; its jobs are re-planned (default 30)")
     p.add_argument("--recovery-interval", type=float, default=None, metavar="SECONDS",
@@ -100,6 +102,8 @@ def check_flags(args: argparse.Namespace) -> None:
         if args.recovery_interval is not None and not args.recovery_interval > 0:
             raise ConfigError(f"expected seconds > 0, got {args.recovery_interval}",
                               field="--recovery-interval")
+        from planner.security.signing import load_signer
+        args.signer = load_signer(args.signing_key, "--signing-key")
     if args.model_dir is None:
         if args.retrain:
             raise ConfigError("--retrain needs --model-dir (where the fine-tuned checkpoint goes)",
@@ -175,12 +179,14 @@ def add_recovery(runtime: PlannerRuntime, args: argparse.Namespace, active: Path
     if not args.mqtt:
         return
     # Imported here: it loads the search planner, which other commands need not wait for.
+    from planner.security.signing import load_signer
     from planner.service.recovery import add_to_runtime
 
     add_to_runtime(runtime, broker=parse_broker_url(args.mqtt, source="--mqtt"),
                    node_timeout_s=args.node_timeout,
                    interval_s=args.recovery_interval or max(0.5, args.node_timeout / 3),
-                   window_days=args.window_days, search=serve_search(active))
+                   window_days=args.window_days, search=serve_search(active),
+                   signer=getattr(args, "signer", None) or load_signer(args.signing_key, "--signing-key"))
 
 
 # ----------------------------------------------------------------------------------- running

@@ -12,6 +12,7 @@ job names)``, so re-planning one job leaves the others' ports alone.
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,16 @@ from planner.core.jobs import Job
 from planner.core.plan import Plan
 
 DEFAULT_BASE_PORT = 29500
+
+
+def command_argv(command: Any) -> tuple[str, ...] | None:
+    """A job's command as the argv placements carry (a string is split as a shell would)."""
+    if command is None:
+        return None
+    argv = tuple(shlex.split(command)) if isinstance(command, str) else tuple(command)
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise InputError(f"expected a command (argv list of strings), got {command!r}", field="command")
+    return argv
 
 
 # ----------------------------------------------------------------------------------- building
@@ -48,7 +59,7 @@ def placement_roles(placement: Placement, node_ids: list[str], *, plan_id: str, 
                 num_stages=k_stages, layer_lo=stage.lo, layer_hi=stage.hi, replica=p,
                 num_replicas=d, rank=k * d + p, world_size=k_stages * d,
                 rendezvous_address=address, rendezvous_port=port,
-                micro_batch=placement.micro_batch, command=placement.job.command)
+                micro_batch=placement.micro_batch, command=command_argv(placement.job.command))
     return roles
 
 
@@ -82,11 +93,12 @@ def build_node_placements(plan: Plan, net: Network, *, fleet: str, plan_id: str,
 def job_spec(job: Job) -> dict[str, Any]:
     return {"model": job.model, "params": job.params, "layers": job.layers, "hidden": job.hidden,
             "seq_len": job.seq_len, "global_batch": job.global_batch, "micro_batch": job.micro_batch,
-            "steps": job.steps, "command": job.command}
+            "steps": job.steps,
+            "command": list(argv) if (argv := command_argv(job.command)) is not None else None}
 
 
 def build_summary(plan: Plan, net: Network, *, fleet: str, plan_id: str, issued_at_ms: int,
-                  node_placements: Mapping[str, NodePlacement],
+                  node_placements: Mapping[str, NodePlacement], expires_at_ms: int = 0,
                   job_plan_ids: Mapping[str, str] | None = None,
                   jobs: list[Job] | None = None) -> dict[str, Any]:
     """The retained plan summary: jobs with stages as node ids, their specs, and each node's jobs."""
@@ -114,6 +126,7 @@ def build_summary(plan: Plan, net: Network, *, fleet: str, plan_id: str, issued_
         "plan_id": plan_id,
         "method": plan.method,
         "issued_at_ms": issued_at_ms,
+        "expires_at_ms": expires_at_ms,
         "jobs": out_jobs,
         "unplaced": [{"name": u.name, "reason": u.reason,
                       **({"spec": job_spec(specs[u.name])} if u.name in specs else {})}
@@ -131,8 +144,8 @@ def job_from_spec(name: str, spec: Mapping[str, Any]) -> Job:
         return Job(name=name, params=params, layers=int(spec["layers"]), hidden=int(spec["hidden"]),
                    seq_len=int(spec["seq_len"]), global_batch=int(spec["global_batch"]),
                    micro_batch=int(spec.get("micro_batch") or 1), steps=int(spec.get("steps") or 1),
-                   model=spec.get("model"), command=spec.get("command"))
-    except (KeyError, TypeError, ValueError):
+                   model=spec.get("model"), command=command_argv(spec.get("command")))
+    except (KeyError, TypeError, ValueError, InputError):
         raise InputError("expected params, layers, hidden, seq_len, global_batch",
                          path="plan summary", field=f"{name}.spec") from None
 

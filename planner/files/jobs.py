@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import shlex
 from pathlib import Path
 
 import yaml
 
 from hulk.errors import InputError
+from hulk.wire.placement import valid_job_name
 from planner.core.jobs import MODEL_CATALOG, Job
 
 INT_FIELDS = ("layers", "hidden", "seq_len", "global_batch", "micro_batch", "steps")
@@ -130,6 +132,10 @@ def _parse_job(entry, index: int, path: str) -> Job:
     else:
         raise InputError(f"{label}: missing (each job needs a name or a catalog model)",
                          path=path, line=_line(entry), field="name")
+    if not valid_job_name(name):
+        raise InputError(f"job {name!r}: name must be 1-64 letters, digits, '.', '_' or '-' "
+                         "(it names the job's folder on each node)", path=path,
+                         line=_line(entry, "name" if "name" in entry else "model"), field="name")
     label = f"job {name!r}"
 
     def fail(field: str, message: str) -> InputError:
@@ -165,15 +171,32 @@ def _parse_job(entry, index: int, path: str) -> Job:
         else:
             fields[key] = _positive_int(value, key, fail)
 
-    command = entry.get("command")
-    if command is not None and not isinstance(command, str):
-        raise fail("command", "must be a string (the command agents launch)")
+    command = _command(entry.get("command"), fail)
     fields.setdefault("micro_batch", 1)
     fields.setdefault("steps", 1000)
     if fields["micro_batch"] > fields["global_batch"]:
         raise fail("micro_batch", f"{fields['micro_batch']} is larger than global_batch "
                                   f"{fields['global_batch']}")
     return Job(name=name, model=model, command=command, **fields)
+
+
+def _command(value, fail) -> tuple[str, ...] | None:
+    """The argv agents launch: a list of strings, or a string split as a shell would (no shell
+    runs it: no pipes, variables or globs)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            argv = shlex.split(value)
+        except ValueError as exc:
+            raise fail("command", f"cannot split {value!r} into words ({exc})") from None
+    elif isinstance(value, list) and all(isinstance(a, str) for a in value):
+        argv = list(value)
+    else:
+        raise fail("command", "must be a string or a list of strings (the argv agents launch)")
+    if not argv or not argv[0] or any("\0" in a for a in argv):
+        raise fail("command", "must name a program")
+    return tuple(argv)
 
 
 def _positive_number(value, fail) -> float:

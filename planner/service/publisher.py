@@ -4,6 +4,11 @@ Every message is retained with QoS 1, so an agent that (re)connects later gets i
 the broker, and a publish returns only once the broker has acknowledged it. An empty retained
 payload deletes the retained message: that is how a node that no longer has a role is cleared.
 aiomqtt/paho errors become :class:`hulk.errors.UnavailableError`.
+
+Every placement and the summary are signed (``hulk.wire.signing.Signer``) and valid for
+``VALIDITY_MS`` (7 days) from their issue time; ``serve --mqtt`` re-signs what it retains once
+less than ``RESIGN_BEFORE_MS`` (4 days) is left, so an agent that restarts and re-reads its
+retained placement always finds it valid while the planner runs (planner/service/recovery.py).
 """
 
 from __future__ import annotations
@@ -19,10 +24,14 @@ from typing import Any, Protocol
 from hulk.errors import UnavailableError
 from hulk.wire.broker import BrokerAddress, client_tls_kwargs, placement_topic, plan_topic
 from hulk.wire.placement import NodePlacement, summary_bytes
+from hulk.wire.signing import Signer
 from planner.core.placements import build_node_placements, build_summary
 from planner.service.store import Store
 
 log = logging.getLogger(__name__)
+
+VALIDITY_MS = 7 * 24 * 3600 * 1000
+RESIGN_BEFORE_MS = 4 * 24 * 3600 * 1000
 
 
 class Publisher(Protocol):
@@ -108,9 +117,22 @@ class MqttPublisher:
         return await self._retrying(read, f"read {topic}")
 
 
+def sign_plan(node_placements: Mapping[str, NodePlacement], summary: dict[str, Any] | None, *,
+              signer: Signer, issued_at_ms: int, validity_ms: int = VALIDITY_MS
+              ) -> tuple[dict[str, NodePlacement], dict[str, Any] | None]:
+    """Each placement and the summary, signed and valid from ``issued_at_ms`` for ``validity_ms``."""
+    expires = issued_at_ms + validity_ms
+    signed = {node: np_.signed(signer, issued_at_ms=issued_at_ms, expires_at_ms=expires)
+              for node, np_ in node_placements.items()}
+    if summary is not None:
+        summary = signer.sign({**summary, "issued_at_ms": issued_at_ms, "expires_at_ms": expires})
+    return signed, summary
+
+
 def plan_messages(fleet: str, node_placements: Mapping[str, NodePlacement], summary: dict[str, Any] | None,
                   *, clear: Iterable[str] = ()) -> dict[str, bytes]:
-    """Topic -> payload for a push: each node's placement, b"" for ``clear`` nodes, the summary."""
+    """Topic -> payload for a push: each (signed) node placement, b"" for ``clear`` nodes, the
+    (signed) summary."""
     messages = {placement_topic(fleet, node): b"" for node in clear if node not in node_placements}
     messages.update({placement_topic(fleet, node): np_.to_bytes() for node, np_ in node_placements.items()})
     if summary is not None:
@@ -119,13 +141,18 @@ def plan_messages(fleet: str, node_placements: Mapping[str, NodePlacement], summ
 
 
 async def push_plan(publisher: Publisher, fleet: str, node_placements: Mapping[str, NodePlacement],
-                    summary: dict[str, Any] | None, *, clear: Iterable[str] = ()) -> int:
-    """Publish a plan; returns the number of messages the broker acknowledged."""
-    messages = plan_messages(fleet, node_placements, summary, clear=clear)
+                    summary: dict[str, Any] | None, *, signer: Signer, issued_at_ms: int,
+                    validity_ms: int = VALIDITY_MS, clear: Iterable[str] = ()
+                    ) -> tuple[int, dict[str, NodePlacement]]:
+    """Sign and publish a plan; returns the number of messages the broker acknowledged and the
+    signed placements."""
+    signed, summary = sign_plan(node_placements, summary, signer=signer, issued_at_ms=issued_at_ms,
+                                validity_ms=validity_ms)
+    messages = plan_messages(fleet, signed, summary, clear=clear)
     await publisher.publish_retained(messages)
     log.info("pushed %d placement(s), cleared %d node(s) on fleet %s", len(node_placements),
              sum(1 for p in messages.values() if p == b""), fleet)
-    return len(messages)
+    return len(messages), signed
 
 
 def new_plan_id(now_ms: int) -> str:
@@ -134,15 +161,16 @@ def new_plan_id(now_ms: int) -> str:
 
 
 async def push_new_plan(publisher: Publisher, plan: Any, net: Any, *, fleet: str, plan_id: str,
-                        issued_at_ms: int, addresses: Mapping[str, str] | None = None,
+                        issued_at_ms: int, signer: Signer, addresses: Mapping[str, str] | None = None,
                         jobs: list[Any] | None = None) -> dict[str, NodePlacement]:
     """Push a whole plan: every node of ``net`` with a role gets its placement, every other node
-    of ``net`` is cleared, and the summary is replaced. Returns the placements pushed."""
+    of ``net`` is cleared, and the summary is replaced. Returns the (signed) placements pushed."""
     placements = build_node_placements(plan, net, fleet=fleet, plan_id=plan_id, addresses=addresses)
     summary = build_summary(plan, net, fleet=fleet, plan_id=plan_id, issued_at_ms=issued_at_ms,
                             node_placements=placements, jobs=jobs)
-    await push_plan(publisher, fleet, placements, summary, clear=net.ids)
-    return placements
+    _, signed = await push_plan(publisher, fleet, placements, summary, signer=signer,
+                                issued_at_ms=issued_at_ms, clear=net.ids)
+    return signed
 
 
 def registered_addresses(db_path: str | None) -> dict[str, str]:

@@ -5,6 +5,12 @@ from the broker's retained summary (so plans pushed by ``hulk-planner plan --pus
 too), the heartbeat times from the store, and when a node of the plan is down, re-plans (the
 decisions are planner/core/recovery.py's), pushes the changed nodes' placements and the new
 summary, and logs the time from detection to push.
+
+Only what is signed by the planner's own key is acted on: a summary that fails verification is
+logged and left alone (never re-planned from, never re-signed), and re-signing reads back each
+node's retained placement and re-signs only those that verify. While nodes are healthy, a
+summary with less than ``RESIGN_BEFORE_MS`` of validity left is re-signed together with its
+placements (same roles, fresh times), so retained placements never expire under a running serve.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hulk.errors import HulkError
-from hulk.wire.broker import BrokerAddress, plan_topic
-from hulk.wire.placement import parse_summary
+from hulk.errors import HulkError, InputError
+from hulk.wire.broker import BrokerAddress, placement_topic, plan_topic
+from hulk.wire.placement import NodePlacement, PlanSummary, parse_placement, parse_summary
+from hulk.wire.signing import SIGNATURE_FIELD, Signer
 from planner.core.fleet import Network, complete
 from planner.core.placements import (build_node_placements, build_summary, job_from_spec,
                                      plan_from_summary)
@@ -26,7 +33,8 @@ from planner.core.plan import Plan, Unplaced
 from planner.core.recovery import SearchFn, down_nodes, jobs_using, replan_jobs
 from planner.search import plan_search
 from planner.service.graph import fleet_from_store
-from planner.service.publisher import MqttPublisher, Publisher, new_plan_id, push_plan
+from planner.service.publisher import (RESIGN_BEFORE_MS, VALIDITY_MS, MqttPublisher, Publisher, new_plan_id,
+                                       push_plan)
 from planner.service.runtime import BackgroundTask
 
 log = logging.getLogger(__name__)
@@ -57,7 +65,7 @@ class Replanner:
     silent, so a planner down for an hour stops no running job.
     """
 
-    def __init__(self, publisher: Publisher, *, fleet: str,
+    def __init__(self, publisher: Publisher, *, fleet: str, signer: Signer,
                  last_seen: Callable[[], Awaitable[Mapping[str, int | None]]],
                  network: Callable[[], Awaitable[Network]],
                  addresses: Callable[[], Awaitable[Mapping[str, str]]] | None = None,
@@ -67,6 +75,8 @@ class Replanner:
                  started_ms: int | None = None):
         self.publisher = publisher
         self.fleet = fleet
+        self.signer = signer
+        self.verifier = signer.verifier()
         self.last_seen = last_seen
         self.network = network
         self.addresses = addresses
@@ -83,7 +93,11 @@ class Replanner:
         raw = await self.publisher.read_retained(plan_topic(self.fleet), self.read_wait_s)
         if not raw:
             return None
-        summary = parse_summary(raw, source=plan_topic(self.fleet))
+        try:
+            summary = parse_summary(raw, source=plan_topic(self.fleet), verifier=self.verifier)
+        except InputError as exc:
+            log.error("recovery: ignoring the retained plan summary, it does not verify: %s", exc)
+            return None
         seen = await self.last_seen()
         now = self.clock_ms()
         planned = {n for job in summary.jobs for n in job.node_ids}
@@ -92,6 +106,8 @@ class Replanner:
         heard = {n: max(seen[n] or 0, self.started_ms) for n in planned if n in seen}
         down = sorted(down_nodes(heard, now, self.timeout_s))
         if not down:
+            if summary.expires_at_ms - now < RESIGN_BEFORE_MS:
+                await self.resign(summary, now)
             return None
         t0 = self.monotonic()
         silent_for = max((now - (seen[n] or 0)) / 1000.0 for n in down)
@@ -120,8 +136,8 @@ class Replanner:
         new_nodes = {n for n, np_ in placements.items() if any(r.job in affected_names for r in np_.roles)}
         touched = old_nodes | new_nodes | set(down)
         sent = {n: placements[n] for n in touched if n in placements}
-        count = await push_plan(self.publisher, self.fleet, sent, new_summary,
-                                clear=[n for n in touched if n not in placements])
+        count, _ = await push_plan(self.publisher, self.fleet, sent, new_summary, signer=self.signer,
+                                   issued_at_ms=now, clear=[n for n in touched if n not in placements])
         elapsed = self.monotonic() - t0
         report = RecoveryReport(down=down, replanned=result.replanned, lost=result.lost,
                                 kept=result.kept, plan_id=plan_id, messages=count,
@@ -131,6 +147,32 @@ class Replanner:
                     result.replanned or "nothing", result.kept or "none", result.lost or "none",
                     plan_id, count, elapsed, silent_for + elapsed)
         return report
+
+    async def resign(self, summary: PlanSummary, now: int) -> int:
+        """Re-sign the (verified) summary and every node placement of it that verifies, with
+        fresh times; the roles are unchanged, so agents keep their processes. Returns the
+        number of messages pushed."""
+        nodes = sorted({n for job in summary.jobs for n in job.node_ids})
+        placements: dict[str, NodePlacement] = {}
+        for node in nodes:
+            topic = placement_topic(self.fleet, node)
+            raw = await self.publisher.read_retained(topic, self.read_wait_s)
+            if not raw:
+                continue
+            try:
+                placement = parse_placement(raw, source=topic, verifier=self.verifier)
+                if placement.node != node or placement.fleet != self.fleet:
+                    raise InputError(f"expected node {node!r} of fleet {self.fleet!r}", path=topic)
+            except InputError as exc:
+                log.error("re-signing: leaving %s alone, it does not verify: %s", topic, exc)
+                continue
+            placements[node] = placement
+        body = {k: v for k, v in summary.document.items() if k != SIGNATURE_FIELD}
+        count, _ = await push_plan(self.publisher, self.fleet, placements, body, signer=self.signer,
+                                   issued_at_ms=now)
+        log.info("re-signed plan %s: the summary and %d placement(s), valid for %.0f more days",
+                 summary.plan_id, len(placements), VALIDITY_MS / 86_400_000)
+        return count
 
     async def run_once(self) -> RecoveryReport | None:
         """For the serve runtime's periodic task: failures are logged and the loop goes on."""
@@ -160,12 +202,13 @@ def store_sources(runtime: Any, window_days: int) -> dict[str, Any]:
 
 
 def add_to_runtime(runtime: Any, *, broker: BrokerAddress, node_timeout_s: float,
-                   interval_s: float, window_days: int, search: SearchFn) -> Replanner:
+                   interval_s: float, window_days: int, search: SearchFn, signer: Signer) -> Replanner:
     """Run a Replanner as the serve runtime's background task ``recovery``: every ``interval_s``
     it looks for nodes silent past ``node_timeout_s`` and re-plans their jobs with ``search``,
     pushing through ``broker``."""
     publisher = MqttPublisher(broker, identifier=f"hulk-planner-serve-{runtime.fleet}-{os.getpid()}")
-    replanner = Replanner(publisher, fleet=runtime.fleet, timeout_s=node_timeout_s, search=search,
+    replanner = Replanner(publisher, fleet=runtime.fleet, signer=signer, timeout_s=node_timeout_s,
+                          search=search,
                           **store_sources(runtime, window_days))
     runtime.add_task(BackgroundTask("recovery", replanner.run_once, interval_s,
                                     in_store_thread=False))

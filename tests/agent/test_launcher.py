@@ -17,19 +17,27 @@ from tests.helpers.waits import wait_until_async
 pytestmark = pytest.mark.process
 
 
-def placement(code: str | None, *, plan_id: str = "p1", job: str = "a", port: int = 29500) -> NodePlacement:
+PY_C = ("python", "-c")      # the allowed prefix of the test jobs
+
+
+def placement(code: str | tuple[str, ...] | None, *, plan_id: str = "p1", job: str = "a",
+              port: int = 29500) -> NodePlacement:
+    """A placement whose command is ``python -c CODE`` (or the argv given)."""
+    command = (*PY_C, code) if isinstance(code, str) else code
     role = Role(plan_id=plan_id, job=job, phase=0, stage=1, num_stages=2, layer_lo=20, layer_hi=48,
                 replica=0, num_replicas=1, rank=1, world_size=2, rendezvous_address="127.0.0.1",
-                rendezvous_port=port, micro_batch=4, command=code)
+                rendezvous_port=port, micro_batch=4, command=command)
     return NodePlacement(fleet="lab", node="n1", plan_id=plan_id, roles=(role,))
 
 
 @pytest.fixture
 async def make_launcher():
-    """Launchers that are stopped after the test, pass or fail (no stray processes)."""
+    """Launchers that are stopped after the test, pass or fail (no stray processes); they may
+    run ``python -c`` unless told otherwise."""
     made: list[Launcher] = []
 
     def make(**kwargs) -> Launcher:
+        kwargs.setdefault("allowed_commands", [PY_C])
         made.append(Launcher(**kwargs))
         return made[-1]
 
@@ -39,8 +47,8 @@ async def make_launcher():
 
 
 def python_c(role: Role) -> list[str]:
-    """Stands in for torchrun: runs the role's command as Python code."""
-    return [sys.executable, "-c", role.command]
+    """Stands in for torchrun: runs the role's ``python -c CODE`` with this interpreter."""
+    return [sys.executable, *role.command[1:]]
 
 
 def recorder():
@@ -149,7 +157,7 @@ async def test_no_command_is_idle_and_an_unstartable_command_fails(tmp_path, mak
 
 def test_torchrun_command_line_uses_the_placement():
     cmd = TorchrunCommand(torchrun="/opt/venv/bin/torchrun", python="/opt/venv/bin/python")
-    argv = cmd(placement("python train.py --steps 3", port=29777).roles[0])
+    argv = cmd(placement(("python", "train.py", "--steps", "3"), port=29777).roles[0])
     assert argv == ["/opt/venv/bin/torchrun", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
                     "--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", "29777",
                     "--max-restarts", "0", "--no-python", "/opt/venv/bin/python", "train.py", "--steps", "3"]
@@ -162,12 +170,12 @@ async def test_real_torchrun_single_node_smoke(tmp_path, make_launcher):
             "os.environ['HULK_LAYER_LO'], flush=True); d.destroy_process_group()")
     role = Role(plan_id="p1", job="smoke", phase=0, stage=0, num_stages=1, layer_lo=0, layer_hi=4,
                 replica=0, num_replicas=1, rank=0, world_size=1, rendezvous_address="127.0.0.1",
-                rendezvous_port=free_port(), micro_batch=1, command=f"python -c {code!r}")
+                rendezvous_port=free_port(), micro_batch=1, command=("python", "-c", code))
     seen, on_status = recorder()
-    launcher = make_launcher(log_dir=tmp_path, on_status=on_status)
+    launcher = make_launcher(jobs_dir=tmp_path, on_status=on_status)
     await launcher.apply(NodePlacement(fleet="lab", node="n0", plan_id="p1", roles=(role,)))
     await wait_state(launcher, LaunchState.EXITED, timeout_s=60)
-    log_text = (tmp_path / "smoke.log").read_text()
+    log_text = (tmp_path / "smoke" / "job.log").read_text()
     assert launcher.status.exit_code == 0, log_text[-2000:]
     assert "HULK 0 1 0 0" in log_text
     assert [s[0] for s in seen] == [LaunchState.STARTING, LaunchState.RUNNING, LaunchState.EXITED]

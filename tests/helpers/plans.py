@@ -31,13 +31,13 @@ def two_city_net(per_city: int = 3, ids: list[str] | None = None) -> Network:
     return Network.from_matrix(nodes, rtt)
 
 
-def job(name: str, model: str = "gpt2-xl", command: str | None = None) -> Job:
+def job(name: str, model: str = "gpt2-xl", command: tuple[str, ...] | None = None) -> Job:
     return Job(name=name, model=model, command=command, **MODEL_CATALOG[model])
 
 
 def manual_plan(net: Network) -> Plan:
     """Job 'a': 2 stages x 2 replicas on n0..n3; job 'b': 1 stage on n4; n5 free."""
-    a = Placement(job("a", command="python train.py --steps 3"),
+    a = Placement(job("a", command=("python", "train.py", "--steps", "3")),
                   (Stage(0, 20, (0, 1)), Stage(20, 48, (2, 3))), micro_batch=2)
     b = Placement(job("b", "bert-large"), (Stage(0, 24, (4,)),), micro_batch=8)
     return Plan("manual", [a, b])

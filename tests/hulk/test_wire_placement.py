@@ -12,15 +12,17 @@ from hulk.wire.placement import (PLACEMENT_FORMAT, SUMMARY_FORMAT, NodePlacement
 
 ROLE = Role(plan_id="p1", job="a", phase=0, stage=1, num_stages=2, layer_lo=20, layer_hi=48,
             replica=0, num_replicas=2, rank=2, world_size=4, rendezvous_address="10.0.0.1",
-            rendezvous_port=29500, micro_batch=2, command="python train.py --steps 3")
-PLACEMENT = NodePlacement(fleet="lab", node="n2", plan_id="p1", roles=(ROLE,))
+            rendezvous_port=29500, micro_batch=2, command=("python", "train.py", "--steps", "3"))
+PLACEMENT = NodePlacement(fleet="lab", node="n2", plan_id="p1", roles=(ROLE,), issued_at_ms=5,
+                          expires_at_ms=9)
 
 
 def test_placement_bytes_are_the_documented_format():
     # The agents in the field parse exactly this (docs/PLACEMENTS.md): sorted keys, no spaces.
     assert PLACEMENT.to_bytes() == (
-        b'{"fleet":"lab","format":"hulk-placement/1","node":"n2","plan_id":"p1","roles":[{'
-        b'"command":"python train.py --steps 3","job":"a","layers":[20,48],"micro_batch":2,'
+        b'{"expires_at_ms":9,"fleet":"lab","format":"hulk-placement/2","issued_at_ms":5,"node":"n2",'
+        b'"plan_id":"p1","roles":[{'
+        b'"command":["python","train.py","--steps","3"],"job":"a","layers":[20,48],"micro_batch":2,'
         b'"nnodes":4,"node_rank":2,"num_replicas":2,"num_stages":2,"phase":0,"plan_id":"p1",'
         b'"rank":2,"rendezvous":{"address":"10.0.0.1","port":29500},"replica":0,"stage":1,'
         b'"world_size":4}]}')
@@ -31,7 +33,9 @@ def test_placement_bytes_are_the_documented_format():
 
 
 @pytest.mark.parametrize("mutate, field", [
-    (lambda d: d.update(format="hulk-placement/2"), "format"),
+    (lambda d: d.update(format="hulk-placement/1"), "format"),
+    (lambda d: d.pop("expires_at_ms"), "expires_at_ms"),
+    (lambda d: d.update(signature=5), "signature"),
     (lambda d: d.pop("node"), "node"),
     (lambda d: d.update(extra=1), "extra"),
     (lambda d: d.update(roles={}), "roles"),
@@ -47,6 +51,12 @@ def test_placement_bytes_are_the_documented_format():
     (lambda d: d["roles"][0]["rendezvous"].update(port=70000), "roles[0].rendezvous.port"),
     (lambda d: d["roles"][0]["rendezvous"].update(address=""), "roles[0].rendezvous.address"),
     (lambda d: d["roles"][0].update(command=5), "roles[0].command"),
+    (lambda d: d["roles"][0].update(command="python train.py"), "roles[0].command"),
+    (lambda d: d["roles"][0].update(command=[]), "roles[0].command"),
+    (lambda d: d["roles"][0].update(command=["python", 3]), "roles[0].command"),
+    (lambda d: d["roles"][0].update(job="../etc"), "roles[0].job"),
+    (lambda d: d["roles"][0].update(job=".."), "roles[0].job"),
+    (lambda d: d["roles"][0].update(job="x" * 65), "roles[0].job"),
     (lambda d: d["roles"].append(dict(d["roles"][0])), "roles"),
     (lambda d: d["roles"].insert(0, dict(d["roles"][0], job="b", phase=1)), "roles"),
 ])
@@ -97,6 +107,7 @@ def test_summary_is_parsed_into_jobs_with_node_ids():
     (lambda d: d["jobs"][0].update(spec=None), "jobs[0].spec"),
     (lambda d: d["jobs"][0].update(micro_batch=0), "jobs[0].micro_batch"),
     (lambda d: d.update(plan_id=""), "plan_id"),
+    (lambda d: d["jobs"][0].update(name="a/../b"), "jobs[0].name"),
 ])
 def test_summary_parser_rejects_malformed_documents_naming_the_field(mutate, field):
     doc = summary_doc()

@@ -27,3 +27,20 @@ def test_a_scaled_down_matrix_breaks_the_speed_of_light_bound():
     full = lm.table1(4)
     assert cities_plausible(full)
     assert not cities_plausible(full.scaled(0.25))
+
+
+def test_the_lab_signs_placements_and_allows_only_the_example_trainer(tmp_path):
+    from agent.config import load_config
+    from hulk.wire.signing import Signer
+    from lab.run import EXAMPLE, placement_security_env, resolve_example_paths
+
+    env = placement_security_env(tmp_path)
+    assert placement_security_env(tmp_path) == env                 # the key is made once
+    assert Signer.from_file(env["HULK_SIGNING_KEY"]).public_text() == env["HULK_PLACEMENT_KEY"]
+    config = load_config({"planner": "h:1", "node_id": "n"}, env_reader=env.get)
+    assert config.allowed_commands == (("python", str(EXAMPLE)),)
+    assert "PYTHONPATH" in config.pass_env
+    jobs = tmp_path / "in.yaml"
+    jobs.write_text('jobs:\n  - {name: t, command: "python examples/train_gpt.py --steps 2"}\n')
+    resolved = resolve_example_paths(jobs, tmp_path / "out.yaml")
+    assert f"python {EXAMPLE} --steps 2" in resolved.read_text()

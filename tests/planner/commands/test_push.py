@@ -12,6 +12,7 @@ from hulk.wire.placement import parse_placement, parse_summary
 from planner.service.publisher import MqttPublisher
 
 from tests.helpers.processes import run_cli
+from tests.helpers.signing import VERIFIER, write_signing_key
 
 
 def test_broker_url_forms():
@@ -44,17 +45,32 @@ def test_push_without_a_broker_url_is_a_one_line_error(tmp_path, monkeypatch):
 
 
 @pytest.mark.process
-async def test_plan_push_publishes_every_placed_node_and_the_summary(broker, tmp_path):
+async def test_push_without_a_signing_key_is_a_one_line_error_and_pushes_nothing(broker, tmp_path,
+                                                                                 monkeypatch):
+    monkeypatch.delenv("HULK_SIGNING_KEY", raising=False)
     proc = plan_cli(tmp_path, "--push", "--mqtt", broker.url, "--fleet-name", "ops")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert "--signing-key" in proc.stderr and "placements are signed" in proc.stderr
+    publisher = MqttPublisher(parse_broker_url(broker.url))
+    assert await publisher.read_retained(plan_topic("ops"), wait_s=0.3) is None
+
+
+@pytest.mark.process
+async def test_plan_push_publishes_every_placed_node_and_the_summary(broker, tmp_path):
+    key = write_signing_key(tmp_path / "signing.key")
+    proc = plan_cli(tmp_path, "--push", "--mqtt", broker.url, "--fleet-name", "ops", "--signing-key", key)
     assert proc.returncode == 0, proc.stderr
     assert "pushed to" in proc.stdout
     publisher = MqttPublisher(parse_broker_url(broker.url))
-    summary = parse_summary(await publisher.read_retained(plan_topic("ops")))
+    summary = parse_summary(await publisher.read_retained(plan_topic("ops")), verifier=VERIFIER)
     (job,) = summary.jobs
+    assert summary.expires_at_ms - summary.issued_at_ms == 7 * 86_400_000
     for node in job.node_ids:
-        placement = parse_placement(await publisher.read_retained(placement_topic("ops", node)))
+        placement = parse_placement(await publisher.read_retained(placement_topic("ops", node)),
+                                    verifier=VERIFIER)
         assert placement.node == node and placement.roles[0].plan_id == summary.plan_id
+        assert placement.issued_at_ms == summary.issued_at_ms
     broker.stop()
-    down = plan_cli(tmp_path, "--push", "--mqtt", broker.url)
+    down = plan_cli(tmp_path, "--push", "--mqtt", broker.url, "--signing-key", key)
     assert down.returncode == 1 and f"127.0.0.1:{broker.port}" in down.stderr
     assert down.stderr.strip().count("\n") == 0

@@ -9,6 +9,7 @@ from hulk.errors import ConfigError
 from planner import cli
 from planner.commands.serve import check_flags
 from planner.settings import PlannerSettings
+from tests.helpers.signing import write_signing_key
 
 
 def serve_args(*flags: str):
@@ -17,7 +18,8 @@ def serve_args(*flags: str):
 
 def test_good_flags_pass(tmp_path):
     check_flags(serve_args("--db", str(tmp_path / "p.db"), "--insecure", "--mqtt", "mqtt://b",
-                           "--node-timeout", "5", "--model-dir", str(tmp_path / "model"),
+                           "--signing-key", write_signing_key(tmp_path / "k"), "--node-timeout", "5",
+                           "--model-dir", str(tmp_path / "model"),
                            "--retrain-job-sets", "2", "--retrain-epochs", "1"))
     assert not (tmp_path / "p.db").exists()
 
@@ -31,6 +33,8 @@ def test_good_flags_pass(tmp_path):
     (("--mqtt", "tcp://b"), "--mqtt"),
     (("--mqtt", "mqtt://b", "--node-timeout", "0"), "--node-timeout"),
     (("--mqtt", "mqtt://b", "--recovery-interval", "-1"), "--recovery-interval"),
+    (("--mqtt", "mqtt://b"), "--signing-key"),
+    (("--mqtt", "mqtt://b", "--signing-key", "/no/such/key"), "--signing-key"),
     (("--retrain",), "--retrain"),
     (("--model-dir", "M", "--retrain-check-interval", "0"), "--retrain-check-interval"),
     (("--model-dir", "M", "--retrain-teacher-budget", "-1"), "--retrain-teacher-budget"),

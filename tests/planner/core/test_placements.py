@@ -27,7 +27,7 @@ def test_every_node_of_a_job_gets_its_role_rank_and_the_rank0_rendezvous():
     assert {roles[n].rendezvous_address for n in ["n0", "n1", "n2", "n3"]} == {"10.0.0.1"}
     assert roles["n4"].rendezvous_address == "10.0.0.5" and roles["n4"].world_size == 1
     assert roles["n0"].rendezvous_port != roles["n4"].rendezvous_port
-    assert roles["n0"].command == "python train.py --steps 3" and roles["n4"].command is None
+    assert roles["n0"].command == ("python", "train.py", "--steps", "3") and roles["n4"].command is None
     assert roles["n0"].micro_batch == 2 and roles["n0"].num_stages == 2 and roles["n0"].num_replicas == 2
 
 

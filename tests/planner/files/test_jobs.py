@@ -37,7 +37,7 @@ jobs:
   - model: bert-large
 """))
     a, b = jobs
-    assert (a.name, a.model, a.steps, a.global_batch, a.command) == ("a", "gpt2-xl", 10, 64, "python train.py")
+    assert (a.name, a.model, a.steps, a.global_batch, a.command) == ("a", "gpt2-xl", 10, 64, ("python", "train.py"))
     assert a.params == MODEL_CATALOG["gpt2-xl"]["params"] and a.layers == 48
     assert b.name == "bert-large" and b.global_batch == MODEL_CATALOG["bert-large"]["global_batch"]
 
@@ -76,12 +76,24 @@ def test_paper_job_sets_load(shared_dir):
     ("jobs:\n  - {steps: 5}\n", "name: job #1: missing"),
     ("jobs:\n  - 42\n", "job #1: expected a mapping"),
     ("jobs:\n  - {name: a, model: gpt2-xl, micro_batch: 1024}\n", "micro_batch: job 'a': 1024 is larger than global_batch"),
-    ("jobs:\n  - {name: a, model: gpt2-xl, command: [1, 2]}\n", "command: job 'a': must be a string"),
+    ("jobs:\n  - {name: a, model: gpt2-xl, command: [1, 2]}\n", "command: job 'a': must be a string or a list"),
+    ("jobs:\n  - {name: a, model: gpt2-xl, command: []}\n", "command: job 'a': must name a program"),
+    ("jobs:\n  - {name: a, model: gpt2-xl, command: 'python \"x'}\n", "command: job 'a': cannot split"),
+    ("jobs:\n  - {name: ../x, model: gpt2-xl}\n", "name: job '../x': name must be 1-64 letters"),
+    ("jobs:\n  - {name: '..', model: gpt2-xl}\n", "name: job '..': name must be 1-64"),
+    ("jobs:\n  - {name: " + "x" * 65 + ", model: gpt2-xl}\n", "name must be 1-64"),
     ("jobs:\n  - {name: a, model: gpt2-xl, steps: 1, steps: 2}\n", ":2: not valid YAML: duplicate key 'steps'"),
 ])
 def test_bad_input(tmp_path, text, expected):
     message = error_of(tmp_path, text)
     assert expected in message, message
+
+
+def test_a_command_list_is_kept_as_argv(tmp_path):
+    path = tmp_path / "jobs.yaml"
+    path.write_text("jobs:\n  - {name: a.b_c-1, model: gpt2-xl, command: [python, 'my script.py', --x]}\n")
+    (job,) = load_jobs(path)
+    assert job.name == "a.b_c-1" and job.command == ("python", "my script.py", "--x")
 
 
 def test_not_yaml_names_the_line(tmp_path):

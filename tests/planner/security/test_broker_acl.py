@@ -132,9 +132,12 @@ def test_projects_own_clients_over_mqtts_deliver_only_the_nodes_placement(broker
         return (f"mqtts://{acc['mqtt_username']}:{acc['mqtt_password']}@127.0.0.1:"
                 f"{broker.tls_port}?ca={broker.ca}")
 
+    from hulk.wire.placement import NodePlacement
+    from tests.helpers.signing import SIGNER, T0, VERIFIER
+
     def placement(node: str) -> bytes:
-        return (b'{"format":"hulk-placement/1","fleet":"tlsf","node":"%s","plan_id":"p9",'
-                b'"roles":[]}' % node.encode())
+        return NodePlacement(fleet="tlsf", node=node, plan_id="p9").signed(
+            SIGNER, issued_at_ms=T0, expires_at_ms=T0 + 3_600_000).to_bytes()
 
     async def scenario() -> tuple[list, bytes | None]:
         publisher = MqttPublisher(parse_broker_url(url("planner")))
@@ -143,7 +146,7 @@ def test_projects_own_clients_over_mqtts_deliver_only_the_nodes_placement(broker
         changes: list = []
         sub = PlacementSubscriber(parse_broker_url(url("n1")), fleet="tlsf", node_id="n1",
                                   state_dir=tmp_path / "n1", on_change=changes.append,
-                                  backoff_initial_s=0.1, backoff_max_s=0.5)
+                                  backoff_initial_s=0.1, backoff_max_s=0.5, verifier=VERIFIER)
         task = asyncio.create_task(sub.run())
         try:
             for _ in range(200):

@@ -14,6 +14,7 @@ from hulk.wire.placement import parse_placement, parse_summary
 from planner.service.publisher import MqttPublisher, push_new_plan
 from agent.placement import PlacementSubscriber
 from tests.helpers.plans import manual_plan, two_city_net
+from tests.helpers.signing import SIGNER, T0, VERIFIER
 from tests.helpers.waits import wait_until_async
 
 pytestmark = pytest.mark.process
@@ -27,7 +28,8 @@ class Agents:
         self.subs = {n: PlacementSubscriber(parse_broker_url(url), fleet=fleet, node_id=n,
                                             state_dir=tmp_path / n,
                                             on_change=self.changes[n].append,
-                                            backoff_initial_s=0.1, backoff_max_s=0.5, **kwargs)
+                                            backoff_initial_s=0.1, backoff_max_s=0.5,
+                                            verifier=VERIFIER, **kwargs)
                      for n in node_ids}
         self.tasks: list[asyncio.Task] = []
 
@@ -49,7 +51,8 @@ async def test_each_of_three_agents_receives_exactly_its_own_placement(broker, t
     plan = manual_plan(net)
     publisher = MqttPublisher(parse_broker_url(broker.url))
     async with Agents(broker.url, tmp_path, ["n0", "n3", "n5"]) as agents:
-        pushed = await push_new_plan(publisher, plan, net, fleet="lab", plan_id="p1", issued_at_ms=1)
+        pushed = await push_new_plan(publisher, plan, net, fleet="lab", plan_id="p1", issued_at_ms=T0 + 1,
+                                     signer=SIGNER)
         await wait_until_async(lambda: agents.changes["n0"] and agents.changes["n3"], what="placements")
         await asyncio.sleep(0.3)  # room for any stray second delivery
         for node in ["n0", "n3"]:
@@ -59,7 +62,7 @@ async def test_each_of_three_agents_receives_exactly_its_own_placement(broker, t
         assert agents.changes["n5"] == []                          # no role: nothing, no file
         assert not (tmp_path / "n5" / "placement.json").exists()
         assert all(s.ignored == 0 for s in agents.subs.values())
-    summary = parse_summary(await publisher.read_retained(plan_topic("lab")))
+    summary = parse_summary(await publisher.read_retained(plan_topic("lab")), verifier=VERIFIER)
     assert summary.plan_id == "p1" and [j.name for j in summary.jobs] == ["a", "b"]
 
 
@@ -68,7 +71,7 @@ async def test_broker_restart_loses_nothing(broker, tmp_path):
     publisher = MqttPublisher(parse_broker_url(broker.url))
     async with Agents(broker.url, tmp_path, ["n0", "n1"]) as agents:
         first = await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1",
-                                    issued_at_ms=1)
+                                    issued_at_ms=T0 + 1, signer=SIGNER)
         await wait_until_async(lambda: agents.changes["n0"] and agents.changes["n1"], what="first plan")
         broker.stop()
         await wait_until_async(lambda: not agents.subs["n0"].connected.is_set(), what="disconnect")
@@ -83,7 +86,7 @@ async def test_broker_restart_loses_nothing(broker, tmp_path):
         assert agents.changes["n0"] == [first["n0"]]
         # A plan pushed after the restart arrives.
         second = await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p2",
-                                     issued_at_ms=2)
+                                     issued_at_ms=T0 + 2, signer=SIGNER)
         await wait_until_async(lambda: len(agents.changes["n1"]) == 2, what="second plan")
         assert agents.changes["n1"][-1] == second["n1"]
 
@@ -91,7 +94,7 @@ async def test_broker_restart_loses_nothing(broker, tmp_path):
 async def test_broker_restart_with_agent_connecting_afterwards_gets_the_retained_placement(broker, tmp_path):
     net = two_city_net()
     publisher = MqttPublisher(parse_broker_url(broker.url))
-    pushed = await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1)
+    pushed = await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=T0 + 1, signer=SIGNER)
     broker.restart()
     async with Agents(broker.url, tmp_path, ["n2"]) as agents:
         await wait_until_async(lambda: agents.changes["n2"], what="retained placement")
@@ -103,28 +106,32 @@ async def test_malformed_message_is_logged_and_ignored_and_previous_placement_st
     publisher = MqttPublisher(parse_broker_url(broker.url))
     async with Agents(broker.url, tmp_path, ["n4"]) as agents:
         pushed = await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1",
-                                     issued_at_ms=1)
+                                     issued_at_ms=T0 + 1, signer=SIGNER)
         await wait_until_async(lambda: agents.changes["n4"], what="placement")
         path = tmp_path / "n4" / "placement.json"
         before = path.read_bytes()
         caplog.set_level(logging.WARNING, logger="agent.placement")
         topic = placement_topic("lab", "n4")
-        wrong_node = pushed["n4"].to_bytes().replace(b'"node":"n4"', b'"node":"n0"')
-        for bad in [b"{not json", b'{"format": "hulk-placement/9"}', wrong_node]:
+        wrong_node = pushed["n4"].to_bytes().replace(b'"node":"n4"', b'"node":"n0"')  # signature breaks
+        signed_for_n0 = pushed["n0"].to_bytes()
+        deep = b'{"format":"hulk-placement/2","roles":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        for bad in [b"{not json", b'{"format": "hulk-placement/9"}', wrong_node, signed_for_n0, deep]:
             await publisher.publish_retained({topic: bad})
-        await wait_until_async(lambda: agents.subs["n4"].ignored == 3, what="three ignored messages")
+        await wait_until_async(lambda: agents.subs["n4"].ignored == 5, what="five ignored messages")
         assert path.read_bytes() == before
         assert agents.changes["n4"] == [pushed["n4"]]
         assert agents.subs["n4"].current == pushed["n4"]
-        logged = [r.getMessage() for r in caplog.records if "ignored malformed placement" in r.getMessage()]
-        assert len(logged) == 3 and "format" in logged[1] and "expected node 'n4'" in logged[2]
+        logged = [r.getMessage() for r in caplog.records if "refused placement" in r.getMessage()]
+        assert len(logged) == 5 and "format" in logged[1] and "bad signature" in logged[2]
+        assert "expected node 'n4'" in logged[3] and "nested too deeply" in logged[4]
+        assert all("\n" not in line for line in logged)
 
 
 async def test_empty_retained_message_clears_the_placement(broker, tmp_path):
     net = two_city_net()
     publisher = MqttPublisher(parse_broker_url(broker.url))
     async with Agents(broker.url, tmp_path, ["n0"]) as agents:
-        await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1)
+        await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=T0 + 1, signer=SIGNER)
         await wait_until_async(lambda: agents.changes["n0"], what="placement")
         await publisher.publish_retained({placement_topic("lab", "n0"): b""})
         await wait_until_async(lambda: len(agents.changes["n0"]) == 2, what="clear")
@@ -143,7 +150,7 @@ async def test_pushing_to_a_broker_that_is_down_is_unavailable(broker):
 async def test_a_restarted_agent_follows_the_broker_not_its_stale_file(broker, tmp_path):
     net = two_city_net()
     publisher = MqttPublisher(parse_broker_url(broker.url))
-    pushed = await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1)
+    pushed = await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=T0 + 1, signer=SIGNER)
     async with Agents(broker.url, tmp_path, ["n0", "n1"]) as agents:
         await wait_until_async(lambda: agents.changes["n0"] and agents.changes["n1"], what="placements")
     # While both agents are down, n0 is cleared (re-planned away); n1 keeps its placement.

@@ -7,7 +7,10 @@ from hulk.wire.broker import placement_topic, plan_topic
 from hulk.wire.placement import parse_placement, parse_summary
 from planner.service.publisher import push_new_plan
 from planner.service.recovery import Replanner
+from hulk.wire.signing import Signer
+from planner.service.publisher import RESIGN_BEFORE_MS, VALIDITY_MS
 from tests.helpers.plans import manual_plan, two_city_net
+from tests.helpers.signing import SIGNER, VERIFIER
 
 
 class MemoryBroker:
@@ -32,7 +35,8 @@ class MemoryBroker:
 async def test_replanner_pushes_new_roles_only_to_the_affected_job_and_clears_the_dead_node():
     net = two_city_net(per_city=4)
     broker = MemoryBroker()
-    await push_new_plan(broker, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1)
+    await push_new_plan(broker, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1,
+                        signer=SIGNER)
     before = dict(broker.retained)
     now = [100_000]
     seen = {n: now[0] for n in net.ids}
@@ -44,7 +48,7 @@ async def test_replanner_pushes_new_roles_only_to_the_affected_job_and_clears_th
     async def network():
         return net
 
-    replanner = Replanner(broker, fleet="lab", last_seen=last_seen, network=network, timeout_s=3,
+    replanner = Replanner(broker, fleet="lab", signer=SIGNER, last_seen=last_seen, network=network, timeout_s=3,
                           clock_ms=lambda: now[0], started_ms=0)    # serving for a long time
     report = await replanner.check()
     assert report is not None and report.down == ["n2"] and report.replanned == ["a"]
@@ -53,12 +57,12 @@ async def test_replanner_pushes_new_roles_only_to_the_affected_job_and_clears_th
     assert placement_topic("lab", "n4") not in pushed                  # kept job: not touched
     assert broker.retained[placement_topic("lab", "n4")] == before[placement_topic("lab", "n4")]
     assert pushed[placement_topic("lab", "n2")] == b""                   # the dead node is cleared
-    summary = parse_summary(broker.retained[plan_topic("lab")])
+    summary = parse_summary(broker.retained[plan_topic("lab")], verifier=VERIFIER)
     a = next(j for j in summary.jobs if j.name == "a")
     assert "n2" not in a.node_ids and a.plan_id == report.plan_id
     assert next(j for j in summary.jobs if j.name == "b").plan_id == "p1"
     for node in a.node_ids:
-        role = parse_placement(broker.retained[placement_topic("lab", node)]).roles[0]
+        role = parse_placement(broker.retained[placement_topic("lab", node)], verifier=VERIFIER).roles[0]
         assert role.job == "a" and role.plan_id == report.plan_id
     # A second check finds nothing to do: the plan no longer uses the dead node.
     assert await replanner.check() is None
@@ -67,7 +71,8 @@ async def test_replanner_pushes_new_roles_only_to_the_affected_job_and_clears_th
 async def test_replanner_ignores_nodes_the_store_does_not_monitor():
     net = two_city_net()
     broker = MemoryBroker()
-    await push_new_plan(broker, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1)
+    await push_new_plan(broker, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1,
+                        signer=SIGNER)
 
     async def last_seen():
         return {"n0": 100_000}        # only n0 has an agent; the others came from a fleet file
@@ -75,7 +80,7 @@ async def test_replanner_ignores_nodes_the_store_does_not_monitor():
     async def network():
         return net
 
-    replanner = Replanner(broker, fleet="lab", last_seen=last_seen, network=network, timeout_s=3,
+    replanner = Replanner(broker, fleet="lab", signer=SIGNER, last_seen=last_seen, network=network, timeout_s=3,
                           clock_ms=lambda: 101_000)
     assert await replanner.check() is None
 
@@ -84,7 +89,7 @@ async def test_replanner_without_a_plan_does_nothing():
     async def never():
         raise AssertionError("not needed without a plan")
 
-    replanner = Replanner(MemoryBroker(), fleet="lab", last_seen=never, network=never)
+    replanner = Replanner(MemoryBroker(), fleet="lab", signer=SIGNER, last_seen=never, network=never)
     assert await replanner.check() is None
 
 
@@ -93,7 +98,8 @@ async def test_a_restarted_planner_gives_every_node_a_full_timeout_before_callin
     stopped; a node still silent a full timeout after the restart is re-planned as usual."""
     net = two_city_net(per_city=4)
     broker = MemoryBroker()
-    await push_new_plan(broker, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1)
+    await push_new_plan(broker, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1,
+                        signer=SIGNER)
     restart = 3_600_000 + 100_000
     now = [restart]
     seen = {n: 100_000 for n in net.ids}                 # last heard an hour before the restart
@@ -104,7 +110,7 @@ async def test_a_restarted_planner_gives_every_node_a_full_timeout_before_callin
     async def network():
         return net
 
-    replanner = Replanner(broker, fleet="lab", last_seen=last_seen, network=network, timeout_s=3,
+    replanner = Replanner(broker, fleet="lab", signer=SIGNER, last_seen=last_seen, network=network, timeout_s=3,
                           clock_ms=lambda: now[0])
     assert await replanner.check() is None               # right after the restart
     now[0] = restart + 2_500
@@ -114,3 +120,59 @@ async def test_a_restarted_planner_gives_every_node_a_full_timeout_before_callin
     now[0] = restart + 3_500                             # n2 never came back
     report = await replanner.check()
     assert report is not None and report.down == ["n2"]
+
+
+async def test_a_summary_that_does_not_verify_is_logged_and_left_alone(caplog):
+    """Recovery never re-plans from (nor re-signs) what another key signed: commands read back
+    from the broker are acted on only when the planner's own key signed them."""
+    net = two_city_net(per_city=4)
+    broker = MemoryBroker()
+    await push_new_plan(broker, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1,
+                        signer=Signer.generate())
+    seen = {n: 0 for n in net.ids}                        # every node silent: re-planning would push
+
+    async def last_seen():
+        return seen
+
+    async def network():
+        return net
+
+    replanner = Replanner(broker, fleet="lab", signer=SIGNER, last_seen=last_seen, network=network,
+                          timeout_s=3, clock_ms=lambda: 100_000, started_ms=0)
+    assert await replanner.check() is None
+    assert len(broker.published) == 1                     # only the foreign push itself
+    assert any("does not verify" in r.getMessage() and "bad signature" in r.getMessage()
+               for r in caplog.records)
+
+
+async def test_placements_near_expiry_are_re_signed_with_the_same_roles_and_forgeries_left_alone(caplog):
+    net = two_city_net(per_city=4)
+    broker = MemoryBroker()
+    pushed = await push_new_plan(broker, manual_plan(net), net, fleet="lab", plan_id="p1",
+                                 issued_at_ms=1, signer=SIGNER)
+    forged_topic = placement_topic("lab", "n4")
+    forged = pushed["n4"].signed(Signer.generate(), issued_at_ms=2, expires_at_ms=3).to_bytes()
+    broker.retained[forged_topic] = forged
+    now = [1 + VALIDITY_MS - RESIGN_BEFORE_MS - 1000]     # not yet due
+
+    async def last_seen():
+        return {n: now[0] for n in net.ids}
+
+    async def network():
+        return net
+
+    replanner = Replanner(broker, fleet="lab", signer=SIGNER, last_seen=last_seen, network=network,
+                          timeout_s=3, clock_ms=lambda: now[0], started_ms=0)
+    assert await replanner.check() is None and len(broker.published) == 1
+    now[0] += 2000                                          # less than RESIGN_BEFORE_MS left
+    assert await replanner.check() is None and len(broker.published) == 2
+    assert forged_topic not in broker.published[-1] and broker.retained[forged_topic] == forged
+    summary = parse_summary(broker.retained[plan_topic("lab")], verifier=VERIFIER)
+    assert summary.issued_at_ms == now[0] and summary.expires_at_ms == now[0] + VALIDITY_MS
+    for node, old in pushed.items():
+        if node == "n4":
+            continue
+        new = parse_placement(broker.retained[placement_topic("lab", node)], verifier=VERIFIER)
+        assert new.roles == old.roles and new.plan_id == old.plan_id
+        assert new.issued_at_ms == now[0]
+    assert any("re-signing: leaving" in r.getMessage() for r in caplog.records)

@@ -30,6 +30,7 @@ from hulk.wire.records import GpuInfo, Inventory
 from planner.service.publisher import MqttPublisher
 from tests.helpers.ports import free_port
 from tests.helpers.processes import run_cli, start_planner
+from tests.helpers.signing import VERIFIER, write_signing_key
 from tests.helpers.waits import wait_until_async
 
 pytestmark = pytest.mark.process
@@ -60,9 +61,11 @@ def planner_serve(broker, tmp_path):
     assert imported.returncode == 0, imported.stderr
     planner = start_planner(db, extra=(
         "--fleet-name", "lab", "--mqtt", broker.url, "--node-timeout", str(NODE_TIMEOUT_S),
+        "--signing-key", write_signing_key(tmp_path / "signing.key"),
         "--recovery-interval", "0.25", "--rollup-seconds", "1"))
     try:
-        yield {"db": db, "target": planner.address, "log": planner.log}
+        yield {"db": db, "target": planner.address, "log": planner.log,
+               "key": str(tmp_path / "signing.key")}
     finally:
         planner.stop()
 
@@ -76,8 +79,9 @@ class Agent:
         self.component = PlacementComponent(
             parse_broker_url(broker_url), state_dir=state_dir, node_id=node_id,
             launcher_factory=lambda on_status: Launcher(command=sleeper, running_after_s=0.2,
-                                                        grace_s=2, on_status=on_status),
-            subscriber_kwargs={"backoff_initial_s": 0.1})
+                                                        grace_s=2, on_status=on_status,
+                                                        allowed_commands=[("python", "train.py")]),
+            subscriber_kwargs={"backoff_initial_s": 0.1, "verifier": VERIFIER})
         self.runtime = AgentRuntime(
             config, client=GrpcPlannerClient.connect(target, insecure=True),
             spool=Spool(config.spool_path, 10_000), pinger=None,
@@ -114,7 +118,7 @@ async def test_a_silent_node_gets_its_jobs_replanned_and_pushed_within_the_timeo
                         "  - {name: b, model: bert-large, command: 'python train.py'}\n")
         pushed = await asyncio.to_thread(run_cli, "plan", str(jobs), "--db", str(planner_serve["db"]),
                                          "--no-compare", "--push", "--mqtt", broker.url,
-                                         "--fleet-name", "lab")
+                                         "--fleet-name", "lab", "--signing-key", planner_serve["key"])
         assert pushed.returncode == 0, pushed.stderr + pushed.stdout
         assert "pushed to" in pushed.stdout
         publisher = MqttPublisher(parse_broker_url(broker.url))

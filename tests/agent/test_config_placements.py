@@ -1,0 +1,44 @@
+"""The agent's placement settings: placement_key, allowed_commands, pass_env, torchrun."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.config import load_config
+from hulk.errors import ConfigError
+from tests.helpers.signing import PUBLIC_KEY, SIGNER
+
+BASE = {"planner": "p:1", "node_id": "n1"}
+
+
+def test_defaults_allow_nothing_and_pin_no_key():
+    config = load_config(BASE, env_reader=lambda name: None)
+    assert (config.placement_key, config.allowed_commands, config.pass_env, config.torchrun) == ("", (), (), "")
+
+
+def test_file_and_variables(tmp_path):
+    (tmp_path / "k.pub").write_bytes(SIGNER.public_pem())
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"placement_key: {tmp_path / 'k.pub'}\n"
+                    "allowed_commands:\n  - [/opt/jobs/bin/python, train.py]\n  - python examples/train_gpt.py\n"
+                    "pass_env: [WANDB_API_KEY, HF_HOME]\ntorchrun: /opt/jobs/bin/torchrun\n")
+    config = load_config({**BASE, "config": str(path)}, env_reader=lambda name: None)
+    assert config.allowed_commands == (("/opt/jobs/bin/python", "train.py"), ("python", "examples/train_gpt.py"))
+    assert config.pass_env == ("WANDB_API_KEY", "HF_HOME") and config.torchrun == "/opt/jobs/bin/torchrun"
+    env = {"HULK_PLACEMENT_KEY": PUBLIC_KEY, "HULK_ALLOWED_COMMANDS": "python a.py; python b.py --x",
+           "HULK_PASS_ENV": "A, B"}
+    config = load_config(BASE, env_reader=env.get)
+    assert config.placement_key == PUBLIC_KEY and config.pass_env == ("A", "B")
+    assert config.allowed_commands == (("python", "a.py"), ("python", "b.py", "--x"))
+
+
+@pytest.mark.parametrize("env, field", [
+    ({"HULK_PLACEMENT_KEY": "ed25519:nope"}, "placement_key"),
+    ({"HULK_PLACEMENT_KEY": "/no/such.pub"}, "placement_key"),
+    ({"HULK_PASS_ENV": "A B"}, "pass_env"),
+])
+def test_bad_values_are_one_line_errors_naming_the_variable(env, field):
+    with pytest.raises(ConfigError) as err:
+        load_config(BASE, env_reader=env.get)
+    assert err.value.field == field and "\n" not in str(err.value)
+    assert str(err.value).startswith(next(iter(env)))
