@@ -21,7 +21,7 @@ class Job:
     micro_batch: int = 1
     steps: int = 1000
     model: str | None = None
-    command: str | None = None
+    command: tuple[str, ...] | None = None   # argv the agents launch (jobs.yaml may give a string)
 
     def flops_per_layer(self, micro_batch: int | None = None) -> float:
         """f = 6 * (P / L) * s * b: training FLOPs per micro-batch per layer."""
