@@ -22,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     def source(q: argparse.ArgumentParser, required: bool = True) -> None:
         group = q.add_mutually_exclusive_group(required=required)
         group.add_argument("--db", default=settings.db, help="the planner's SQLite store")
+        q.set_defaults(fleet_name=settings.fleet)
         group.add_argument("--fleet", type=Path, help="a fleet file (fleet JSON, or the paper's "
                            "folder/zip)")
         q.add_argument("--window-days", type=int, default=settings.window_days, help=WINDOW_HELP)
@@ -34,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     export.add_argument("--db", required=True, help="the planner's SQLite store")
     export.add_argument("--out", type=Path, required=True, help="fleet JSON to write")
     export.add_argument("--window-days", type=int, default=settings.window_days, help=WINDOW_HELP)
-    export.set_defaults(func=cmd_export)
+    export.set_defaults(func=cmd_export, fleet_name=settings.fleet)
 
     imp = sub.add_parser("import", help="load a fleet file (paper folder/zip or fleet JSON) "
                          "into the store")
@@ -64,7 +65,8 @@ def _load(args: argparse.Namespace) -> tuple[Fleet, list[dict] | None]:
     from planner.service.graph import fleet_from_store
     from planner.service.store import Store
     with Store(db) as store:
-        fleet = fleet_from_store(store, args.window_days, name=Path(db).stem)
+        # The fleet's name is the one serve and the MQTT topics use (HULK_FLEET), not the file's.
+        fleet = fleet_from_store(store, args.window_days, name=args.fleet_name)
         rows = store.nodes()
         rejected = store.rejected_counts()
     for r in rows:
@@ -139,7 +141,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 gpus += f" ({reason})"
         finite = [network.rtt_ms[i, j] for j in range(n) if j != i
                   and not network.imputed[i, j] and network.rtt_ms[i, j] < float("inf")]
-        cells = [node.id, node.city or "-", gpus, f"{node.memory_gb:g}",
+        cells = [node.id, node.city or "-", gpus, f"{round(node.memory_gb, 1):g}",
                  f"{network.thr[i] / 1e12:,.0f}", f"{measured_peers[node.id]}/{n - 1}",
                  f"{sum(finite) / len(finite):.1f}" if finite else "-"]
         if rows is not None:

@@ -138,15 +138,25 @@ def check_plannable(jobs, net) -> None:
                             "nodes can communicate (no measured links)")
     best = max(float(net.mem[c].sum()) for c in components)
     total = float(net.mem.sum())
+    if total <= 0:
+        raise PlanningError("no node of the fleet has a GPU (none reported by NVML, or gpus: 0 / "
+                            "no memory in the fleet file): `hulk-planner fleet show` lists each "
+                            "node's GPUs and why they are missing")
     for job in jobs:
         need = job.state_bytes
         if need > total:
-            raise PlanningError(f"job {job.name!r} needs at least {need / 1e9:,.0f} GB of GPU memory "
-                                f"(16 bytes per parameter); the whole fleet has {total / 1e9:,.0f} GB")
+            raise PlanningError(f"job {job.name!r} needs at least {_gb(need)} of GPU memory "
+                                f"(16 bytes per parameter); the whole fleet has {_gb(total)}")
         if need > best:
-            raise PlanningError(f"job {job.name!r} needs at least {need / 1e9:,.0f} GB of GPU memory; "
+            raise PlanningError(f"job {job.name!r} needs at least {_gb(need)} of GPU memory; "
                                 f"the fleet is split and its largest connected part has only "
-                                f"{best / 1e9:,.0f} GB")
+                                f"{_gb(best)}")
+
+
+def _gb(n_bytes: float) -> str:
+    """GB with enough digits that a small figure never reads as 0."""
+    gb = n_bytes / 1e9
+    return f"{gb:,.0f} GB" if gb >= 10 else f"{gb:.2g} GB"
 
 
 def load_network(args):

@@ -54,6 +54,12 @@ def layout(fleet: Fleet) -> dict[str, tuple[float, float]]:
     return pos
 
 
+def throughput_limits(tflops: list[float]) -> tuple[float, float]:
+    """The colour bar's range: 0 to the fastest node, at least 1 TFLOP/s (a fleet without GPUs
+    would otherwise get a bar from -0.1 to 0.1)."""
+    return 0.0, max(max(tflops, default=0.0), 1.0)
+
+
 def plot_fleet(fleet: Fleet, out: str | Path, *, title: str | None = None,
                show_imputed: bool = False, dpi: int = 150) -> Path:
     """Write a PNG of the fleet: measured links coloured by RTT (log scale), nodes sized by GPU
@@ -84,8 +90,9 @@ def plot_fleet(fleet: Fleet, out: str | Path, *, title: str | None = None,
     ys = [pos[n.id][1] for n in fleet.nodes]
     thr = [g.nodes[n.id]["throughput"] / 1e12 for n in fleet.nodes]
     sizes = [30 + 12 * max(n.gpus, 0) for n in fleet.nodes]
+    low, high = throughput_limits(thr)
     points = ax.scatter(xs, ys, s=sizes, c=thr, cmap="Greens", edgecolors="black",
-                        linewidths=0.6, zorder=3, vmin=0)
+                        linewidths=0.6, zorder=3, vmin=low, vmax=high)
     cities: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for n in fleet.nodes:
         cities[n.city_key or "?"].append(pos[n.id])
