@@ -38,6 +38,7 @@ def test_the_summary_keeps_checkpoint_dir_so_recovery_rebuilds_it():
     plan = with_checkpoint_dir(manual_plan(net), "a", "ckpt")
     placements = build_node_placements(plan, net, fleet="lab", plan_id="p1")
     doc = build_summary(plan, net, fleet="lab", plan_id="p1", issued_at_ms=5, node_placements=placements)
-    assert doc["jobs"][0]["spec"]["checkpoint_dir"] == "ckpt" and "checkpoint_dir" not in doc["jobs"][1]["spec"]
+    assert doc["jobs"][0]["spec"]["checkpoint_dir"] == "ckpt"
+    assert "checkpoint_dir" not in doc["jobs"][1]["spec"]
     rebuilt, _, _ = plan_from_summary(parse_summary(json.dumps(doc)), net)
     assert [p.job.checkpoint_dir for p in rebuilt.placements] == ["ckpt", None]
