@@ -341,6 +341,7 @@ def save_checkpoint(directory: str, step: int, me: Role, layers: int, part: "Sta
                           for k, v in optimizer.state[p].items()}
                       for n, p in named.items() if p in optimizer.state},
         "rng": torch.get_rng_state(), "loss_scale": scaler.value,
+        "cuda_rng": torch.cuda.get_rng_state() if scaler.device.type == "cuda" else None,
     }
     path = os.path.join(folder, SHARD.format(lo=me.layer_lo, hi=me.layer_hi, layers=layers,
                                              replica=me.replica))
@@ -379,6 +380,8 @@ def load_checkpoint(directory: str, step: int, me: Role, layers: int, part: "Sta
                                                   else v) for k, v in state["optimizer"][name].items()}
         if (state["lo"], state["hi"], state["replica"]) == (me.layer_lo, me.layer_hi, me.replica):
             torch.set_rng_state(state["rng"])
+            if state.get("cuda_rng") is not None and scaler.device.type == "cuda":
+                torch.cuda.set_rng_state(state["cuda_rng"])
             scaler.value = state["loss_scale"]
     if missing:
         raise RoleError(f"checkpoint step {step} lacks {sorted(missing)[0]}")
@@ -444,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for peers")
     p.add_argument("--summary", help="write step times and losses as JSON here (rank 0 of each stage)")
     args = p.parse_args(argv)
+    if args.checkpoint_every < 1 or args.keep < 1:
+        p.error("--checkpoint-every and --keep must be at least 1")
     torch.set_num_threads(args.threads)
 
     try:
