@@ -137,6 +137,10 @@ def role_env(role: Role) -> dict[str, str]:
         "HULK_MICRO_BATCH": str(role.micro_batch),
         "HULK_RANK": str(role.rank), "HULK_WORLD_SIZE": str(role.world_size),
         "HULK_RDZV_ADDRESS": role.rendezvous_address, "HULK_RDZV_PORT": str(role.rendezvous_port),
+        "HULK_MICRO_BATCHES": str(role.micro_batches), "HULK_RESTART_COUNT": str(role.restart_count),
+        # Empty when the job names none: the job keeps no checkpoints. A relative path resolves
+        # against the job's working directory, state_dir/jobs/<job>/.
+        "HULK_CHECKPOINT_DIR": role.checkpoint_dir or "",
     }
 
 

@@ -2,11 +2,25 @@
 
 Every process is one node of a placement. It reads its role from the variables an agent sets
 (HULK_STAGE, HULK_NUM_STAGES, HULK_LAYER_LO, HULK_LAYER_HI, HULK_REPLICA, HULK_NUM_REPLICAS,
-HULK_MICRO_BATCH, HULK_JOB, HULK_PLAN_ID) and torchrun's RANK, WORLD_SIZE, MASTER_ADDR and
-MASTER_PORT, joins a gloo process group, and trains transformer blocks [lo, hi) as stage ``stage``
-of pipeline replica ``replica`` (torch.distributed.pipelining, GPipe or 1F1B). The first stage also
-owns the embeddings, the last the final norm, the head and the loss. After each pipeline step the
-nodes of a stage average their gradients (one all-reduce over the stage's replicas) and step.
+HULK_MICRO_BATCH, HULK_MICRO_BATCHES, HULK_CHECKPOINT_DIR, HULK_RESTART_COUNT, HULK_JOB,
+HULK_PLAN_ID) and torchrun's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, joins a process group
+(gloo on CPU, NCCL with ``--device cuda``), and trains transformer blocks [lo, hi) as stage
+``stage`` of pipeline replica ``replica`` (torch.distributed.pipelining, GPipe or 1F1B). The first
+stage also owns the embeddings, the last the final norm, the head and the loss.
+
+One optimizer step = HULK_MICRO_BATCHES micro-batches of HULK_MICRO_BATCH samples per replica
+(the plan's m and b; gradients accumulate over them), then the nodes of a stage average their
+gradients (one all-reduce over the stage's replicas) and step. ``--precision bf16`` runs the
+blocks under bf16 autocast; ``fp16`` under fp16 autocast with a dynamic loss scale that every
+rank agrees on (a step is skipped everywhere when any stage's gradients overflow).
+
+Checkpoints: with HULK_CHECKPOINT_DIR (or ``--checkpoint-dir``) set, every ``--checkpoint-every``
+steps each rank writes its shard, ``step-NNNNNNNN/shard-L<lo>-<hi>-of<layers>-r<replica>.pt``
+(its parameters under whole-model names, optimizer state, step, RNG, loss scale), atomically
+(a temporary file renamed into place). On start every rank lists the steps whose shards cover its
+layers, the ranks agree on the latest step all of them have, and training continues from there;
+shards are named by layers, so a job re-planned with other stage splits resumes too, if the
+folder is shared storage (a node-local folder resumes the same nodes only).
 
 Ranks are not assumed to follow any order: every process tells every other its (stage, replica)
 and the groups are built from that, so the launcher may number nodes as it likes. Without HULK_*
@@ -14,14 +28,15 @@ variables the WORLD_SIZE processes form one pipeline with layers split evenly, s
 
     torchrun --nproc-per-node 2 examples/train_gpt.py --steps 5
 
-works on a laptop. The data is a short built-in text, character level; CPU only; one step takes
-well under a second at the default size. Exit code 0 after ``--steps`` steps; 2 on a bad role.
+works on a laptop. The data is a short built-in text, character level; one step takes well under
+a second at the default size on CPU. Exit code 0 after ``--steps`` steps; 2 on a bad role.
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
+import glob
 import json
 import math
 import os
@@ -39,11 +54,19 @@ import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 try:  # the project's one table of HULK_* variables, when the example runs inside the project
-    from hulk.settings import env as _hulk_env
+    from hulk.settings import ENV_VARS as _HULK_VARS
+    from hulk.settings import env as _project_env
 except ImportError:  # a bare checkout of examples/ on a GPU server
-    def _hulk_env(name: str, default: str | None = None) -> str | None:
-        value = os.environ.get(name)
-        return value if value not in (None, "") else default
+    _HULK_VARS, _project_env = {}, None
+
+
+def _hulk_env(name: str, default: str | None = None) -> str | None:
+    """A HULK_* variable: through hulk.settings where it lists the name, else straight from the
+    environment (a bare checkout of examples/, or an older hulk installed beside it)."""
+    if _project_env is not None and name in _HULK_VARS:
+        return _project_env(name, default)
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
 
 TEXT = (
     "Hulk places large model training jobs on servers spread across cities and countries. "
@@ -72,6 +95,9 @@ class Role:
     micro_batch: int
     job: str
     plan_id: str
+    micro_batches: int = 4
+    checkpoint_dir: str = ""
+    restart_count: int = 0
 
 
 def _int(name: str, value: str | None) -> int:
@@ -81,15 +107,22 @@ def _int(name: str, value: str | None) -> int:
         raise RoleError(f"{name} must be an integer, got {value!r}") from None
 
 
-def role_from_env(layers: int, default_micro_batch: int) -> Role:
+def role_from_env(layers: int, default_micro_batch: int, default_micro_batches: int = 4,
+                  default_checkpoint_dir: str = "") -> Role:
     """This process's role; without HULK_STAGE, one pipeline over WORLD_SIZE ranks."""
     rank = _int("RANK", os.environ.get("RANK", "0"))
     world = _int("WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
+    common = dict(
+        micro_batch=_int("HULK_MICRO_BATCH", _hulk_env("HULK_MICRO_BATCH", str(default_micro_batch))),
+        micro_batches=_int("HULK_MICRO_BATCHES",
+                           _hulk_env("HULK_MICRO_BATCHES", str(default_micro_batches))),
+        checkpoint_dir=_hulk_env("HULK_CHECKPOINT_DIR", default_checkpoint_dir) or "",
+        restart_count=_int("HULK_RESTART_COUNT", _hulk_env("HULK_RESTART_COUNT", "0")),
+        job=_hulk_env("HULK_JOB", "train-gpt") or "", plan_id=_hulk_env("HULK_PLAN_ID", "") or "")
     if _hulk_env("HULK_STAGE") is None:
         lo, hi = layers * rank // world, layers * (rank + 1) // world
-        return Role(rank, world, rank, world, lo, hi, 0, 1,
-                    _int("HULK_MICRO_BATCH", _hulk_env("HULK_MICRO_BATCH", str(default_micro_batch))),
-                    _hulk_env("HULK_JOB", "train-gpt") or "", _hulk_env("HULK_PLAN_ID", "") or "")
+        return Role(rank=rank, world_size=world, stage=rank, num_stages=world, layer_lo=lo,
+                    layer_hi=hi, replica=0, num_replicas=1, **common)
     values = {name: _int(name, _hulk_env(name)) for name in (
         "HULK_STAGE", "HULK_NUM_STAGES", "HULK_LAYER_LO", "HULK_LAYER_HI")}
     return Role(
@@ -97,17 +130,18 @@ def role_from_env(layers: int, default_micro_batch: int) -> Role:
         stage=values["HULK_STAGE"], num_stages=values["HULK_NUM_STAGES"],
         layer_lo=values["HULK_LAYER_LO"], layer_hi=values["HULK_LAYER_HI"],
         replica=_int("HULK_REPLICA", _hulk_env("HULK_REPLICA", "0")),
-        num_replicas=_int("HULK_NUM_REPLICAS", _hulk_env("HULK_NUM_REPLICAS", "1")),
-        micro_batch=_int("HULK_MICRO_BATCH", _hulk_env("HULK_MICRO_BATCH", str(default_micro_batch))),
-        job=_hulk_env("HULK_JOB", "train-gpt") or "", plan_id=_hulk_env("HULK_PLAN_ID", "") or "")
+        num_replicas=_int("HULK_NUM_REPLICAS", _hulk_env("HULK_NUM_REPLICAS", "1")), **common)
 
 
 def check_roles(roles: list[tuple[int, ...]]) -> tuple[int, dict[tuple[int, int], int]]:
-    """Validate every rank's (stage, num_stages, lo, hi, replica, num_replicas, micro_batch).
+    """Validate every rank's (stage, num_stages, lo, hi, replica, num_replicas, micro_batch,
+    micro_batches).
 
     Returns the total number of layers and the map (stage, replica) -> rank.
     """
     k, d = roles[0][1], roles[0][5]
+    if len({r[7] for r in roles}) != 1 or roles[0][7] < 1:
+        raise RoleError("ranks disagree on HULK_MICRO_BATCHES or it is below 1")
     if any(r[1] != k or r[5] != d for r in roles):
         raise RoleError("ranks disagree on HULK_NUM_STAGES / HULK_NUM_REPLICAS")
     if k * d != len(roles):
@@ -116,7 +150,7 @@ def check_roles(roles: list[tuple[int, ...]]) -> tuple[int, dict[tuple[int, int]
         raise RoleError("ranks disagree on HULK_MICRO_BATCH or it is below 1")
     where: dict[tuple[int, int], int] = {}
     ranges: dict[int, tuple[int, int]] = {}
-    for rank, (stage, _, lo, hi, replica, _, _) in enumerate(roles):
+    for rank, (stage, _, lo, hi, replica, *_) in enumerate(roles):
         if not (0 <= stage < k and 0 <= replica < d):
             raise RoleError(f"rank {rank}: stage {stage} / replica {replica} out of range")
         if (stage, replica) in where:
@@ -158,8 +192,9 @@ class StagePart(nn.Module):
     """Blocks [lo, hi) of the GPT, with the embeddings if first and the head if last."""
 
     def __init__(self, vocab: int, dim: int, heads: int, seq_len: int, layers: int, lo: int, hi: int,
-                 first: bool, last: bool, seed: int):
+                 first: bool, last: bool, seed: int, autocast: torch.dtype | None = None):
         super().__init__()
+        self.lo, self.autocast = lo, autocast
         # Build every layer from one seed so all replicas of a stage start identical, without a
         # broadcast, and so the split does not change the model.
         torch.manual_seed(seed)
@@ -172,14 +207,27 @@ class StagePart(nn.Module):
         self.ln_f, self.head = (ln_f, head) if last else (None, None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tok is not None:
-            positions = torch.arange(x.shape[1], device=x.device)
-            x = self.tok(x) + self.pos(positions)
-        for block in self.blocks:
-            x = block(x)
-        if self.head is not None:
-            x = self.head(self.ln_f(x))
-        return x
+        with torch.autocast(x.device.type, dtype=self.autocast or torch.float32,
+                            enabled=self.autocast is not None):
+            if self.tok is not None:
+                positions = torch.arange(x.shape[1], device=x.device)
+                x = self.tok(x) + self.pos(positions)
+            for block in self.blocks:
+                x = block(x)
+            if self.head is not None:
+                x = self.head(self.ln_f(x))
+        # fp32 between stages and into the loss: the pipeline learns one activation dtype.
+        return x.float()
+
+    def named_globally(self) -> dict[str, nn.Parameter]:
+        """Parameters under whole-model names (block i of the stage is block lo + i)."""
+        out = {}
+        for name, param in self.named_parameters():
+            if name.startswith("blocks."):
+                _, index, rest = name.split(".", 2)
+                name = f"blocks.{self.lo + int(index)}.{rest}"
+            out[name] = param
+        return out
 
 
 def batches(text: str, seq_len: int, batch: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,6 +239,163 @@ def batches(text: str, seq_len: int, batch: int, seed: int, step: int) -> tuple[
     x = torch.stack([ids[s:s + seq_len] for s in starts])
     y = torch.stack([ids[s + 1:s + seq_len + 1] for s in starts])
     return x, y
+
+
+# -- precision ------------------------------------------------------------------------------------
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class LossScaler:
+    """fp16's dynamic loss scale (what torch.amp.GradScaler does), agreed by every rank.
+
+    GradScaler decides per process whether to skip a step; here the stages hold different
+    parameters, so an overflow in any of them must skip the step everywhere (one all-reduce).
+    """
+
+    def __init__(self, enabled: bool, device: torch.device, scale: float = 2.0 ** 14,
+                 growth_interval: int = 100):
+        self.enabled, self.device, self.value = enabled, device, scale if enabled else 1.0
+        self.growth_interval, self.good_steps = growth_interval, 0
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.value if self.enabled else loss
+
+    def unscale(self, params: list[nn.Parameter]) -> bool:
+        """Divide the gradients by the scale; False (and a smaller scale) if any rank overflowed."""
+        if not self.enabled:
+            return True
+        grads = [p.grad for p in params if p.grad is not None]
+        bad = any(not bool(torch.isfinite(g).all()) for g in grads)
+        flag = torch.tensor([1.0 if bad else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
+            self.value, self.good_steps = self.value / 2, 0
+            return False
+        for g in grads:
+            g.div_(self.value)
+        self.good_steps += 1
+        if self.good_steps % self.growth_interval == 0:
+            self.value *= 2
+        return True
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+STEP_DIR = "step-{:08d}"
+SHARD = "shard-L{lo}-{hi}-of{layers}-r{replica}.pt"
+
+
+def _shard_ranges(folder: str, layers: int) -> list[tuple[int, int, int, str]]:
+    """(lo, hi, replica, path) of the complete shards in one step folder (temporary files are not)."""
+    out = []
+    for path in glob.glob(os.path.join(folder, "shard-L*-*-of*-r*.pt")):
+        name = os.path.basename(path)[len("shard-L"):-len(".pt")]
+        try:
+            span, rest = name.split("-of")
+            lo, hi = (int(v) for v in span.split("-"))
+            total, replica = (int(v) for v in rest.split("-r"))
+        except ValueError:
+            continue
+        if total == layers:
+            out.append((lo, hi, replica, path))
+    return out
+
+
+def _covering(shards, lo: int, hi: int, replica: int) -> list[str] | None:
+    """Shard paths that hold every layer in [lo, hi), own replica's first; None if some is missing."""
+    chosen: list[str] = []
+    for layer in range(lo, hi):
+        holders = sorted((s for s in shards if s[0] <= layer < s[1]), key=lambda s: s[2] != replica)
+        if not holders:
+            return None
+        if holders[0][3] not in chosen:
+            chosen.append(holders[0][3])
+    return chosen
+
+
+def checkpoint_steps(directory: str, layers: int, lo: int, hi: int, replica: int,
+                     most: int = 8) -> list[int]:
+    """The latest steps (newest first, at most ``most``) whose shards cover layers [lo, hi)."""
+    steps = []
+    for folder in sorted(glob.glob(os.path.join(directory, "step-*")), reverse=True):
+        try:
+            step = int(os.path.basename(folder)[len("step-"):])
+        except ValueError:
+            continue
+        if _covering(_shard_ranges(folder, layers), lo, hi, replica) is not None:
+            steps.append(step)
+            if len(steps) == most:
+                break
+    return steps
+
+
+def save_checkpoint(directory: str, step: int, me: Role, layers: int, part: "StagePart",
+                    optimizer: torch.optim.Optimizer, scaler: LossScaler, keep: int) -> str:
+    """Write this rank's shard of ``step`` atomically; drop this rank's shards older than ``keep``."""
+    folder = os.path.join(directory, STEP_DIR.format(step))
+    os.makedirs(folder, exist_ok=True)
+    named = part.named_globally()
+    state = {
+        "step": step, "layers": layers, "lo": me.layer_lo, "hi": me.layer_hi, "replica": me.replica,
+        "model": {n: p.detach().cpu() for n, p in named.items()},
+        "optimizer": {n: {k: (v.cpu() if torch.is_tensor(v) else v)
+                          for k, v in optimizer.state[p].items()}
+                      for n, p in named.items() if p in optimizer.state},
+        "rng": torch.get_rng_state(), "loss_scale": scaler.value,
+        "cuda_rng": torch.cuda.get_rng_state() if scaler.device.type == "cuda" else None,
+    }
+    path = os.path.join(folder, SHARD.format(lo=me.layer_lo, hi=me.layer_hi, layers=layers,
+                                             replica=me.replica))
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        torch.save(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)  # a reader sees the whole shard or none
+    mine = os.path.basename(path)
+    for old in sorted(glob.glob(os.path.join(directory, "step-*")), reverse=True)[keep:]:
+        try:
+            os.remove(os.path.join(old, mine))
+            os.rmdir(old)  # only once every rank has removed its shard
+        except OSError:
+            pass
+    return path
+
+
+def load_checkpoint(directory: str, step: int, me: Role, layers: int, part: "StagePart",
+                    optimizer: torch.optim.Optimizer, scaler: LossScaler) -> None:
+    """Fill this rank's parameters and optimizer state from the shards of ``step``."""
+    folder = os.path.join(directory, STEP_DIR.format(step))
+    paths = _covering(_shard_ranges(folder, layers), me.layer_lo, me.layer_hi, me.replica) or []
+    named = part.named_globally()
+    missing = set(named)
+    for path in paths:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        for name, param in named.items():
+            if name in state["model"]:
+                with torch.no_grad():
+                    param.copy_(state["model"][name])
+                missing.discard(name)
+                if name in state["optimizer"]:
+                    optimizer.state[param] = {k: (v.to(param.device) if torch.is_tensor(v) and v.dim()
+                                                  else v) for k, v in state["optimizer"][name].items()}
+        if (state["lo"], state["hi"], state["replica"]) == (me.layer_lo, me.layer_hi, me.replica):
+            torch.set_rng_state(state["rng"])
+            if state.get("cuda_rng") is not None and scaler.device.type == "cuda":
+                torch.cuda.set_rng_state(state["cuda_rng"])
+            scaler.value = state["loss_scale"]
+    if missing:
+        raise RoleError(f"checkpoint step {step} lacks {sorted(missing)[0]}")
+
+
+def agreed_resume_step(me: Role, directory: str, layers: int, device: torch.device) -> int:
+    """The latest step every rank has a checkpoint of (0: none); collective."""
+    have = checkpoint_steps(directory, layers, me.layer_lo, me.layer_hi, me.replica) if directory else []
+    mine = torch.full((8,), -1, dtype=torch.long, device=device)
+    mine[:len(have)] = torch.tensor(have, dtype=torch.long)
+    gathered = [torch.zeros_like(mine) for _ in range(me.world_size)]
+    dist.all_gather(gathered, mine)
+    common = set.intersection(*({int(v) for v in t.tolist() if v >= 0} for t in gathered))
+    return max(common, default=0)
 
 
 # -- networking -----------------------------------------------------------------------------------
@@ -219,24 +424,35 @@ def interface_for(address: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps in all (a resumed run counts "
+                   "the steps before its checkpoint)")
     p.add_argument("--layers", type=int, default=4, help="blocks when HULK_* does not say")
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--micro-batch", type=int, default=4, help="when HULK_MICRO_BATCH is unset")
-    p.add_argument("--micro-batches", type=int, default=4, help="micro-batches per replica per step")
+    p.add_argument("--micro-batches", type=int, default=4,
+                   help="micro-batches per replica per step, when HULK_MICRO_BATCHES is unset")
     p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="gpipe")
+    p.add_argument("--precision", choices=sorted(AUTOCAST), default="fp32",
+                   help="bf16: bf16 autocast; fp16: fp16 autocast with a dynamic loss scale")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: GPU LOCAL_RANK and NCCL instead of gloo")
+    p.add_argument("--checkpoint-dir", default="", help="when HULK_CHECKPOINT_DIR is unset")
+    p.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
+    p.add_argument("--keep", type=int, default=2, help="checkpoints each rank keeps")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for peers")
     p.add_argument("--summary", help="write step times and losses as JSON here (rank 0 of each stage)")
     args = p.parse_args(argv)
+    if args.checkpoint_every < 1 or args.keep < 1:
+        p.error("--checkpoint-every and --keep must be at least 1")
     torch.set_num_threads(args.threads)
 
     try:
-        me = role_from_env(args.layers, args.micro_batch)
+        me = role_from_env(args.layers, args.micro_batch, args.micro_batches, args.checkpoint_dir)
     except RoleError as err:
         print(f"train_gpt: {err}", file=sys.stderr)
         return 2
@@ -247,10 +463,15 @@ def main(argv: list[str] | None = None) -> int:
         ifname = interface_for(master)
         if ifname:
             os.environ["GLOO_SOCKET_IFNAME"] = ifname
-    dist.init_process_group("gloo", rank=me.rank, world_size=me.world_size,
-                            timeout=timedelta(seconds=args.timeout))
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=me.rank,
+                            world_size=me.world_size, timeout=timedelta(seconds=args.timeout))
     try:
-        return train(me, args)
+        return train(me, args, device)
     except RoleError as err:
         print(f"train_gpt: rank {me.rank}: {err}", file=sys.stderr)
         return 2
@@ -258,12 +479,13 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
 
 
-def train(me: Role, args: argparse.Namespace) -> int:
+def train(me: Role, args: argparse.Namespace, device: torch.device = torch.device("cpu")) -> int:
     mine = torch.tensor([me.stage, me.num_stages, me.layer_lo, me.layer_hi, me.replica,
-                         me.num_replicas, me.micro_batch], dtype=torch.long)
+                         me.num_replicas, me.micro_batch, me.micro_batches], dtype=torch.long,
+                        device=device)
     gathered = [torch.zeros_like(mine) for _ in range(me.world_size)]
     dist.all_gather(gathered, mine)
-    layers, where = check_roles([tuple(int(v) for v in t) for t in gathered])
+    layers, where = check_roles([tuple(int(v) for v in t.tolist()) for t in gathered])
     k, d = me.num_stages, me.num_replicas
 
     # Every rank creates every group, in the same order (new_group is collective).
@@ -275,18 +497,26 @@ def train(me: Role, args: argparse.Namespace) -> int:
     chars = sorted(set(TEXT))
     first, last = me.stage == 0, me.stage == k - 1
     part = StagePart(len(chars), args.dim, args.heads, args.seq_len, layers, me.layer_lo,
-                     me.layer_hi, first, last, args.seed)
+                     me.layer_hi, first, last, args.seed, AUTOCAST[args.precision]).to(device)
     optimizer = torch.optim.AdamW(part.parameters(), lr=args.lr)
-    mb, n_micro = me.micro_batch, args.micro_batches
+    scaler = LossScaler(args.precision == "fp16", device)
+    mb, n_micro = me.micro_batch, me.micro_batches
     per_replica = mb * n_micro
 
+    start = agreed_resume_step(me, me.checkpoint_dir, layers, device)
+    if start:
+        load_checkpoint(me.checkpoint_dir, start, me, layers, part, optimizer, scaler)
+        print(f"resumed from step {start} (restart {me.restart_count}) stage {me.stage} "
+              f"replica {me.replica}", flush=True)
+
     def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+        # The schedule divides gradients by n_microbatches: a mean over the micro-batches.
+        return scaler.scale(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1)))
 
     schedule = None
     if k > 1:
         # Shapes are inferred from the first micro-batch (the stages exchange them once).
-        stage = PipelineStage(part, me.stage, k, torch.device("cpu"), group=pg_pipe[me.replica])
+        stage = PipelineStage(part, me.stage, k, device, group=pg_pipe[me.replica])
         # Group ranks follow global rank order, not stage order: tell the stage who is who.
         ordered = sorted(pipe_groups[me.replica])
         stage.stage_index_to_group_rank = {s: ordered.index(g) for s, g in
@@ -295,19 +525,20 @@ def train(me: Role, args: argparse.Namespace) -> int:
         schedule = kind(stage, n_microbatches=n_micro, loss_fn=loss_fn)
 
     params = [p for p in part.parameters()]
-    times, losses_out = [], []
-    for step in range(args.steps):
+    times, losses_out, skipped = [], [], 0
+    for step in range(start, args.steps):
         x, y = batches(TEXT, args.seq_len, per_replica * d, args.seed, step)
-        x = x[me.replica * per_replica:(me.replica + 1) * per_replica]
-        y = y[me.replica * per_replica:(me.replica + 1) * per_replica]
+        x = x[me.replica * per_replica:(me.replica + 1) * per_replica].to(device)
+        y = y[me.replica * per_replica:(me.replica + 1) * per_replica].to(device)
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         micro_losses: list[torch.Tensor] = []
-        if schedule is None:  # one stage: plain training on this node
+        scale = scaler.value
+        if schedule is None:  # one stage: accumulate the micro-batches' gradients on this node
             for xs, ys in zip(x.split(mb), y.split(mb)):
-                loss = loss_fn(part(xs), ys) / n_micro
-                loss.backward()
-                micro_losses.append(loss.detach() * n_micro)
+                loss = loss_fn(part(xs), ys)
+                (loss / n_micro).backward()
+                micro_losses.append(loss.detach())
         elif first:
             schedule.step(x)
         elif last:
@@ -323,23 +554,30 @@ def train(me: Role, args: argparse.Namespace) -> int:
             for p, g in zip(params, grads):
                 p.grad = flat[offset:offset + g.numel()].view_as(g)
                 offset += g.numel()
-        optimizer.step()
+        if scaler.unscale(params):
+            optimizer.step()
+        else:
+            skipped += 1
         elapsed = time.perf_counter() - t0
         times.append(elapsed)
         line = f"step {step + 1}/{args.steps} stage {me.stage} replica {me.replica} time {elapsed:.3f}s"
         if last:
-            loss_value = float(torch.stack([v.detach() for v in micro_losses]).mean())
-            if not math.isfinite(loss_value):
+            loss_value = float(torch.stack([v.detach().float() for v in micro_losses]).mean()) / scale
+            if not math.isfinite(loss_value) and not scaler.enabled:
                 print(f"train_gpt: rank {me.rank}: loss is {loss_value}", file=sys.stderr)
                 return 1
             losses_out.append(loss_value)
             line += f" loss {loss_value:.4f}"
         print(line, flush=True)
+        done = step + 1
+        if me.checkpoint_dir and (done % args.checkpoint_every == 0 or done == args.steps):
+            save_checkpoint(me.checkpoint_dir, done, me, layers, part, optimizer, scaler, args.keep)
 
     if args.summary and me.replica == 0:
         path = args.summary.replace("{stage}", str(me.stage))
         summary = {"role": asdict(me), "layers": layers, "step_s": times, "loss": losses_out,
-                   "params": sum(p.numel() for p in params)}
+                   "params": sum(p.numel() for p in params), "start_step": start,
+                   "precision": args.precision, "skipped_steps": skipped}
         with open(path, "w") as fh:
             json.dump(summary, fh)
     return 0

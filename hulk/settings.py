@@ -69,6 +69,11 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_WORLD_SIZE", "launched job", "nodes in the job: num_stages * num_replicas"),
     EnvVar("HULK_RDZV_ADDRESS", "launched job", "rendezvous address (the rank-0 node's)"),
     EnvVar("HULK_RDZV_PORT", "launched job", "rendezvous port of the job"),
+    EnvVar("HULK_MICRO_BATCHES", "launched job",
+           "micro-batches per replica per optimizer step (the plan's m)"),
+    EnvVar("HULK_CHECKPOINT_DIR", "launched job", "the job's checkpoint_dir (relative: to its working "
+           "directory; empty: none)"),
+    EnvVar("HULK_RESTART_COUNT", "launched job", "times the job has been placed again (0 the first time)"),
 ]}
 
 

@@ -61,6 +61,9 @@ class Role:
     rendezvous_port: int
     micro_batch: int
     command: tuple[str, ...] | None = None   # argv
+    micro_batches: int = 1                   # per replica per optimizer step (the plan's m)
+    checkpoint_dir: str | None = None        # absolute, or relative to the job's working directory
+    restart_count: int = 0                   # times the job has been placed again
 
     @property
     def nnodes(self) -> int:
@@ -123,6 +126,10 @@ def _role_json(role: Role) -> dict[str, Any]:
         "rendezvous": {"address": role.rendezvous_address, "port": role.rendezvous_port},
         "micro_batch": role.micro_batch,
         "command": list(role.command) if role.command is not None else None,
+        # Optional: left out at their defaults, so such roles read as before.
+        **({"micro_batches": role.micro_batches} if role.micro_batches != 1 else {}),
+        **({"checkpoint_dir": role.checkpoint_dir} if role.checkpoint_dir is not None else {}),
+        **({"restart_count": role.restart_count} if role.restart_count else {}),
     }
 
 
@@ -163,10 +170,12 @@ class _Reader:
 
 _ROLE_KEYS = {"plan_id", "job", "phase", "stage", "num_stages", "layers", "replica", "num_replicas",
               "rank", "world_size", "nnodes", "node_rank", "rendezvous", "micro_batch", "command"}
+_OPTIONAL_ROLE_KEYS = {"micro_batches", "checkpoint_dir", "restart_count"}
+MAX_PATH = 4096
 
 
 def _parse_role(r: _Reader, value: Any, name: str) -> Role:
-    obj = r.obj(value, name, _ROLE_KEYS)
+    obj = r.obj(value, name, _ROLE_KEYS, _OPTIONAL_ROLE_KEYS)
     num_stages = r.integer(obj["num_stages"], f"{name}.num_stages", 1)
     stage = r.integer(obj["stage"], f"{name}.stage", 0, num_stages - 1)
     num_replicas = r.integer(obj["num_replicas"], f"{name}.num_replicas", 1)
@@ -196,6 +205,10 @@ def _parse_role(r: _Reader, value: Any, name: str) -> Role:
     job = obj["job"]
     if not valid_job_name(job):
         raise r.fail(f"{name}.job", "a job name of 1-64 [A-Za-z0-9._-]", job)
+    checkpoint_dir = obj.get("checkpoint_dir")
+    if checkpoint_dir is not None and (not isinstance(checkpoint_dir, str) or not checkpoint_dir.strip()
+                                       or len(checkpoint_dir) > MAX_PATH or "\0" in checkpoint_dir):
+        raise r.fail(f"{name}.checkpoint_dir", f"a path of 1-{MAX_PATH} characters", checkpoint_dir)
     return Role(
         plan_id=r.text(obj["plan_id"], f"{name}.plan_id"),
         job=job,
@@ -206,6 +219,9 @@ def _parse_role(r: _Reader, value: Any, name: str) -> Role:
         rendezvous_port=r.integer(rdzv["port"], f"{name}.rendezvous.port", 1, 65535),
         micro_batch=r.integer(obj["micro_batch"], f"{name}.micro_batch", 1),
         command=command,
+        micro_batches=r.integer(obj.get("micro_batches", 1), f"{name}.micro_batches", 1),
+        checkpoint_dir=checkpoint_dir,
+        restart_count=r.integer(obj.get("restart_count", 0), f"{name}.restart_count"),
     )
 
 

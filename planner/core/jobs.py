@@ -22,6 +22,7 @@ class Job:
     steps: int = 1000
     model: str | None = None
     command: tuple[str, ...] | None = None   # argv the agents launch (jobs.yaml may give a string)
+    checkpoint_dir: str | None = None        # absolute, or relative to the job's working directory
 
     def flops_per_layer(self, micro_batch: int | None = None) -> float:
         """f = 6 * (P / L) * s * b: training FLOPs per micro-batch per layer."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from hulk.errors import InputError
 from hulk.wire.placement import SUMMARY_FORMAT, NodePlacement, PlanSummary, Role
-from planner.core.costmodel import Placement, Stage
+from planner.core.costmodel import Placement, Stage, micro_batches
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan
@@ -44,9 +44,12 @@ def job_ports(job_names: list[str] | set[str], base_port: int = DEFAULT_BASE_POR
 
 
 def placement_roles(placement: Placement, node_ids: list[str], *, plan_id: str, port: int,
-                    addresses: Mapping[str, str]) -> dict[str, Role]:
-    """node id -> Role for one job's placement (node indices resolved through ``node_ids``)."""
+                    addresses: Mapping[str, str], restart_count: int = 0) -> dict[str, Role]:
+    """node id -> Role for one job's placement (node indices resolved through ``node_ids``).
+
+    ``restart_count``: how many times the job has been placed again (0 the first time)."""
     d = placement.replicas
+    m = micro_batches(placement.job, d, placement.micro_batch)
     k_stages = placement.num_stages
     first = node_ids[placement.stages[0].nodes[0]]
     address = addresses.get(first) or first
@@ -59,7 +62,9 @@ def placement_roles(placement: Placement, node_ids: list[str], *, plan_id: str, 
                 num_stages=k_stages, layer_lo=stage.lo, layer_hi=stage.hi, replica=p,
                 num_replicas=d, rank=k * d + p, world_size=k_stages * d,
                 rendezvous_address=address, rendezvous_port=port,
-                micro_batch=placement.micro_batch, command=command_argv(placement.job.command))
+                micro_batch=placement.micro_batch, command=command_argv(placement.job.command),
+                micro_batches=m, checkpoint_dir=placement.job.checkpoint_dir,
+                restart_count=restart_count)
     return roles
 
 
@@ -67,22 +72,26 @@ def build_node_placements(plan: Plan, net: Network, *, fleet: str, plan_id: str,
                           addresses: Mapping[str, str] | None = None,
                           base_port: int = DEFAULT_BASE_PORT,
                           job_plan_ids: Mapping[str, str] | None = None,
-                          extra_job_names: list[str] | tuple[str, ...] = ()) -> dict[str, NodePlacement]:
+                          extra_job_names: list[str] | tuple[str, ...] = (),
+                          restart_counts: Mapping[str, int] | None = None) -> dict[str, NodePlacement]:
     """node id -> NodePlacement for every node with at least one role.
 
     ``addresses``: node id -> the address peers reach it at (the rank-0 node's becomes the
     rendezvous address); a node without one is addressed by its id (a host name).
     ``job_plan_ids``: plan id per job where it differs from ``plan_id`` (jobs a re-plan kept).
     ``extra_job_names``: names that take part in port numbering though not placed (unplaced jobs).
+    ``restart_counts``: per job, how many times it has been placed again (absent: 0).
     """
     addresses = addresses or {}
+    restart_counts = restart_counts or {}
     job_plan_ids = job_plan_ids or {}
     names = [p.job.name for p in plan.placements] + [u.name for u in plan.unplaced]
     ports = job_ports(names + list(extra_job_names), base_port)
     per_node: dict[str, list[Role]] = {}
     for placement in plan.placements:
         roles = placement_roles(placement, net.ids, plan_id=job_plan_ids.get(placement.job.name, plan_id),
-                                port=ports[placement.job.name], addresses=addresses)
+                                port=ports[placement.job.name], addresses=addresses,
+                                restart_count=restart_counts.get(placement.job.name, 0))
         for node, role in roles.items():
             per_node.setdefault(node, []).append(role)
     return {node: NodePlacement(fleet=fleet, node=node, plan_id=plan_id,
@@ -94,7 +103,8 @@ def job_spec(job: Job) -> dict[str, Any]:
     return {"model": job.model, "params": job.params, "layers": job.layers, "hidden": job.hidden,
             "seq_len": job.seq_len, "global_batch": job.global_batch, "micro_batch": job.micro_batch,
             "steps": job.steps,
-            "command": list(argv) if (argv := command_argv(job.command)) is not None else None}
+            "command": list(argv) if (argv := command_argv(job.command)) is not None else None,
+            **({"checkpoint_dir": job.checkpoint_dir} if job.checkpoint_dir is not None else {})}
 
 
 def build_summary(plan: Plan, net: Network, *, fleet: str, plan_id: str, issued_at_ms: int,
@@ -144,10 +154,19 @@ def job_from_spec(name: str, spec: Mapping[str, Any]) -> Job:
         return Job(name=name, params=params, layers=int(spec["layers"]), hidden=int(spec["hidden"]),
                    seq_len=int(spec["seq_len"]), global_batch=int(spec["global_batch"]),
                    micro_batch=int(spec.get("micro_batch") or 1), steps=int(spec.get("steps") or 1),
-                   model=spec.get("model"), command=command_argv(spec.get("command")))
+                   model=spec.get("model"), command=command_argv(spec.get("command")),
+                   checkpoint_dir=_spec_path(spec.get("checkpoint_dir")))
     except (KeyError, TypeError, ValueError, InputError):
         raise InputError("expected params, layers, hidden, seq_len, global_batch",
                          path="plan summary", field=f"{name}.spec") from None
+
+
+def _spec_path(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        raise ValueError(value)
+    return value
 
 
 def plan_from_summary(summary: PlanSummary, net: Network) -> tuple[Plan, dict[str, str], list[str]]:

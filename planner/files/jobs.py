@@ -9,14 +9,14 @@ from pathlib import Path
 import yaml
 
 from hulk.errors import InputError
-from hulk.wire.placement import valid_job_name
+from hulk.wire.placement import MAX_PATH, valid_job_name
 from planner.core.jobs import MODEL_CATALOG, Job
 
 INT_FIELDS = ("layers", "hidden", "seq_len", "global_batch", "micro_batch", "steps")
 NUMBER_FIELDS = ("params",) + INT_FIELDS
 # What a model outside the catalog must give; micro_batch and steps have defaults.
 REQUIRED_WITHOUT_CATALOG = ("params", "layers", "hidden", "seq_len", "global_batch")
-JOB_KEYS = frozenset({"name", "model", "command", *NUMBER_FIELDS})
+JOB_KEYS = frozenset({"name", "model", "command", "checkpoint_dir", *NUMBER_FIELDS})
 TOP_KEYS = frozenset({"jobs"})
 MAX_INT = 2 ** 53  # larger counts are typos or attacks; they would overflow the cost model
 
@@ -172,12 +172,27 @@ def _parse_job(entry, index: int, path: str) -> Job:
             fields[key] = _positive_int(value, key, fail)
 
     command = _command(entry.get("command"), fail)
+    checkpoint_dir = _checkpoint_dir(entry.get("checkpoint_dir"), fail)
     fields.setdefault("micro_batch", 1)
     fields.setdefault("steps", 1000)
     if fields["micro_batch"] > fields["global_batch"]:
         raise fail("micro_batch", f"{fields['micro_batch']} is larger than global_batch "
                                   f"{fields['global_batch']}")
-    return Job(name=name, model=model, command=command, **fields)
+    return Job(name=name, model=model, command=command, checkpoint_dir=checkpoint_dir, **fields)
+
+
+def _checkpoint_dir(value, fail) -> str | None:
+    """Where every rank keeps its checkpoints: an absolute path, or a relative one that the job's
+    working directory on each node (``state_dir/jobs/<job>/``) resolves and that stays inside it."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise fail("checkpoint_dir", "must be a path (absolute, or relative to the job's folder)")
+    if "\0" in value or len(value) > MAX_PATH:
+        raise fail("checkpoint_dir", f"must be a path of at most {MAX_PATH} characters")
+    if not value.startswith("/") and ".." in value.split("/"):
+        raise fail("checkpoint_dir", "a relative path must stay inside the job's folder (no '..')")
+    return value
 
 
 def _command(value, fail) -> tuple[str, ...] | None:
