@@ -31,7 +31,7 @@ from planner.core.placements import build_node_placements, build_summary, plan_f
 from planner.core.plan import Plan
 from planner.core.recovery import SearchFn, down_nodes
 from planner.search import plan_search
-from planner.service.publisher import Publisher, new_plan_id, push_plan
+from planner.service.publisher import Publisher, new_plan_id, plan_messages, push_plan
 from planner.service.runtime import BackgroundTask
 
 log = logging.getLogger(__name__)
@@ -143,9 +143,8 @@ class JobLifecycle:
             await push_plan(self.publisher, self.fleet, sent, summary_doc, signer=self.signer,
                             issued_at_ms=now, clear=clear)
         else:   # nothing runs any more: clear the nodes and the summary
-            await push_plan(self.publisher, self.fleet, {}, None, signer=self.signer,
-                            issued_at_ms=now, clear=clear)
-            await self.publisher.publish_retained({plan_topic(self.fleet): b""})
+            await self.publisher.publish_retained(
+                {**plan_messages(self.fleet, {}, None, clear=clear), plan_topic(self.fleet): b""})
         for record in retire:
             await self.in_store("update_job", record.id, retired=True)
             out.retired.append(record.name)
