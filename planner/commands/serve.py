@@ -102,8 +102,9 @@ def check_flags(args: argparse.Namespace) -> None:
         if not args.node_timeout > 0:
             raise ConfigError(f"expected seconds > 0, got {args.node_timeout}",
                               field="--node-timeout")
-        if not args.jobs_interval > 0:
-            raise ConfigError(f"expected seconds > 0, got {args.jobs_interval}",
+        jobs_interval = getattr(args, "jobs_interval", 2.0)
+        if not jobs_interval > 0:
+            raise ConfigError(f"expected seconds > 0, got {jobs_interval}",
                               field="--jobs-interval")
         if args.recovery_interval is not None and not args.recovery_interval > 0:
             raise ConfigError(f"expected seconds > 0, got {args.recovery_interval}",

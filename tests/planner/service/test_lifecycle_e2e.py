@@ -17,7 +17,7 @@ import pytest
 from hulk.wire.broker import parse_broker_url, placement_topic, plan_topic
 from planner.service.publisher import MqttPublisher
 from tests.helpers.processes import run_cli, start_planner
-from tests.helpers.signing import VERIFIER, write_signing_key
+from tests.helpers.signing import write_signing_key
 from tests.helpers.waits import wait_until_async
 from tests.planner.service import test_recovery_e2e
 from tests.planner.service.test_recovery_e2e import Agent
@@ -28,7 +28,7 @@ NODE = "solo-0"
 
 
 def sleeper(role):
-    seconds = 120 if role.job == "long" else 3
+    seconds = {"long": 120, "first": 6}.get(role.job, 3)   # first outlasts submitting the second
     return [sys.executable, "-c", f"import time; time.sleep({seconds})"]
 
 
