@@ -114,3 +114,29 @@ class JobRecords:
                 why = detail or ("restarted on other nodes" if restart else "")
                 conn.execute("INSERT INTO job_events (job_id, at_ms, state, detail) VALUES (?, ?, ?, ?)",
                              (job_id, t, event, why))
+
+
+def record_pushed_plan(store: JobRecords, placed: Mapping[str, tuple[Mapping[str, Any], list[str]]],
+                       plan_id: str) -> None:
+    """What ``plan --push`` did, as job records: each pushed job ``placed`` (name -> (spec, node
+    ids)) with the new plan id; every other live job lost its placement to the push (it clears
+    every node), so it is cancelled and retired."""
+    for record in store.job_records(unretired_only=True):
+        if record.name not in placed and record.state in LIVE:
+            store.update_job(record.id, state="cancelled", detail=f"replaced by plan --push {plan_id}",
+                             retired=True)
+        elif record.name not in placed and record.nodes:
+            store.update_job(record.id, retired=True)     # its placement was cleared by the push
+    for name, (spec, nodes) in placed.items():
+        try:
+            record = store.job_by_name(name)
+        except NotFoundError:
+            record = None
+        if record is not None and record.state in FINAL:   # a finished job of that name: a new run
+            if record.retired_ms is None:
+                store.update_job(record.id, retired=True)
+            record = None
+        if record is None:
+            record = store.submit_job(name, spec)
+        store.update_job(record.id, state="placed", plan_id=plan_id, nodes=nodes,
+                         detail="pushed by plan --push")

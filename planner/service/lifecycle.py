@@ -132,10 +132,12 @@ class JobLifecycle:
         job_plan_ids = {p.job.name: plan_ids[p.job.name] for p in kept.placements}
         placements = build_node_placements(placing.plan, net, fleet=self.fleet, plan_id=plan_id,
                                            addresses=self._addresses(rows), job_plan_ids=job_plan_ids)
-        touched = {n for r in retire for n in (*r.nodes, *summary_nodes.get(r.name, ()))}
-        touched |= {n for nodes in placing.placed.values() for n in nodes}
-        sent = {n: placements[n] for n in touched if n in placements}
-        clear = sorted(n for n in touched if n not in placements)
+        # A retired job's node that still holds another job's (later phase) role keeps its
+        # retained placement: re-sending fewer roles would restart the process running there.
+        retired_nodes = {n for r in retire for n in (*r.nodes, *summary_nodes.get(r.name, ()))}
+        new_nodes = {n for nodes in placing.placed.values() for n in nodes}
+        sent = {n: placements[n] for n in new_nodes}
+        clear = sorted(n for n in retired_nodes if n not in placements)
         if placing.plan.placements:
             summary_doc = build_summary(placing.plan, net, fleet=self.fleet, plan_id=plan_id,
                                         issued_at_ms=now, node_placements=placements,

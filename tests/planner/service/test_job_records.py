@@ -57,3 +57,22 @@ def test_unknown_jobs_and_states_are_errors(store):
     record = store.submit_job("a", SPEC)
     with pytest.raises(ValueError):
         store.update_job(record.id, state="sleeping")
+
+
+def test_a_pushed_plan_becomes_placed_records_and_replaces_the_live_ones(store):
+    from planner.service.job_records import record_pushed_plan
+
+    old = store.submit_job("old", SPEC)
+    store.update_job(old.id, state=PLACED, plan_id="p0", nodes=["n9"])
+    done = store.submit_job("a", SPEC)
+    store.update_job(done.id, state=PLACED, plan_id="p0", nodes=["n8"])
+    store.update_job(done.id, state=SUCCEEDED)
+    record_pushed_plan(store, {"a": (SPEC, ["n1"]), "b": (SPEC, ["n2", "n3"])}, "p1")
+    assert store.job_by_name("old").state == CANCELLED and not store.job_by_name("old").active
+    a, b = store.job_by_name("a"), store.job_by_name("b")
+    assert a.id != done.id and (a.state, a.plan_id, a.nodes) == (PLACED, "p1", ("n1",))
+    assert (b.state, b.nodes) == (PLACED, ("n2", "n3"))
+    assert not store.job_record(done.id).active      # the finished run is retired, never revived
+    record_pushed_plan(store, {"a": (SPEC, ["n4"])}, "p2")   # a live job pushed again: same record
+    assert store.job_by_name("a").id == a.id and store.job_by_name("a").nodes == ("n4",)
+    assert store.job_by_name("b").state == CANCELLED
