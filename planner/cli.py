@@ -14,10 +14,10 @@ import sys
 
 from hulk import __version__
 from hulk.errors import HulkError
-from planner.commands import enroll, fleet, plan, serve, train
+from planner.commands import enroll, fleet, jobs, plan, serve, train
 from planner.settings import LOG_LEVELS, PlannerSettings, load_settings
 
-COMMANDS = (serve, fleet, plan, train, enroll)
+COMMANDS = (serve, fleet, plan, jobs, train, enroll)
 
 
 def build_parser(settings: PlannerSettings) -> argparse.ArgumentParser:

@@ -284,6 +284,13 @@ def push(args: argparse.Namespace, plan, net, jobs) -> str:
     placements = asyncio.run(push_new_plan(
         MqttPublisher(broker), plan, net, fleet=fleet, plan_id=plan_id, issued_at_ms=now,
         signer=signer, addresses=registered_addresses(args.db), jobs=jobs))
+    if args.db:   # the same records `jobs` and serve's lifecycle use
+        from planner.core.placements import job_spec
+        from planner.service.job_records import record_pushed_plan
+        from planner.service.store import Store
+        with Store(args.db) as store:
+            record_pushed_plan(store, {p.job.name: (job_spec(p.job), [net.ids[i] for i in p.nodes])
+                                       for p in plan.placements}, plan_id)
     return (f"plan {plan_id} pushed to {len(placements)} node(s) of fleet {fleet} via "
             f"{broker.host}:{broker.port}")
 

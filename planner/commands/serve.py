@@ -57,6 +57,9 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
                    help="a node silent this long is down; its jobs are re-planned (default 30)")
     p.add_argument("--recovery-interval", type=float, default=None, metavar="SECONDS",
                    help="seconds between checks for silent nodes (default: a third of --node-timeout)")
+    p.add_argument("--jobs-interval", type=float, default=2.0, metavar="SECONDS",
+                   help="seconds between job lifecycle rounds: start queued jobs, follow running "
+                        "ones, retire finished and cancelled ones (`hulk-planner jobs`; default 2)")
     # The GNN: re-plan with it and fine-tune it as the fleet changes.
     retrain = RetrainConfig()
     p.add_argument("--model-dir", type=Path, metavar="DIR",
@@ -99,6 +102,10 @@ def check_flags(args: argparse.Namespace) -> None:
         if not args.node_timeout > 0:
             raise ConfigError(f"expected seconds > 0, got {args.node_timeout}",
                               field="--node-timeout")
+        jobs_interval = getattr(args, "jobs_interval", 2.0)
+        if not jobs_interval > 0:
+            raise ConfigError(f"expected seconds > 0, got {jobs_interval}",
+                              field="--jobs-interval")
         if args.recovery_interval is not None and not args.recovery_interval > 0:
             raise ConfigError(f"expected seconds > 0, got {args.recovery_interval}",
                               field="--recovery-interval")
@@ -175,18 +182,24 @@ def add_gnn(runtime: PlannerRuntime, args: argparse.Namespace) -> Path | None:
 
 
 def add_recovery(runtime: PlannerRuntime, args: argparse.Namespace, active: Path | None) -> None:
-    """With --mqtt: re-plan (with the GNN when there is a model dir) the jobs of silent nodes."""
+    """With --mqtt: re-plan (with the GNN when there is a model dir) the jobs of silent nodes,
+    and run the job lifecycle (`hulk-planner jobs`) next to it."""
     if not args.mqtt:
         return
     # Imported here: it loads the search planner, which other commands need not wait for.
     from planner.security.signing import load_signer
+    from planner.service.lifecycle import add_to_runtime as add_lifecycle
+    from planner.service.lifecycle import recovery_hooks
     from planner.service.recovery import add_to_runtime
 
-    add_to_runtime(runtime, broker=parse_broker_url(args.mqtt, source="--mqtt"),
-                   node_timeout_s=args.node_timeout,
-                   interval_s=args.recovery_interval or max(0.5, args.node_timeout / 3),
-                   window_days=args.window_days, search=serve_search(active),
-                   signer=getattr(args, "signer", None) or load_signer(args.signing_key, "--signing-key"))
+    search = serve_search(active)
+    replanner = add_to_runtime(
+        runtime, broker=parse_broker_url(args.mqtt, source="--mqtt"),
+        node_timeout_s=args.node_timeout,
+        interval_s=args.recovery_interval or max(0.5, args.node_timeout / 3),
+        window_days=args.window_days, search=search, hooks=recovery_hooks(runtime),
+        signer=getattr(args, "signer", None) or load_signer(args.signing_key, "--signing-key"))
+    add_lifecycle(runtime, replanner, interval_s=getattr(args, "jobs_interval", 2.0), search=search)
 
 
 # ----------------------------------------------------------------------------------- running

@@ -11,6 +11,9 @@ Tables:
   rejected        rejected-sample counters per node and reason
   imported_links  links of an imported fleet file (used where nothing was measured)
   meta            schema version, the rollup watermark, the peers version
+  jobs            submitted jobs: name, state, spec, plan id, nodes, restarts, the times of
+                  submission, start, finish and retirement (planner.core.lifecycle)
+  job_events      every state change of a job, with its time and detail
 
 ``planner.service.store.Store`` builds the planner's reads and writes on this class; sqlite
 errors become ``hulk.errors.StoreError``.
@@ -162,6 +165,18 @@ class Database:
                     src INTEGER NOT NULL, dst INTEGER NOT NULL, rtt_ms REAL NOT NULL,
                     bandwidth_gbps REAL, loss REAL NOT NULL, samples INTEGER NOT NULL,
                     imported_ms INTEGER NOT NULL, PRIMARY KEY (src, dst)) WITHOUT ROWID""")
+            if "jobs" not in db.table_names():  # added after schema version 1 (additive)
+                db.execute("""CREATE TABLE jobs (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL,
+                    state TEXT NOT NULL, spec_json TEXT NOT NULL, submitted_ms INTEGER NOT NULL,
+                    changed_ms INTEGER NOT NULL, plan_id TEXT, nodes_json TEXT NOT NULL DEFAULT '[]',
+                    restarts INTEGER NOT NULL DEFAULT 0, started_ms INTEGER, finished_ms INTEGER,
+                    retired_ms INTEGER, estimate_s REAL, detail TEXT NOT NULL DEFAULT '')""")
+                db.execute("CREATE INDEX jobs_name ON jobs(name)")
+                db.execute("""CREATE TABLE job_events (
+                    job_id INTEGER NOT NULL, at_ms INTEGER NOT NULL, state TEXT NOT NULL,
+                    detail TEXT NOT NULL DEFAULT '')""")
+                db.execute("CREATE INDEX job_events_job ON job_events(job_id)")
         version = self._meta("schema_version")
         if version != str(SCHEMA_VERSION):
             raise StoreError(f"{self.path}: schema version {version}, this planner reads "

@@ -15,6 +15,7 @@ placements (same roles, fresh times), so retained placements never expire under 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -72,7 +73,9 @@ class Replanner:
                  timeout_s: float = 30.0, search: SearchFn = plan_search, seed: int = 0,
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
                  monotonic: Callable[[], float] = time.monotonic, read_wait_s: float = 0.3,
-                 started_ms: int | None = None):
+                 started_ms: int | None = None,
+                 finished_jobs: Callable[[], Awaitable[set[str]]] | None = None,
+                 on_replanned: Callable[..., Awaitable[None]] | None = None):
         self.publisher = publisher
         self.fleet = fleet
         self.signer = signer
@@ -87,6 +90,11 @@ class Replanner:
         self.monotonic = monotonic
         self.read_wait_s = read_wait_s
         self.started_ms = clock_ms() if started_ms is None else started_ms
+        # Job records (serve's lifecycle): finished jobs are never re-planned; a re-plan counts
+        # a restart. The lock is shared with the lifecycle task so their pushes never interleave.
+        self.finished_jobs = finished_jobs
+        self.on_replanned = on_replanned
+        self.lock = asyncio.Lock()
 
     async def check(self) -> RecoveryReport | None:
         """One round; None when nothing had to change."""
@@ -116,6 +124,8 @@ class Replanner:
         net = await self.network()
         plan, plan_ids, missing = plan_from_summary(summary, net)
         affected_names = jobs_using(plan, net, down) | set(missing)
+        if self.finished_jobs is not None:
+            affected_names -= await self.finished_jobs()
         specs = {j.name: j for j in summary.jobs}
         affected = [job_from_spec(n, specs[n].spec) for n in sorted(affected_names)]
         plan = Plan(method=summary.method, placements=plan.placements,
@@ -138,6 +148,10 @@ class Replanner:
         sent = {n: placements[n] for n in touched if n in placements}
         count, _ = await push_plan(self.publisher, self.fleet, sent, new_summary, signer=self.signer,
                                    issued_at_ms=now, clear=[n for n in touched if n not in placements])
+        if self.on_replanned is not None:
+            nodes = {p.job.name: [net.ids[i] for i in p.nodes] for p in result.plan.placements
+                     if p.job.name in result.replanned}
+            await self.on_replanned(plan_id, nodes, result.lost)
         elapsed = self.monotonic() - t0
         report = RecoveryReport(down=down, replanned=result.replanned, lost=result.lost,
                                 kept=result.kept, plan_id=plan_id, messages=count,
@@ -177,7 +191,8 @@ class Replanner:
     async def run_once(self) -> RecoveryReport | None:
         """For the serve runtime's periodic task: failures are logged and the loop goes on."""
         try:
-            return await self.check()
+            async with self.lock:
+                return await self.check()
         except HulkError as exc:
             log.warning("recovery check failed: %s", exc)
             return None
@@ -202,13 +217,14 @@ def store_sources(runtime: Any, window_days: int) -> dict[str, Any]:
 
 
 def add_to_runtime(runtime: Any, *, broker: BrokerAddress, node_timeout_s: float,
-                   interval_s: float, window_days: int, search: SearchFn, signer: Signer) -> Replanner:
+                   interval_s: float, window_days: int, search: SearchFn, signer: Signer,
+                   hooks: Mapping[str, Any] | None = None) -> Replanner:
     """Run a Replanner as the serve runtime's background task ``recovery``: every ``interval_s``
     it looks for nodes silent past ``node_timeout_s`` and re-plans their jobs with ``search``,
     pushing through ``broker``."""
     publisher = MqttPublisher(broker, identifier=f"hulk-planner-serve-{runtime.fleet}-{os.getpid()}")
     replanner = Replanner(publisher, fleet=runtime.fleet, signer=signer, timeout_s=node_timeout_s,
-                          search=search,
+                          search=search, **(hooks or {}),
                           **store_sources(runtime, window_days))
     runtime.add_task(BackgroundTask("recovery", replanner.run_once, interval_s,
                                     in_store_thread=False))

@@ -24,6 +24,7 @@ from hulk.errors import NotFoundError
 from hulk.wire.records import GpuInfo, LaunchStatus, Peer, RegisterRequest
 from planner.core.rollup import DailyRollup
 from planner.service.database import Database
+from planner.service.job_records import JobRecords
 
 DAY_MS = 86_400_000
 MIN_ROLLUP_DAYS = 90
@@ -57,7 +58,7 @@ class PairRollup:
 SampleRow = tuple[int, int, int, int, int, int, float | None, int | None]
 
 
-class Store(Database):
+class Store(JobRecords, Database):
     """The planner's store. One instance per thread of use (sqlite connections are not shared)."""
 
     def __init__(self, path: str | Path, *, raw_days: int = 7, rollup_days: int = MIN_ROLLUP_DAYS,

@@ -1,0 +1,181 @@
+"""`hulk-planner jobs submit|list|show|cancel|logs`: jobs as durable records in the store.
+
+`serve --mqtt` owns them (planner/service/lifecycle.py): it plans queued jobs on free nodes,
+follows their ranks to running and succeeded or failed, and retires finished and cancelled jobs
+(their nodes' placements are cleared, so their processes stop). These commands only read and
+write the records; the states are in docs/JOBS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from hulk.errors import InputError, NotFoundError
+from planner.core.lifecycle import CANCELLED, FINAL, JobRecord
+from planner.settings import PlannerSettings
+
+LOGS_NOTE = ("job logs are not sent to the planner: these are the agents' last reported launch "
+             "states and details (a refusal's reason, an exit code); the full log is jobs/<job>/job.log "
+             "in each agent's state directory")
+
+
+def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) -> None:
+    p = subparsers.add_parser("jobs", help="submit, list, show, cancel jobs and read their logs",
+                              description=__doc__)
+    sub = p.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
+
+    def db(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--db", default=settings.db, help="the planner's SQLite store (HULK_DB)")
+
+    submit = sub.add_parser("submit", help="validate a jobs.yaml and queue its jobs")
+    submit.add_argument("jobs", type=Path, help="jobs.yaml")
+    db(submit)
+    submit.set_defaults(func=cmd_submit)
+    listing = sub.add_parser("list", help="a table of jobs: state, nodes, times, restarts")
+    db(listing)
+    listing.add_argument("--json", action="store_true", help="one JSON document instead")
+    listing.set_defaults(func=cmd_list)
+    for name, func, text in (("show", cmd_show, "one job: its spec, nodes and every state change"),
+                             ("cancel", cmd_cancel, "cancel a job (serve stops its processes)"),
+                             ("logs", cmd_logs, "the last lines each rank reported")):
+        q = sub.add_parser(name, help=text)
+        q.add_argument("name", help="the job's name")
+        db(q)
+        if name == "logs":
+            q.add_argument("--node", help="only this node's rank")
+        q.set_defaults(func=func)
+
+
+def _store(args: argparse.Namespace, create: bool = False) -> Any:
+    if not args.db:
+        raise InputError("expected a store path", field="--db")
+    if not create and not Path(args.db).is_file():
+        raise InputError("no such store (expected the SQLite file `serve --db` writes)", path=str(args.db))
+    from planner.service.store import Store
+    return Store(args.db)
+
+
+def _job(store: Any, name: str) -> JobRecord:
+    try:
+        return store.job_by_name(name)
+    except NotFoundError as exc:
+        raise InputError(str(exc), field="name") from None
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from planner.core.placements import job_spec
+    from planner.files.jobs import load_jobs
+
+    jobs = load_jobs(args.jobs)
+    with _store(args, create=True) as store:
+        active = {r.name: r.state for r in store.job_records() if r.active}
+        taken = [j.name for j in jobs if j.name in active]
+        if taken:
+            raise InputError(f"job {taken[0]!r} is already {active[taken[0]]}; cancel it or pick "
+                             "another name", path=str(args.jobs), field="name")
+        for job in jobs:
+            store.submit_job(job.name, job_spec(job))
+    print(f"queued {len(jobs)} job(s): {', '.join(j.name for j in jobs)} "
+          f"(`hulk-planner serve --mqtt` starts them on free nodes)")
+    return 0
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _when(ms: int | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "-"
+
+
+def _row(record: JobRecord, cities: dict[str, str], now_ms: int) -> dict[str, Any]:
+    end = record.finished_ms or now_ms
+    return {"name": record.name, "state": record.state, "nodes": list(record.nodes),
+            "cities": sorted({cities[n] for n in record.nodes if cities.get(n)}),
+            "submitted_ms": record.submitted_ms, "started_ms": record.started_ms,
+            "finished_ms": record.finished_ms,
+            "elapsed_s": (end - record.started_ms) / 1000 if record.started_ms else None,
+            "estimate_s": record.estimate_s, "restarts": record.restarts, "plan_id": record.plan_id,
+            "detail": record.detail}
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        records = store.job_records()
+        cities = {r["id"]: r.get("city") or "" for r in store.nodes()}
+    now = int(time.time() * 1000)
+    rows = [_row(r, cities, now) for r in records]
+    if args.json:
+        print(json.dumps({"jobs": rows}, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"jobs in {args.db}")
+    for column in ("name", "state", "nodes", "cities", "started", "elapsed", "estimate", "restarts"):
+        table.add_column(column, justify="right" if column == "restarts" else "left")
+    for r in rows:
+        table.add_row(r["name"], r["state"], ", ".join(r["nodes"]) or "-", ", ".join(r["cities"]) or "-",
+                      _when(r["started_ms"]), _duration(r["elapsed_s"]), _duration(r["estimate_s"]),
+                      str(r["restarts"]))
+    Console(width=160).print(table) if rows else print("no jobs (hulk-planner jobs submit jobs.yaml)")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        record = _job(store, args.name)
+        cities = {r["id"]: r.get("city") or "" for r in store.nodes()}
+    row = _row(record, cities, int(time.time() * 1000))
+    print(f"job {record.name}: {record.state}" + (f" ({record.detail})" if record.detail else ""))
+    print(f"  nodes     {', '.join(record.nodes) or '-'}  ({', '.join(row['cities']) or '-'})")
+    print(f"  plan      {record.plan_id or '-'}   restarts {record.restarts}")
+    print(f"  elapsed   {_duration(row['elapsed_s'])}   estimate {_duration(record.estimate_s)}")
+    print(f"  spec      {json.dumps(dict(record.spec), sort_keys=True)}")
+    print("  history")
+    for state, at_ms, detail in record.events:
+        print(f"    {_when(at_ms)}  {state:<9} {detail}")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        record = _job(store, args.name)
+        if record.state in FINAL:
+            raise InputError(f"job {record.name!r} is already {record.state}", field="name")
+        store.update_job(record.id, state=CANCELLED, detail="cancelled by an operator")
+    print(f"cancelled {record.name} (was {record.state}); `serve --mqtt` clears its nodes' "
+          "placements, so its processes stop")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        record = _job(store, args.name)
+        rows = {r["id"]: r for r in store.nodes()}
+    nodes = list(record.nodes)
+    if args.node:
+        if args.node not in nodes:
+            raise InputError(f"job {record.name!r} has no rank on {args.node!r} (its nodes: "
+                             f"{', '.join(nodes) or 'none'})", field="--node")
+        nodes = [args.node]
+    print(f"job {record.name} ({record.state}); {LOGS_NOTE}")
+    for node in nodes:
+        row = rows.get(node, {})
+        mine = row.get("launch_job") == record.name and row.get("launch_plan_id") == record.plan_id
+        print(f"== {node}: " + (f"{row.get('launch_state')} (exit code {row.get('launch_exit_code')})"
+                                if mine else "no report for this job"))
+        if mine and row.get("launch_detail"):
+            for line in str(row["launch_detail"]).splitlines()[-50:]:
+                print(f"   {line}")
+    return 0
