@@ -131,7 +131,9 @@ class JobLifecycle:
         plan_id = new_plan_id(now)
         job_plan_ids = {p.job.name: plan_ids[p.job.name] for p in kept.placements}
         placements = build_node_placements(placing.plan, net, fleet=self.fleet, plan_id=plan_id,
-                                           addresses=self._addresses(rows), job_plan_ids=job_plan_ids)
+                                           addresses=self._addresses(rows), job_plan_ids=job_plan_ids,
+                                           restart_counts={r.name: r.restarts
+                                                           for r in [*records, *queued]})
         # A retired job's node that still holds another job's (later phase) role keeps its
         # retained placement: re-sending fewer roles would restart the process running there.
         retired_nodes = {n for r in retire for n in (*r.nodes, *summary_nodes.get(r.name, ()))}
@@ -192,7 +194,10 @@ def recovery_hooks(runtime: Any) -> dict[str, Callable[..., Awaitable[Any]]]:
                 await call("update_job", live[name].id, state=QUEUED, nodes=[], restart=True,
                            detail="lost its nodes; waiting for free ones")
 
-    return {"finished_jobs": finished, "on_replanned": replanned}
+    async def restart_counts() -> dict[str, int]:
+        return {r.name: r.restarts for r in await call("job_records", unretired_only=True)}
+
+    return {"finished_jobs": finished, "on_replanned": replanned, "restart_counts": restart_counts}
 
 
 def add_to_runtime(runtime: Any, replanner: Any, *, interval_s: float, search: SearchFn) -> JobLifecycle:

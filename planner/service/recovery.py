@@ -75,7 +75,8 @@ class Replanner:
                  monotonic: Callable[[], float] = time.monotonic, read_wait_s: float = 0.3,
                  started_ms: int | None = None,
                  finished_jobs: Callable[[], Awaitable[set[str]]] | None = None,
-                 on_replanned: Callable[..., Awaitable[None]] | None = None):
+                 on_replanned: Callable[..., Awaitable[None]] | None = None,
+                 restart_counts: Callable[[], Awaitable[Mapping[str, int]]] | None = None):
         self.publisher = publisher
         self.fleet = fleet
         self.signer = signer
@@ -94,6 +95,7 @@ class Replanner:
         # a restart. The lock is shared with the lifecycle task so their pushes never interleave.
         self.finished_jobs = finished_jobs
         self.on_replanned = on_replanned
+        self.restart_counts = restart_counts
         self.lock = asyncio.Lock()
 
     async def check(self) -> RecoveryReport | None:
@@ -135,8 +137,12 @@ class Replanner:
         plan_id = new_plan_id(now)
         job_plan_ids = {n: plan_ids[n] for n in result.kept}
         addresses = dict(await self.addresses()) if self.addresses else {}
+        # Re-placed jobs start again (HULK_RESTART_COUNT): the count the job record will hold.
+        restarts = dict(await self.restart_counts()) if self.restart_counts else {}
+        restarts.update({n: restarts.get(n, 0) + 1 for n in result.replanned})
         placements = build_node_placements(result.plan, net, fleet=self.fleet, plan_id=plan_id,
-                                           addresses=addresses, job_plan_ids=job_plan_ids)
+                                           addresses=addresses, job_plan_ids=job_plan_ids,
+                                           restart_counts=restarts)
         new_summary = build_summary(result.plan, net, fleet=self.fleet, plan_id=plan_id,
                                     issued_at_ms=self.clock_ms(), node_placements=placements,
                                     job_plan_ids=job_plan_ids)

@@ -176,3 +176,35 @@ async def test_placements_near_expiry_are_re_signed_with_the_same_roles_and_forg
         assert new.roles == old.roles and new.plan_id == old.plan_id
         assert new.issued_at_ms == now[0]
     assert any("re-signing: leaving" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_replanned_job_starts_again_with_its_restart_count():
+    """The re-placed job's roles carry its restarts so far plus this one (HULK_RESTART_COUNT),
+    which the training program uses to resume from its checkpoint."""
+    net = two_city_net(per_city=4)
+    broker = MemoryBroker()
+    await push_new_plan(broker, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1,
+                        signer=SIGNER)
+    seen = {n: 100_000 for n in net.ids}
+    seen["n2"] = 95_000
+
+    async def last_seen():
+        return seen
+
+    async def network():
+        return net
+
+    async def restart_counts():
+        return {"a": 2, "b": 0}
+
+    replanner = Replanner(broker, fleet="lab", signer=SIGNER, last_seen=last_seen, network=network,
+                          timeout_s=3, clock_ms=lambda: 100_000, started_ms=0,
+                          restart_counts=restart_counts)
+    report = await replanner.check()
+    assert report is not None and report.replanned == ["a"]
+    summary = parse_summary(broker.retained[plan_topic("lab")], verifier=VERIFIER)
+    (a,) = [j for j in summary.jobs if j.name == "a"]
+    for node in a.node_ids:
+        role = parse_placement(broker.retained[placement_topic("lab", node)],
+                               verifier=VERIFIER).roles[0]
+        assert role.job == "a" and role.restart_count == 3
