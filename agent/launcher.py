@@ -127,6 +127,25 @@ class SubprocessRunner:
 
 # ---------------------------------------------------------------------------- command lines
 
+def log_tail(path: Path | None, max_bytes: int = 3000, max_lines: int = 20) -> str:
+    """The last lines of a job's log, at most ``max_bytes`` (the heartbeat carries them; the
+    planner keeps 4 KiB of a launch detail)."""
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read(max_bytes)
+    except OSError:
+        return ""
+    lines = data.decode("utf-8", "replace").splitlines()
+    if size > max_bytes and lines:
+        lines = lines[1:]        # the first line is cut
+    return "\n".join(lines[-max_lines:])
+
+
 def role_env(role: Role) -> dict[str, str]:
     """The HULK_* variables a launched process reads (hulk/settings.py documents each)."""
     return {
@@ -183,7 +202,8 @@ class Launcher:
                  allowed_commands: Sequence[Sequence[str]] = (), pass_env: Sequence[str] = (),
                  base_env: Mapping[str, str] | None = None,
                  on_status: Callable[[LaunchStatus], None] | None = None,
-                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)):
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 tail_every_s: float = 10.0):
         self.runner = runner or SubprocessRunner()
         self.command = command or TorchrunCommand()
         self.grace_s = grace_s
@@ -197,6 +217,7 @@ class Launcher:
         self.base_env = {n: source[n] for n in names if n in source}
         self.on_status = on_status
         self._clock_ms = clock_ms
+        self.tail_every_s = tail_every_s
         self.status = LaunchStatus(changed_at_ms=clock_ms())
         self._roles: tuple[Role, ...] | None = None
         self._task: asyncio.Task | None = None
@@ -207,7 +228,16 @@ class Launcher:
         self.status = replace(self.status, changed_at_ms=self._clock_ms(), **fields)
         log.info("launch %s: %s%s%s", self.status.job or "-", self.status.state.name.lower(),
                  f" (code {self.status.exit_code})" if self.status.state == LaunchState.EXITED else "",
-                 f" {self.status.detail}" if self.status.detail else "")
+                 f" {self.status.detail.splitlines()[0]}" if self.status.detail else "")
+        self._notify()
+
+    def _update_detail(self, detail: str) -> None:
+        """A new detail (the log's last lines) without a state change."""
+        if detail != self.status.detail:
+            self.status = replace(self.status, detail=detail)
+            self._notify()
+
+    def _notify(self) -> None:
         if self.on_status is not None:
             try:
                 self.on_status(self.status)
@@ -305,11 +335,17 @@ class Launcher:
         if not done:
             self._set(state=LaunchState.RUNNING, detail=f"pid {proc.pid}")
         try:
-            code = await waiter
+            # While it runs, the heartbeat carries the log's last lines (`hulk-planner jobs logs`).
+            while not done:
+                done, _ = await asyncio.wait({waiter}, timeout=self.tail_every_s)
+                if not done:
+                    self._update_detail(f"pid {proc.pid}\n{log_tail(log_path)}".rstrip())
+            code = waiter.result()
         except asyncio.CancelledError:
             waiter.cancel()
             raise
         self._proc = None
+        head = "exited 0" if code == 0 else f"exit code {code}"
         self._set(state=LaunchState.EXITED, exit_code=code,
-                  detail="" if code == 0 else f"exit code {code}")
+                  detail=f"{head}\n{log_tail(log_path)}".rstrip())
         return code

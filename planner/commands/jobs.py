@@ -18,9 +18,9 @@ from hulk.errors import InputError, NotFoundError
 from planner.core.lifecycle import CANCELLED, FINAL, JobRecord
 from planner.settings import PlannerSettings
 
-LOGS_NOTE = ("job logs are not sent to the planner: these are the agents' last reported launch "
-             "states and details (a refusal's reason, an exit code); the full log is jobs/<job>/job.log "
-             "in each agent's state directory")
+LOGS_NOTE = ("the last lines of each rank's log as its agent last reported them (every 10 s while "
+             "it runs, and when it ends); the full log is jobs/<job>/job.log in each agent's state "
+             "directory")
 
 
 def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) -> None:
