@@ -104,7 +104,13 @@ def test_example_agent_config_is_accepted_by_the_agent(tmp_path):
     assert "token" not in re.sub(r"#.*", "", text), "the token belongs in agent.env, not the YAML"
     config_file = tmp_path / "agent.yaml"
     config_file.write_text(text.replace("/etc/hulk/tls/ca.pem", str(ca)))
-    config = load_config({"config": str(config_file)}, env_reader=lambda name: None)
+    assert "BROKER-PASSWORD" not in re.sub(r"#.*", "", text), "passwords belong in agent.env"
+    # agent.env, as INSTALL.md writes it, gives the broker URL with its password.
+    install = (DEPLOY / "INSTALL.md").read_text()
+    url = re.search(r"echo 'HULK_MQTT=([^']+)'", install).group(1)
+    url = url.replace("<broker password>", "secret").replace("/etc/hulk/tls/ca.pem", str(ca))
+    config = load_config({"config": str(config_file)},
+                         env_reader=lambda name: url if name == "HULK_MQTT" else None)
     assert config.node_id and not config.insecure and config.ca == ca
     assert config.state_dir == Path("/var/lib/hulk-agent")
     from hulk.wire.broker import parse_broker_url
