@@ -13,7 +13,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,19 +27,10 @@ from hulk.wire.broker import parse_broker_url
 from hulk.wire.records import Inventory, LaunchStatus
 from planner.security.tls import CertPaths, init_pki, issue_cert
 from tests.helpers.paths import REPO
+from tests.helpers.ports import free_port
+from tests.helpers.processes import planner_command
 
 pytestmark = pytest.mark.process
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def planner_command() -> list[str]:
-    script = Path(sys.executable).parent / "hulk-planner"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "planner.cli"]
 
 
 def run_env() -> dict[str, str]:
