@@ -115,6 +115,7 @@ class AgentRuntime:
         self.spool_write_s = spool_write_s
         self._register_backoff = register_backoff or Backoff(rng=rng)
         self.registration: RegisterAnswer | None = None
+        self.fatal: errors.HulkError | None = None   # a permanent error that ended the agent
         self.inventory: Inventory | None = None
         self._launch = LaunchStatus(state=LaunchState.IDLE, changed_at_ms=epoch_ms(self.clock))
         self._pinger = pinger
@@ -242,6 +243,8 @@ class AgentRuntime:
             await stop.wait()
         finally:
             await self._shutdown(tasks)
+        if self.fatal is not None:
+            raise self.fatal  # the CLI prints its one line and exits with its code
         return 0
 
     async def _shutdown(self, tasks: Sequence[asyncio.Task]) -> None:
@@ -325,6 +328,15 @@ class AgentRuntime:
         while True:
             try:
                 await self._register_once()
+            except (errors.UnauthenticatedError, errors.PermissionDeniedError) as err:
+                # No retry can fix a token the planner refuses or a node id it is not for: end
+                # the agent (exit 2, which the unit does not restart), so systemd shows it failed.
+                self.fatal = errors.ConfigError(
+                    f"the planner refuses this node's credentials ({err}); check node_id and "
+                    "HULK_TOKEN (`hulk-planner enroll NODE_ID` prints a token), then restart")
+                log.error("%s", self.fatal)
+                self.request_stop()
+                return
             except errors.HulkError as err:
                 delay = self._register_backoff.next_delay()
                 log.warning("register failed (%s); retrying in %.1f s", err, delay)
