@@ -205,7 +205,7 @@ def run(out_dir: Path, shared: Path, quick: bool = False, log=_log,
         log(f"{sc.name}")
         results.append(run_scenario(sc, Path(shared), log=log, timeout_s=timeout_s))
     doc = {"benchmark": "plan", "quick": quick, "method_timeout_s": timeout_s, "python": platform.python_version(),
-           "machine": platform.machine(), "cost_model": "reference (COSTMODEL.md)",
+           "machine": platform.machine(), "cost_model": "reference (docs/COSTMODEL.md)",
            "results": results, "targets": targets(results)}
     (out_dir / "plan.json").write_text(json.dumps(doc, indent=2) + "\n")
     return doc

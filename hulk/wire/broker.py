@@ -1,6 +1,6 @@
 """The MQTT contract shared by the planner and the agent: broker URLs and topic names.
 
-Topics (DESIGN.md): ``hulk/v1/<fleet>/nodes/<node_id>/placement`` (retained, QoS 1, one per node;
+Topics (docs/DESIGN.md): ``hulk/v1/<fleet>/nodes/<node_id>/placement`` (retained, QoS 1, per node;
 an empty retained message clears it) and ``hulk/v1/<fleet>/plan`` (retained plan summary).
 """
 

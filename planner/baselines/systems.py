@@ -1,4 +1,4 @@
-"""The paper's baselines, exactly as COSTMODEL.md section 6 defines them (pure).
+"""The paper's baselines, exactly as docs/COSTMODEL.md section 6 defines them (pure).
 
 Each job runs alone on the whole fleet; jobs run one after another, shortest first. Systems A and
 B are written as Placements whose phases 0, 1, 2, ... follow that order, so ``estimate_plan``
@@ -141,7 +141,7 @@ def system_b_placement(job: Job, net: Network) -> Placement | Unplaced:
 # ----------------------------------------------------------------------------------- System C
 
 def ring_allreduce_s(net: Network, ring: list[int], nbytes: float) -> float:
-    """2 (n - 1) (a_max + S / (n bw_min)) over the cyclic ring (COSTMODEL.md section 4)."""
+    """2 (n - 1) (a_max + S / (n bw_min)) over the cyclic ring (docs/COSTMODEL.md section 4)."""
     n = len(ring)
     if n <= 1:
         return 0.0

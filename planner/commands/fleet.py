@@ -162,7 +162,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     imputed = int(network.imputed.sum() // 2)
     print(f"link coverage: {len(pairs)} of {total} pairs measured "
           f"({100 * len(pairs) / total if total else 100:.0f} %), {imputed} completed "
-          f"(COSTMODEL.md section 2), {len(components)} connected component"
+          f"(docs/COSTMODEL.md section 2), {len(components)} connected component"
           f"{'s' if len(components) != 1 else ''}")
     return 0
 

@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
         description="Plan the jobs of a jobs.yaml on a fleet (a fleet file or the live store), "
                     "print the placement and how it compares with Systems A/B/C, the DT-FM-style "
                     "peer and the compute bound.")
-    p.add_argument("jobs", help="jobs.yaml (see DESIGN.md)")
+    p.add_argument("jobs", help="jobs.yaml (see docs/DESIGN.md)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--fleet", metavar="PATH",
                      help="the paper's folder or zip (node_feature.csv, edge.txt) or fleet JSON")
@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     p.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
                    help="also plan with Systems A/B/C and the DT-FM-style peer (default on)")
     p.add_argument("--cost-model", choices=["reference"], default="reference",
-                   help="cost model used to judge plans (COSTMODEL.md)")
+                   help="cost model used to judge plans (docs/COSTMODEL.md)")
     p.add_argument("--push", action="store_true",
                    help="publish the plan to the agents (retained MQTT messages; needs --mqtt)")
     p.add_argument("--mqtt", metavar="URL", default=settings.mqtt,

@@ -1,4 +1,4 @@
-"""The reference cost model of COSTMODEL.md (sections 3-5, 7), over node indices of a Network.
+"""The reference cost model of docs/COSTMODEL.md (sections 3-5, 7), over node indices of a Network.
 
 Every number a plan prints comes from :func:`estimate` and :func:`estimate_plan`; every planner
 (baselines, DT-FM-style peer, search, GNN) is judged by them. Keep this module a literal reading of
@@ -57,7 +57,7 @@ class Placement:
 
 @dataclass(frozen=True)
 class Estimate:
-    """COSTMODEL.md section 4 for one placement; times in seconds."""
+    """docs/COSTMODEL.md section 4 for one placement; times in seconds."""
 
     iteration_s: float
     compute_s: float
@@ -181,7 +181,7 @@ def _estimate(placement: Placement, net: Network) -> Estimate:
 
 @dataclass(frozen=True)
 class PlanEstimate:
-    """COSTMODEL.md section 5: phases run one after another, jobs of a phase side by side."""
+    """docs/COSTMODEL.md section 5: phases run one after another, jobs of a phase side by side."""
 
     estimates: dict[str, Estimate]
     start_s: dict[str, float]
@@ -222,5 +222,5 @@ def sequential_totals(job_times: dict[str, float]) -> tuple[float, float]:
 
 
 def compute_bound_s(jobs: list[Job], net: Network) -> float:
-    """COSTMODEL.md section 7: all jobs' FLOPs over the whole fleet's summed throughput."""
+    """docs/COSTMODEL.md section 7: all jobs' FLOPs over the whole fleet's summed throughput."""
     return sum(j.total_flops for j in jobs) / float(net.thr.sum())

@@ -1,7 +1,7 @@
 """The fleet as values: nodes, measured links, and the completed network the cost model reads.
 
 ``Fleet`` is what files and the store hold (sparse, possibly flawed measurements).
-``complete(fleet)`` applies COSTMODEL.md section 2 and returns a ``Network``: dense matrices of
+``complete(fleet)`` applies docs/COSTMODEL.md section 2 and returns a ``Network``: dense matrices of
 RTT and bandwidth over node indices, with imputed pairs marked. Everything downstream (cost model,
 search, GNN) works on node indices into a ``Network``; ids appear again only at output.
 """
@@ -42,7 +42,7 @@ class Node:
 
     @property
     def throughput(self) -> float:
-        """thr_i in FLOP/s (COSTMODEL.md section 1)."""
+        """thr_i in FLOP/s (docs/COSTMODEL.md section 1)."""
         return gpu_catalog.node_throughput(self.gpus, self.gpu_name, self.compute_capability)
 
     @property
@@ -157,7 +157,7 @@ class Network:
 
 
 def complete(fleet: Fleet) -> Network:
-    """Apply COSTMODEL.md section 2: average duplicates, drop self-loops, fill same-city pairs with
+    """docs/COSTMODEL.md section 2: average duplicates, drop self-loops, fill same-city pairs with
     the city's median, everything else with the shortest path over measured links."""
     nodes = tuple(fleet.nodes)
     n = len(nodes)

@@ -184,7 +184,7 @@ def generate_network(n_nodes: int, *, seed: int, cities: list[str] | None = None
     """The same servers as :func:`generate_fleet` (same arguments, same seed) as a dense Network.
 
     Unmeasured pairs keep their generated RTT and are marked ``imputed``; bandwidth follows the
-    TCP model of COSTMODEL.md section 2.
+    TCP model of docs/COSTMODEL.md section 2.
     """
     gen = _generate(n_nodes, seed, cities, n_cities, missing_fraction, zipf_exponent)
     imputed = ~gen.measured

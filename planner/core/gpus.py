@@ -1,6 +1,6 @@
 """Per-GPU peak dense half-precision throughput, by GPU name, else by compute capability.
 
-The compute-capability table is COSTMODEL.md section 1 verbatim. Names map to the same figures for
+The compute-capability table is docs/COSTMODEL.md section 1. Names map to the same figures for
 the representative GPUs listed there, so a fleet that names its GPUs and one that gives only the
 compute capability are judged alike.
 """

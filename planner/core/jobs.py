@@ -10,7 +10,7 @@ BYTES_PER_ACTIVATION = 2     # fp16
 
 @dataclass(frozen=True)
 class Job:
-    """One training job (COSTMODEL.md section 3)."""
+    """One training job (docs/COSTMODEL.md section 3)."""
 
     name: str
     params: float

@@ -15,7 +15,7 @@ class Unplaced:
 
 @dataclass
 class Plan:
-    """Placements of jobs on a Network (node indices), phases as in COSTMODEL.md section 5.
+    """Placements of jobs on a Network (node indices), phases as in docs/COSTMODEL.md section 5.
 
     ``job_s_override`` carries per-job times for plans that cannot be written as stages
     (System C, tensor parallel); such jobs have no placement and their times come from there.

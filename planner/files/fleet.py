@@ -5,7 +5,7 @@ Two formats, told apart by content (not by the file name):
 * the paper's: a folder or a .zip holding ``node_feature.csv`` (``node,City,Capability,Memory``;
   Memory is the server's total GPU memory in GB; GPU count unknown, so 8) and ``edge.txt``
   (``src dst weight`` in ms, space separated, one undirected pair per line);
-* the fleet JSON of DESIGN.md, which ``save_fleet_json`` writes.
+* the fleet JSON of docs/DESIGN.md, which ``save_fleet_json`` writes.
 
 Real files are flawed (the paper's own has self-loops, duplicates, trailing spaces). A flaw does not
 stop the import: it is reported once as an :class:`ImportIssue` with its file and line, and the
@@ -74,7 +74,7 @@ def load_fleet_with_report(path: str | os.PathLike) -> tuple[Fleet, list[ImportI
 
 
 def fleet_to_json(fleet: Fleet) -> dict[str, Any]:
-    """The fleet JSON of DESIGN.md (measured links only; imputed ones are recomputed on load)."""
+    """The fleet JSON of docs/DESIGN.md (measured links only; imputed ones recomputed on load)."""
     nodes = []
     for n in fleet.nodes:
         item: dict[str, Any] = {"id": n.id, "city": n.city, "gpus": n.gpus, "gpu_name": n.gpu_name,

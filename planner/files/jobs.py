@@ -1,4 +1,4 @@
-"""jobs.yaml (DESIGN.md) -> list[Job], validated with one-line errors naming file, line, job and field."""
+"""jobs.yaml (docs/DESIGN.md) -> list[Job], validated: one-line errors name file, line, job, field."""
 
 from __future__ import annotations
 

@@ -214,7 +214,7 @@ def _report_coverage(nodes: list[Node], links: list[Link], path: str,
         issues.append(ImportIssue(
             path, None, f"one-directional, partial coverage: {len(links)} of {total} pairs "
             "measured, each in one direction only; RTTs read as symmetric and the other "
-            f"{total - len(links)} pairs completed as in COSTMODEL.md"))
+            f"{total - len(links)} pairs completed as in docs/COSTMODEL.md"))
     linked = {k.src for k in links} | {k.dst for k in links}
     lonely = [node.id for node in nodes if node.id not in linked]
     if lonely and n > 1:

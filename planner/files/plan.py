@@ -1,6 +1,6 @@
-"""Plan JSON, format ``hulk-plan/1`` exactly as DESIGN.md gives it, and the plan's evaluation.
+"""Plan JSON, format ``hulk-plan/1`` exactly as docs/DESIGN.md gives it, and the plan's evaluation.
 
-``evaluate(plan, net)`` turns any Plan into per-job estimates and totals by COSTMODEL.md (phases for
+``evaluate(plan, net)``: any Plan's per-job estimates and totals by docs/COSTMODEL.md (phases for
 staged jobs; jobs given only as times, System C, run after them one after another, shortest
 first). ``plan_to_json`` / ``write_plan`` write the document with node ids; ``read_plan`` /
 ``parse_plan`` validate a document (structure, contiguous layer ranges, equal replicas per stage,

@@ -53,7 +53,7 @@ class Grouping:
 
 
 def per_layer_bytes(job: Job, micro_batch: int, num_stages: int, replicas: int = 1) -> float:
-    """Bytes one layer costs on a node: 16 P / L + A min(M, K) (COSTMODEL.md section 4)."""
+    """Bytes one layer costs on a node: 16 P / L + A min(M, K) (docs/COSTMODEL.md section 4)."""
     m = math.ceil(job.global_batch / replicas / micro_batch)
     return job.state_bytes / job.layers + job.activation_bytes(micro_batch) * min(m, num_stages)
 

@@ -4,7 +4,7 @@
 measured ordered pair, RTT = the window's exact mean; imported links where nothing was measured).
 ``fleet_graph`` draws a Fleet or a completed Network as an undirected ``nx.Graph``: nodes carry
 their GPU features and computed throughput, edges the window statistics, and pairs completed by
-``planner.core.fleet.complete`` (COSTMODEL.md section 2) are present with ``imputed=True``.
+``planner.core.fleet.complete`` (docs/COSTMODEL.md section 2) are present with ``imputed=True``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Systems A, B, C of COSTMODEL.md section 6 on tiny fleets, expected values worked out by hand."""
+"""Systems A, B, C of docs/COSTMODEL.md section 6 on tiny fleets, expected values worked out by hand."""
 
 from __future__ import annotations
 

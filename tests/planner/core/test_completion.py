@@ -1,4 +1,4 @@
-"""COSTMODEL.md section 2 completion rule (planner.core.fleet.complete) on hand-made fleets."""
+"""docs/COSTMODEL.md section 2 completion rule (planner.core.fleet.complete) on hand-made fleets."""
 
 from __future__ import annotations
 

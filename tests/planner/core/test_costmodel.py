@@ -1,4 +1,4 @@
-"""Each COSTMODEL.md formula on small cases whose expected values are worked out by hand here.
+"""Each docs/COSTMODEL.md formula on small cases whose expected values are worked out by hand here.
 
 Numbers used throughout: an A100 node with 1 GPU has thr = 1 * 312e12 * 0.4 = 124.8e12 FLOP/s, a
 V100 node with 1 GPU 1 * 125e12 * 0.4 = 50e12. The job: P = 8e8, L = 4, h = 1000, s = 100,

@@ -1,4 +1,4 @@
-"""hulk-plan/1: the document of DESIGN.md, its validation, and a round trip through the cost model."""
+"""hulk-plan/1 of docs/DESIGN.md: its validation, and a round trip through the cost model."""
 
 from __future__ import annotations
 
