@@ -229,12 +229,32 @@ def torchrun_processes(lab: WanLab, program: str) -> dict[str, list[str]]:
     return {host: next(iter(pids.values())) for host, pids in torchrun_pids(lab, program).items()}
 
 
-def kill_process_group(pid: int) -> None:
-    """SIGKILL the process group ``pid`` leads (the launcher starts each torchrun in a session)."""
-    try:
-        os.killpg(os.getpgid(pid), signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def descendants(pid: int) -> list[int]:
+    """``pid``'s children, grandchildren, ... (from /proc's parent pids)."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(proc.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process under it: torchrun starts its workers in sessions of
+    their own, so its process group alone would leave them training."""
+    for target in [pid, *descendants(pid)]:
+        try:
+            os.kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def roles_for(placement: dict | None, job: str) -> list[dict]:

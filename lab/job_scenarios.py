@@ -21,8 +21,8 @@ import re
 import time
 from pathlib import Path
 
-from lab.fleet import AGENT_WITH_DECLARED_GPUS, EXAMPLE, PYTHON, LabFleet, kill_process_group, \
-    torchrun_pids
+from lab.fleet import (AGENT_WITH_DECLARED_GPUS, EXAMPLE, PYTHON, LabFleet, kill_tree,
+                       torchrun_pids)
 
 RESUMED = re.compile(r"^resumed from step (\d+) \(restart (\d+)\)", re.M)
 STEP = re.compile(r"^step (\d+)/(\d+) ", re.M)
@@ -105,7 +105,7 @@ def kill_node_mid_run(fleet: LabFleet, work: Path, *, steps: int = 300, checkpoi
     t_kill = time.monotonic()
     fleet.kill_agent(victim)          # first: a live agent would report its rank's death
     for pid in pids:
-        kill_process_group(pid)
+        kill_tree(pid)
     others = [h for h in fleet.lab.hosts if h != victim]
 
     replanned = fleet.wait(lambda: (r := record(fleet, name)) and r.restarts >= 1 and r, timeout_s,
