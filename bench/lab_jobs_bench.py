@@ -95,8 +95,9 @@ def summarize(result: dict) -> str:
                        ("node_death_to_replanned", "node SIGKILLed -> job re-planned (record)"),
                        ("last_exit_to_next_start", "last rank exits -> waiting job starts")):
         s = result[key]
-        lines.append(f"| {label} | {s['median_s']:.1f} | {s['max_s']:.1f} | "
-                     f"{', '.join(f'{v:.1f}' for v in s['runs_s'])} | {'yes' if s['under_target'] else 'NO'} |")
+        runs = ", ".join(f"{v:.1f}" for v in s["runs_s"])
+        lines.append(f"| {label} | {s['median_s']:.1f} | {s['max_s']:.1f} | {runs} | "
+                     f"{'yes' if s['under_target'] else 'NO'} |")
     lines += ["", f"- resumed from steps: {result['resumed_from_steps']}", ""]
     return "\n".join(lines)
 

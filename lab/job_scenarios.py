@@ -31,12 +31,15 @@ FINAL = ("succeeded", "failed", "cancelled")
 
 def write_jobs(path: Path, jobs: list[dict]) -> Path:
     """A jobs.yaml of examples/train_gpt.py jobs, each ``{name, steps, checkpoint_dir?,
-    checkpoint_every?}``; the cost model's view of the example at its defaults (as lab/jobs.yaml)."""
+    checkpoint_every?, spec?}``; by default the cost model's view of the example at its defaults
+    (as lab/jobs.yaml); ``spec`` replaces fields of that view (a bigger model makes the planner
+    spread the job over nodes; the example still trains its small blocks)."""
     lines = ["jobs:"]
     for job in jobs:
         command = f"python {EXAMPLE} --steps {job['steps']} --timeout 60"
-        lines += [f"  - name: {job['name']}", "    params: 0.25e6", "    layers: 4", "    hidden: 64",
-                  "    seq_len: 32", "    global_batch: 16", "    micro_batch: 2",
+        spec = {"params": "0.25e6", "layers": 4, "hidden": 64, "seq_len": 32, "global_batch": 16,
+                "micro_batch": 2, **job.get("spec", {})}
+        lines += [f"  - name: {job['name']}", *(f"    {k}: {v}" for k, v in spec.items()),
                   f"    steps: {job['steps']}"]
         if job.get("checkpoint_dir"):
             lines.append(f"    checkpoint_dir: {job['checkpoint_dir']}")
@@ -87,14 +90,16 @@ def wait_state(fleet: LabFleet, name: str, states: tuple[str, ...], timeout_s: f
 
 
 def kill_node_mid_run(fleet: LabFleet, work: Path, *, steps: int = 300, checkpoint_every: int = 10,
-                      kill_after_step: int = 20, timeout_s: float = 150) -> dict:
+                      kill_after_step: int = 20, timeout_s: float = 150,
+                      spec: dict | None = None) -> dict:
     """Submit one job, wait until it is running and has a checkpoint at ``kill_after_step`` or
     later, SIGKILL the agent and then the torchrun of one of its nodes, and follow it to the end.
     Returns what happened and when (seconds from the kill)."""
     name, ckpt = "resume", work / "checkpoints" / "resume"
     ckpt.mkdir(parents=True)
     fleet.submit(write_jobs(work / "jobs-resume.yaml", [
-        {"name": name, "steps": steps, "checkpoint_dir": ckpt, "checkpoint_every": checkpoint_every}]))
+        {"name": name, "steps": steps, "checkpoint_dir": ckpt, "checkpoint_every": checkpoint_every,
+         "spec": spec or {}}]))
     first = wait_state(fleet, name, ("running",), 90)
     fleet.wait(lambda: any(s >= kill_after_step for s in checkpoint_steps(ckpt)), 90,
                f"a checkpoint at step {kill_after_step} or later")
