@@ -7,7 +7,9 @@ benchmark bench/lab_jobs_bench.py times the same ones).
 1. SIGKILLing the agent and the training process of a running job's node: recovery re-plans the
    job onto other nodes, the new ranks print that they resumed from a step > 0 (restart >= 1)
    and the job ends `succeeded` in `jobs list` with restarts >= 1.
-2. SIGTERMing serve for twice the node timeout and starting it again on the same db stops no
+2. The same for a job over two nodes: the surviving rank exits non-zero when its peer dies,
+   and the job waits for recovery instead of failing.
+3. SIGTERMing serve for twice the node timeout and starting it again on the same db stops no
    job: the training processes keep their pids, no placement changes, the job succeeds.
 """
 
@@ -69,3 +71,23 @@ def test_serve_down_for_twice_the_node_timeout_stops_no_job(lab_fleet, tmp_path)
     assert not got["resumed"], got
     listed = got["listed"]
     assert listed["state"] == "succeeded" and listed["restarts"] == 0, (listed, fleet.logs())
+
+
+def test_a_job_over_two_nodes_whose_node_is_killed_resumes_instead_of_failing(lab_fleet, tmp_path):
+    # A 20e9-parameter model in the cost model's eyes: two of the 8 x A100-40GB nodes (the
+    # example still trains its small blocks). The survivor's rank exits non-zero when its peer
+    # dies; the job must wait for recovery instead of failing (planner/core/lifecycle.py).
+    fleet = lab_fleet(lab_matrix.from_cities(CITIES).scaled(0.25))
+    job_scenarios.start(fleet, NODE_TIMEOUT_S)
+
+    got = job_scenarios.kill_node_mid_run(fleet, tmp_path, steps=80, checkpoint_every=10,
+                                          kill_after_step=20, spec={"params": "20e9", "layers": 8})
+    print(f"\n{got['first_nodes']} -> {got['replanned_nodes']}: kill to resumed "
+          f"{got['kill_to_resumed_s']:.1f} s, to finished {got['kill_to_finished_s']:.1f} s; "
+          f"resumed {got['resumed']}")
+    assert len(got["first_nodes"]) == 2, got
+    assert got["victim"] not in got["replanned_nodes"] and len(got["replanned_nodes"]) == 2, got
+    listed = got["listed"]
+    assert listed["state"] == "succeeded" and listed["restarts"] >= 1, (listed, fleet.logs())
+    assert set(got["resumed"]) == set(got["replanned_nodes"]), got
+    assert all(step >= 20 and restart >= 1 for step, restart in got["resumed"].values()), got
