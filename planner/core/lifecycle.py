@@ -76,16 +76,19 @@ class RankState:
 def next_state(record: JobRecord, ranks: Mapping[str, RankState | None]) -> tuple[str, str]:
     """(state, detail) of a placed or running job from its nodes' launch states.
 
-    Only reports for this job and its plan id count. Any rank failed or exited non-zero ->
-    failed; every rank exited 0 -> succeeded; every rank running (or already done with 0) and
-    at least one running -> running; otherwise unchanged.
+    Only reports for this job and its plan id count. Any rank failed (refused, could not start)
+    -> failed; a rank exited non-zero -> failed once no other rank is still reported running or
+    starting (a dead node's last report stays "running": its peers' exits must leave the job to
+    recovery, which re-plans it after the node timeout); every rank exited 0 -> succeeded; every
+    rank running (or already done with 0) and at least one running -> running; otherwise unchanged.
     """
     if record.state not in (PLACED, RUNNING) or not record.nodes:
         return record.state, record.detail
     mine = {n: r for n in record.nodes
             if (r := ranks.get(n)) is not None and r.job == record.name and r.plan_id == record.plan_id}
+    live = any(r.state in ("running", "starting") for r in mine.values())
     for node, rank in sorted(mine.items()):
-        if rank.state == "failed" or (rank.state == "exited" and rank.exit_code != 0):
+        if rank.state == "failed" or (rank.state == "exited" and rank.exit_code != 0 and not live):
             why = rank.detail or f"exit code {rank.exit_code}"
             return FAILED, f"{node}: {why}"[:500]
     if len(mine) < len(record.nodes):

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from lab import matrix as lab_matrix
+from lab.fleet import LabFleet
 from lab.netns import LabError, require_root
 from lab.wan import WanLab
 
@@ -56,3 +57,22 @@ def wan_lab(make_wan_lab) -> WanLab:
 def ping_available() -> None:
     if shutil.which("ping") is None:
         pytest.skip("`ping` (iputils-ping) is not installed")
+
+
+@pytest.fixture
+def lab_fleet(make_wan_lab, tmp_path) -> Iterator[Callable[[lab_matrix.LatencyMatrix], LabFleet]]:
+    """Build a lab and its services (lab/fleet.py); the services stop before the lab is torn down."""
+    if shutil.which("mosquitto") is None:
+        pytest.skip("mosquitto is not installed")
+    started: list[LabFleet] = []
+
+    def build(matrix: lab_matrix.LatencyMatrix) -> LabFleet:
+        work = tmp_path / f"fleet{len(started)}"
+        work.mkdir()
+        fleet = LabFleet(make_wan_lab(matrix), work)
+        started.append(fleet)
+        return fleet
+
+    yield build
+    for fleet in started:
+        fleet.services.stop()

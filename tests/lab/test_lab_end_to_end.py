@@ -15,208 +15,35 @@ Lab hosts have no GPUs. Test 1 plans on the learned fleet declared with GPUs, as
 Test 2 needs the *store* to know GPUs (the planner re-plans from the store) and heartbeats faster
 than the CLI's fixed 10 s (so a 5 s node timeout has no false alarms); its agents are the real
 AgentRuntime started from the real CLI arguments, with two constructor arguments set: the GPU
-inventory (8 x A100, like tests/placements/test_recovery_e2e.py) and the heartbeat interval.
+inventory (8 x A100, like tests/placements/test_recovery_e2e.py) and the heartbeat interval
+(lab/fleet.py's AGENT_WITH_DECLARED_GPUS). The fleet (LabFleet) and its fixture (``lab_fleet``,
+tests/lab/conftest.py) are shared with tests/lab/test_lab_jobs.py.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import signal
-import subprocess
-import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from lab import matrix as lab_matrix
-from lab.netns import HUB_ADDRESS
-from lab.run import (MQTT_PORT, PLANNER_PORT, Services, cities_plausible, export_fleet,
-                     lab_fleet_with_gpus, learned_rtts, read_placements, wait_port)
-from lab.wan import HUB, REPO, WanLab
+from lab.fleet import (AGENT_WITH_DECLARED_GPUS, EXAMPLE, PYTHON, roles_for, stages_of,
+                       torchrun_processes)
+from lab.run import lab_fleet_with_gpus
+from lab.wan import HUB, REPO
 from planner.core.costmodel import stage_memory_bytes
 from planner.files.jobs import parse_jobs
-from planner.service.store import Store
-from tests.helpers.waits import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.process]
 
-FLEET = "lab"
-MQTT_URL = f"mqtt://{HUB_ADDRESS}:{MQTT_PORT}"
-PYTHON = sys.executable
-EXAMPLE = REPO / "examples" / "train_gpt.py"
 A100 = "NVIDIA A100-SXM4-40GB"
 STEPS = 3
 NODE_TIMEOUT_S = 5.0
 RECOVERY_BOUND_S = 30.0
-
-# The real agent (CLI arguments, gRPC client, ICMP prober, MQTT subscriber, launcher) with its
-# GPU inventory and heartbeat interval given as constructor arguments. argv: HEARTBEAT_S, then the
-# `hulk-agent` flags.
-AGENT_WITH_DECLARED_GPUS = textwrap.dedent("""
-    import asyncio, signal, sys
-    from agent.cli import build_parser, config_from_args, setup_logging
-    from agent.placement import PlacementComponent
-    from agent.runtime import AgentRuntime
-    from hulk.wire.records import GpuInfo, Inventory
-
-    heartbeat_s = float(sys.argv[1])
-    config = config_from_args(build_parser().parse_args(sys.argv[2:]))
-    setup_logging(config.log_level)
-    gpu = GpuInfo(name="NVIDIA A100-SXM4-40GB", uuid="", compute_capability=8.0,
-                  memory_bytes=40 * 10**9)
-
-    async def main():
-        runtime = AgentRuntime.from_config(
-            config, components=[PlacementComponent.from_config(config)],
-            inventory_reader=lambda: Inventory(gpus=(gpu,) * 8), heartbeat_interval_s=heartbeat_s)
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, runtime.request_stop)
-        return await runtime.run()
-
-    sys.exit(asyncio.run(main()))
-""")
-
-
-# ------------------------------------------------------------------------------------ helpers
-
-class LabFleet:
-    """A lab with the hub's broker and planner and one agent per host, all real processes."""
-
-    def __init__(self, lab: WanLab, work: Path):
-        self.lab, self.work = lab, work
-        self.services = Services(lab, work, PYTHON)
-        self.db = work / "planner.db"
-        self.state_root = work / "agents"
-        self.agents: dict[str, subprocess.Popen] = {}
-
-    def start_hub(self, *serve_args: str) -> None:
-        conf = self.work / "mosquitto.conf"
-        conf.write_text(f"listener {MQTT_PORT} {HUB_ADDRESS}\nallow_anonymous true\npersistence false\n")
-        self.services.start("mosquitto", HUB, ["mosquitto", "-c", str(conf)])
-        wait_port(self.lab, HUB, HUB_ADDRESS, MQTT_PORT)
-        self.services.start("planner", HUB, [
-            PYTHON, "-m", "planner.cli", "serve", "--db", str(self.db),
-            "--listen", f"{HUB_ADDRESS}:{PLANNER_PORT}", "--insecure", "--fleet-name", FLEET,
-            "--mqtt", MQTT_URL, "--rollup-seconds", "1", *serve_args])
-        wait_port(self.lab, HUB, HUB_ADDRESS, PLANNER_PORT, timeout_s=60)
-
-    def start_agents(self, program: list[str]) -> None:
-        """``program``: the agent's command before its flags (the CLI, or the CLI plus seams)."""
-        send_cities = cities_plausible(self.lab.matrix)
-        for host in self.lab.matrix.hosts:
-            argv = [*program, "--planner", f"{HUB_ADDRESS}:{PLANNER_PORT}", "--node-id", host.name,
-                    "--address", self.lab.address(host.name), "--interval", "1",
-                    "--state-dir", str(self.state_root / host.name), "--insecure",
-                    "--mqtt", MQTT_URL, "--log-level", "INFO"]
-            if send_cities and host.city:
-                argv += ["--city", host.city]
-            self.agents[host.name] = self.services.start(f"agent-{host.name}", host.name, argv)
-
-    def kill_agent(self, host: str) -> None:
-        """SIGKILL the agent of ``host`` (no goodbye to anyone) and stop watching it."""
-        proc = self.agents.pop(host)
-        os.killpg(proc.pid, signal.SIGKILL)
-        self.services.procs = [(name, p) for name, p in self.services.procs if p is not proc]
-        proc.wait(timeout=10)
-
-    def logs(self) -> str:
-        """The tail of every log, for failure messages."""
-        parts = []
-        for path in sorted(self.work.glob("*.log")) + sorted(self.state_root.glob("*/jobs/*/job.log")):
-            parts.append(f"--- {path.relative_to(self.work)}\n{path.read_text(errors='replace')[-1500:]}")
-        return "\n".join(parts)
-
-    def wait(self, predicate: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.5):
-        """``predicate``'s first truthy value, failing at once when a lab service has died."""
-        def checked():
-            self.services.check()
-            return predicate()
-
-        return wait_until(checked, timeout_s, what, interval=poll_s,
-                          detail=lambda: "\n" + self.logs())
-
-    def wait_for_rtts(self, timeout_s: float = 60, min_samples: int = 3) -> dict:
-        """The store's fleet once every pair of hosts has a measured RTT."""
-        names = self.lab.matrix.names
-        want = {frozenset((a, b)) for i, a in enumerate(names) for b in names[i + 1:]}
-
-        def measured():
-            fleet = export_fleet(PYTHON, self.db, self.work / "fleet.json")
-            return fleet if fleet and want <= set(learned_rtts(fleet, min_samples)) else None
-
-        return self.wait(measured, timeout_s, "every pair's RTT in the planner's store", poll_s=1)
-
-    def plan_push(self, jobs: Path, *source: str):
-        """`hulk-planner plan --push` inside the hub (the broker is only reachable from the lab)."""
-        out = self.work / "plan.json"
-        proc = self.lab.run(HUB, [PYTHON, "-m", "planner.cli", "plan", str(jobs), *source,
-                                  "--no-compare", "--out", str(out), "--push", "--mqtt", MQTT_URL,
-                                  "--fleet-name", FLEET],
-                            timeout=180, cwd=REPO, env=self.services.env)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + self.logs()
-        assert "pushed to" in proc.stdout, proc.stdout
-        return json.loads(out.read_text()), proc.stdout
-
-    def placements(self) -> dict[str, dict | None]:
-        return read_placements(self.state_root, self.lab.matrix.names)
-
-    def store_nodes(self) -> dict[str, dict]:
-        with Store(self.db) as store:
-            return {r["id"]: r for r in store.nodes()}
-
-
-@pytest.fixture
-def lab_fleet(make_wan_lab, tmp_path) -> Iterator[Callable[[lab_matrix.LatencyMatrix], LabFleet]]:
-    """Build a lab and its services; the services stop before the lab is torn down."""
-    if shutil.which("mosquitto") is None:
-        pytest.skip("mosquitto is not installed")
-    started: list[LabFleet] = []
-
-    def build(matrix: lab_matrix.LatencyMatrix) -> LabFleet:
-        work = tmp_path / f"fleet{len(started)}"
-        work.mkdir()
-        fleet = LabFleet(make_wan_lab(matrix), work)
-        started.append(fleet)
-        return fleet
-
-    yield build
-    for fleet in started:
-        fleet.services.stop()
-
-
-def torchrun_processes(lab: WanLab, program: str) -> dict[str, list[str]]:
-    """Host -> argv of the torchrun running ``program`` in that host's namespace (other labs on
-    the machine run their own)."""
-    hosts = {os.stat(f"/run/netns/{lab.ns(h).netns}").st_ino: h for h in lab.hosts}
-    found = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            if any(a.endswith("torchrun") for a in argv[:2]) and program in argv:
-                host = hosts.get(os.stat(proc / "ns" / "net").st_ino)
-                if host:
-                    found[host] = argv
-        except OSError:  # gone meanwhile
-            continue
-    return found
-
-
-def stages_of(plan: dict, job: str) -> list[dict]:
-    (entry,) = [j for j in plan["jobs"] if j["name"] == job]
-    return entry["stages"]
-
-
-def roles_for(placement: dict | None, job: str) -> list[dict]:
-    return [r for r in (placement or {}).get("roles", []) if r["job"] == job]
 
 
 # ------------------------------------------------------------------ 1. two stages, two namespaces

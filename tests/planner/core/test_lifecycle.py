@@ -42,10 +42,25 @@ def test_every_rank_exited_zero_is_success_even_before_running_was_seen():
 
 
 def test_any_rank_failed_or_nonzero_fails_the_job_with_its_detail():
-    state, detail = next_state(record(RUNNING), {"n1": rank("running"),
+    state, detail = next_state(record(RUNNING), {"n1": rank("exited", code=1),
                                                  "n2": rank("exited", code=3, detail="boom")})
-    assert (state, detail) == (FAILED, "n2: boom")
+    assert (state, detail) == (FAILED, "n1: exit code 1")
+    assert next_state(record(RUNNING), {"n1": rank("exited"), "n2": rank("exited", code=3,
+                                                                         detail="boom")}) == (FAILED, "n2: boom")
     assert next_state(record(), {"n1": rank("failed", detail="refused: x")})[0] == FAILED
+    assert next_state(record(RUNNING), {"n1": rank("running"),
+                                        "n2": rank("failed", detail="cannot start: x")})[0] == FAILED
+
+
+def test_a_nonzero_exit_waits_while_another_rank_is_still_reported_running():
+    # A node that died mid-run keeps its last report ("running"); its peers exit non-zero when
+    # their connections to it break. The job is left to recovery (re-planned after the node
+    # timeout) instead of failing at once (found in the lab: tests/lab/test_lab_jobs.py).
+    ranks = {"n1": rank("running"), "n2": rank("exited", code=1)}
+    assert next_state(record(RUNNING), ranks) == (RUNNING, "")
+    assert next_state(record(), {"n1": rank("starting"), "n2": rank("exited", code=1)})[0] == PLACED
+    ranks["n1"] = rank("exited", code=1)
+    assert next_state(record(RUNNING), ranks)[0] == FAILED
 
 
 def test_final_and_queued_jobs_never_move():
