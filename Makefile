@@ -34,7 +34,7 @@ test: install
 
 # The fast lane: pure and in-process tests, none that starts a process (marker `process`).
 test-fast: install
-	$(BIN)/pytest -q -m "not process"
+	$(BIN)/pytest -q -m "not process and not slow"
 
 demo: install
 	$(BIN)/hulk-planner plan examples/jobs.yaml --fleet examples/fleets/asia-24.json --out out/plan.json --plot out/plan.png

@@ -125,6 +125,7 @@ class TcpOnlyPlanner(PlannerDouble):
         return await super().Heartbeat(request, context)
 
 
+@pytest.mark.slow
 async def test_a_bad_peer_costs_one_warning_and_no_traceback(tmp_path: Path, caplog):
     """TCP-only probing (no ICMP socket): a peer with port 70000 made every round of every
     agent log a traceback."""

@@ -7,6 +7,8 @@ import asyncio
 import logging
 import math
 import random
+
+import pytest
 from pathlib import Path
 
 from agent.config import PROBE_DEFAULTS, load_config
@@ -31,6 +33,7 @@ class ReregisteringPlanner(PlannerDouble):
         return await super().Heartbeat(request, context)
 
 
+@pytest.mark.slow
 async def test_absurd_planner_settings_are_ignored_with_one_warning(tmp_path: Path, caplog):
     planner = ReregisteringPlanner(
         peers=[("p1", "127.0.0.2", 0)],

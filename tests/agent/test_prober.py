@@ -113,6 +113,7 @@ async def test_icmp_blocked_peer_falls_back_to_tcp(icmp_blocked_host):
     assert ProbeKind.ICMP in {s.kind for s in await prober.probe_round(peer)}
 
 
+@pytest.mark.slow
 async def test_running_prober_spreads_rounds_and_feeds_the_sink():
     received = []
     settings = ProbeSettings(interval_s=1.0, packets_per_round=2, timeout_s=0.5,

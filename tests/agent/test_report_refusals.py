@@ -93,6 +93,7 @@ async def test_a_batch_the_planner_refuses_as_invalid_is_dropped_at_once(tmp_pat
         spool.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status", [grpc.StatusCode.UNAVAILABLE,
                                     grpc.StatusCode.UNAUTHENTICATED])
 async def test_a_planner_that_is_down_or_refuses_the_token_costs_no_samples(tmp_path, status):

@@ -60,6 +60,7 @@ async def test_acknowledged_batches_leave_the_spool(tmp_path: Path):
         spool.close()
 
 
+@pytest.mark.slow
 async def test_planner_down_then_back_gets_every_sample_exactly_once(tmp_path: Path):
     port = free_port()
     client = GrpcPlannerClient.connect(f"127.0.0.1:{port}", insecure=True, call_timeout_s=2.0)
@@ -136,6 +137,7 @@ class RecordingComponent:
         await asyncio.Event().wait()                  # runs until the runtime stops
 
 
+@pytest.mark.slow
 async def test_runtime_registers_probes_reports_heartbeats_and_stops(tmp_path: Path):
     mode = detect_icmp_mode()
     if mode is None:
@@ -206,6 +208,7 @@ class FlakyComponent:
         await asyncio.Event().wait()
 
 
+@pytest.mark.slow
 async def test_runtime_waits_for_a_late_planner_and_restarts_a_failed_component(tmp_path: Path):
     port = free_port()
     config = load_config({"planner": f"127.0.0.1:{port}", "node_id": "late",

@@ -11,6 +11,8 @@ from planner.core.fleet import complete
 from planner.files.jobs import load_jobs
 from planner.files.plan import evaluate, parse_plan, plan_to_json
 
+pytestmark = pytest.mark.slow   # plans the paper's fleet with every method
+
 
 @pytest.fixture(scope="module")
 def paper(paper_fleet_dir, shared_dir):

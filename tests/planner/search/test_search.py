@@ -85,6 +85,7 @@ def test_best_placement_raises_when_the_group_is_too_small():
         best_placement(catalog_job("bloom-176b"), [0], net)
 
 
+@pytest.mark.slow
 def test_same_seed_same_plan():
     net = generate_network(80, seed=7)
     jobs = generate_jobs(5, seed=7)
@@ -126,6 +127,7 @@ def test_a_job_larger_than_any_component_is_a_planning_error():
         plan_search([job], net)
 
 
+@pytest.mark.slow
 def test_initial_grouping_is_refined_not_ignored():
     net = generate_network(50, seed=11)
     jobs = generate_jobs(3, seed=11)

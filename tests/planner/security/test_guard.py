@@ -118,6 +118,7 @@ def test_health_check_is_open_but_plaintext_is_refused(planner, pki):
             grpc.StatusCode.UNAVAILABLE
 
 
+@pytest.mark.slow
 def test_flooding_node_is_limited_while_another_is_served(tmp_path, pki):
     planner = ThreadedPlanner(tmp_path / "p.sqlite", pki,
                               rate_limit=RateLimit(per_second=5.0, burst=5.0))

@@ -61,6 +61,7 @@ def test_garbage_and_oversized_messages_are_invalid_argument(planner, pki, enrol
     assert planner.node_ids() == {"n1"}
 
 
+@pytest.mark.slow
 def test_failed_logins_from_one_address_do_not_lock_out_an_agent_behind_the_same_nat(planner, pki):
     token = planner.credentials.issue("n2").token        # valid, never verified yet (not cached)
     with channel(planner.target, pki) as ch:

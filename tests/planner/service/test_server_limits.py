@@ -8,11 +8,14 @@ import threading
 
 import grpc
 
+import pytest
+
 from hulk.v1 import hulk_pb2, hulk_pb2_grpc
 from planner.service.ingest import ServerLimits
 from planner.service.runtime import PlannerRuntime
 
 
+@pytest.mark.slow
 async def test_calls_past_max_concurrent_rpcs_are_refused_at_once(tmp_path):
     runtime = PlannerRuntime(str(tmp_path / "planner.sqlite"), "127.0.0.1:0",
                              limits=ServerLimits(max_concurrent_rpcs=2))
