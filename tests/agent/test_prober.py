@@ -203,7 +203,9 @@ async def test_many_concurrent_rounds_share_one_socket():
     assert len(rounds) == 60
     for results in rounds:
         assert [r.rtt_ms is not None for r in results] == [True] * 3
-        assert all(0 <= r.rtt_ms < 5.0 for r in results)
+        # Loopback answers in microseconds; the bound leaves room for a busy 2-core machine
+        # (60 rounds at once), while a reply matched to the wrong probe would be far off.
+        assert all(0 <= r.rtt_ms < 50.0 for r in results)
 
 
 def test_unprivileged_icmp_datagram_sockets_in_a_namespace(lab_host, repo_dir):
