@@ -33,15 +33,9 @@ def grow_bottleneck(run: SearchRun, states: dict[str, JobState]) -> bool:
     for _ in range(GROW_ROUNDS):
         if run.out_of_time() or not states:
             break
-        used = np.zeros(net.n, dtype=bool)
-        for s in states.values():
-            used[s.group] = True
-        times = {name: s.est.job_s for name, s in states.items()}
-        crit = max(times, key=lambda k: (times[k], k))
+        crit, times, free = run.critical(states)
         cs = states[crit]
         makespan, total = times[crit], sum(times.values())
-        comp = run.components[cs.group[0]]
-        free = np.flatnonzero(~used & (run.components == comp))
         best = None
         for pool in _grow_pools(run, cs.group, free):
             p, e = deep_solve(cs.job, net, pool, run.labels[pool], cs.hint)

@@ -36,14 +36,8 @@ def _refine_phase(run: SearchRun, states: dict[str, JobState], rounds: int,
     while used_rounds < rounds and states and not run.out_of_time():
         tick()
         used_rounds += 1
-        used = np.zeros(net.n, dtype=bool)
-        for s in states.values():
-            used[s.group] = True
-        times = {name: s.est.job_s for name, s in states.items()}
-        crit = max(times, key=lambda k: (times[k], k))
+        crit, times, free = run.critical(states)
         cs = states[crit]
-        comp = run.components[cs.group[0]]
-        free = np.flatnonzero(~used & (run.components == comp))
         best = _best_move(run, cs, free, states, times, donors=False)
         if best is None:
             best = _best_move(run, cs, free, states, times, donors=True)

@@ -49,6 +49,17 @@ class SearchRun:
         self.labels = network_clusters(net)
         self.cut_short = False
 
+    def critical(self, states: dict[str, JobState]) -> tuple[str, dict[str, float], np.ndarray]:
+        """The job that sets the makespan, every job's time, and the nodes no job uses in the
+        critical job's connected component (where it may grow or move)."""
+        used = np.zeros(self.net.n, dtype=bool)
+        for s in states.values():
+            used[s.group] = True
+        times = {name: s.est.job_s for name, s in states.items()}
+        crit = max(times, key=lambda k: (times[k], k))
+        comp = self.components[states[crit].group[0]]
+        return crit, times, np.flatnonzero(~used & (self.components == comp))
+
     def out_of_time(self) -> bool:
         """True once the safety cap has passed (and then remembers that the plan was cut short)."""
         if self.deadline is not None and time.monotonic() > self.deadline:
