@@ -1,12 +1,17 @@
-"""A small gazetteer of cities and the physics of distance.
+"""A small gazetteer of cities and cloud regions, and the physics of distance.
 
 Coordinates are public facts (city centres, rounded to 0.01 degree). Names match case-insensitively
 after trimming spaces, so the paper's "Neimeng " (trailing space) is Inner Mongolia (Hohhot).
+Cloud regions (``aws:us-east-1``, ``gcp:europe-west4``, ``azure:westeurope``, or a bare code that
+only one provider uses) are places too: their table and naming rules are in ``hulk.cloud_regions``.
+A name is first looked up as a city, then as a region.
 """
 
 from __future__ import annotations
 
 import math
+
+from hulk.cloud_regions import REGIONS, canonical_region
 
 # name: (latitude, longitude, country code)
 CITIES: dict[str, tuple[float, float, str]] = {
@@ -72,21 +77,40 @@ KM_PER_MS_RTT = 100.0
 
 
 def canonical_city(name: str | None) -> str | None:
-    """The gazetteer's name for ``name`` (trimmed, case-insensitive, aliases), or None if unknown."""
+    """The gazetteer's name for ``name`` (trimmed, case-insensitive, aliases; a cloud region's
+    canonical ``provider:code``), or None if unknown."""
     if not name:
         return None
     key = name.strip().casefold()
     if key in ALIASES:
         return ALIASES[key]
-    return _BY_KEY.get(key)
+    return _BY_KEY.get(key) or canonical_region(key)
+
+
+def place(name: str | None) -> tuple[float, float, str] | None:
+    """(latitude, longitude, country code) of a city or cloud region, or None if unknown."""
+    known = canonical_city(name)
+    if known is None:
+        return None
+    if known in CITIES:
+        return CITIES[known]
+    lat, lon, country, _ = REGIONS[known]
+    return lat, lon, country
 
 
 def coordinates(name: str | None) -> tuple[float, float] | None:
-    city = canonical_city(name)
-    if city is None:
-        return None
-    lat, lon, _ = CITIES[city]
-    return lat, lon
+    """(latitude, longitude) of a city or cloud region, or None if unknown."""
+    where = place(name)
+    return None if where is None else where[:2]
+
+
+def describe(name: str | None) -> str | None:
+    """How to show a place to a person: a city's name, or a region's code with the metro its
+    provider names (``aws:us-east-1 (N. Virginia, Ashburn)``); None if unknown."""
+    known = canonical_city(name)
+    if known is None or known in CITIES:
+        return known
+    return f"{known} ({REGIONS[known][3]})"
 
 
 def great_circle_km(a: tuple[float, float], b: tuple[float, float]) -> float:

@@ -119,13 +119,13 @@ def _generate(n_nodes: int, seed: int, cities: list[str] | None, n_cities: int |
         cc, mem_per_gpu = _memory_per_gpu(gpu_name)
         g = int(rng.choice(counts, p=count_p))
         serial[ci] += 1
-        lat, lon, _ = geo.CITIES[city]
+        lat, lon, _ = geo.place(city)  # type: ignore[misc]  # cities were checked above
         nodes.append(Node(id=f"{_slug(city)}-{serial[ci]}", city=city, gpus=g, gpu_name=gpu_name,
                           compute_capability=cc, memory_gb=g * mem_per_gpu,
                           latitude=lat, longitude=lon))
 
     # City-pair base RTT: great circle / 100 km per ms * inflation; same city 0.2-2 ms.
-    coords = np.radians(np.array([geo.CITIES[name][:2] for name in cities]))
+    coords = np.radians(np.array([geo.coordinates(name) for name in cities]))
     lat, lon = coords[:, 0], coords[:, 1]
     dlat = lat[:, None] - lat[None, :]
     dlon = lon[:, None] - lon[None, :]
