@@ -11,7 +11,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.collections import LineCollection  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.text import Annotation  # noqa: E402
 
 from hulk.errors import InputError  # noqa: E402
 from planner.core.fleet import Fleet  # noqa: E402
@@ -60,13 +63,74 @@ def throughput_limits(tflops: list[float]) -> tuple[float, float]:
     return 0.0, max(max(tflops, default=0.0), 1.0)
 
 
-def plot_fleet(fleet: Fleet, out: str | Path, *, title: str | None = None,
-               show_imputed: bool = False, dpi: int = 150) -> Path:
-    """Write a PNG of the fleet: measured links coloured by RTT (log scale), nodes sized by GPU
-    count and coloured by throughput; returns the path written."""
-    out = Path(out)
+CITY_LABEL_GID = "city-label"   # the city labels' artist id, for tests and later styling
+MAX_NAMES_PER_LABEL = 12          # past this a merged label names the biggest and counts the rest
+
+
+def label_text(members: list[tuple[str, float, float, int]]) -> str:
+    """One label for one or more cities: "A (3), B (1)", two cities a line, west to east; a
+    label for very many names the cities with the most nodes and counts the others."""
+    shown = members
+    if len(members) > MAX_NAMES_PER_LABEL:
+        shown = sorted(members, key=lambda m: -m[3])[:MAX_NAMES_PER_LABEL - 1]
+    names = [m[0] for m in sorted(shown, key=lambda m: m[1])]
+    lines = [", ".join(names[k:k + 2]) for k in range(0, len(names), 2)]
+    if len(shown) < len(members):
+        lines.append(f"and {len(members) - len(shown)} more cities")
+    return "\n".join(lines)
+
+
+def place_city_labels(ax: Axes, anchors: list[tuple[str, float, float, int]],
+                      fontsize: float = 7) -> list[Annotation]:
+    """Label each (text, x, y, node count) anchor above its point; labels whose boxes would
+    overlap on the figure merge into one label ("Frankfurt (2), Mainz (1)") over their points,
+    until no two labels overlap. Call once the figure's layout is final (after tight_layout)."""
+    fig = ax.figure
+    ax.apply_aspect()                                   # the limits the equal aspect will draw
+    renderer = fig.canvas.get_renderer()                # type: ignore[attr-defined]
+    pad = fontsize * 0.3 * fig.dpi / 72                 # the white box around the text, in pixels
+    groups = [[a] for a in anchors]
+    while True:
+        labels = []
+        for members in groups:
+            x = sum(m[1] for m in members) / len(members)
+            y = max(m[2] for m in members)
+            labels.append(ax.annotate(
+                label_text(members), (x, y), textcoords="offset points", xytext=(0, 9),
+                ha="center", va="bottom", fontsize=fontsize, fontweight="bold", zorder=4,
+                gid=CITY_LABEL_GID, annotation_clip=False,
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7}))
+        boxes = [label.get_window_extent(renderer).padded(pad) for label in labels]
+        parent = list(range(len(groups)))
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        merged = False
+        for i in range(len(boxes)):
+            for j in range(i + 1, len(boxes)):
+                if boxes[i].overlaps(boxes[j]) and root(i) != root(j):
+                    parent[root(j)] = root(i)
+                    merged = True
+        if not merged:
+            return labels
+        for label in labels:
+            label.remove()
+        joined: dict[int, list[tuple[str, float, float, int]]] = defaultdict(list)
+        for i, members in enumerate(groups):
+            joined[root(i)].extend(members)
+        groups = list(joined.values())
+
+
+def draw_fleet(fleet: Fleet, *, title: str | None = None, show_imputed: bool = False,
+               dpi: int = 150) -> Figure:
+    """The fleet's figure: measured links coloured by RTT (log scale), nodes sized by GPU count
+    and coloured by throughput, one label per city (close cities share one)."""
     if not fleet.nodes:
-        raise InputError("the fleet has no nodes to draw", path=str(out))
+        raise InputError("the fleet has no nodes to draw")
     g = fleet_graph(fleet)
     pos = layout(fleet)
     fig, ax = plt.subplots(figsize=(12, 8), dpi=dpi)
@@ -93,16 +157,6 @@ def plot_fleet(fleet: Fleet, out: str | Path, *, title: str | None = None,
     low, high = throughput_limits(thr)
     points = ax.scatter(xs, ys, s=sizes, c=thr, cmap="Greens", edgecolors="black",
                         linewidths=0.6, zorder=3, vmin=low, vmax=high)
-    cities: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for n in fleet.nodes:
-        cities[n.city_key or "?"].append(pos[n.id])
-    for city, pts in cities.items():
-        cx = sum(p[0] for p in pts) / len(pts)
-        cy = max(p[1] for p in pts)
-        ax.annotate(f"{city} ({len(pts)})", (cx, cy), textcoords="offset points", xytext=(0, 9),
-                    ha="center", fontsize=7, fontweight="bold", zorder=4,
-                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
-                          "alpha": 0.7})
     if len(fleet.nodes) <= 60:
         for n in fleet.nodes:
             ax.annotate(n.id, pos[n.id], fontsize=5, ha="center", va="center", zorder=5)
@@ -118,6 +172,21 @@ def plot_fleet(fleet: Fleet, out: str | Path, *, title: str | None = None,
     ax.set_aspect("equal", adjustable="datalim")
     ax.margins(0.08)
     fig.tight_layout()
+    cities: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for n in fleet.nodes:
+        cities[n.city_key or "?"].append(pos[n.id])
+    place_city_labels(ax, [(f"{city} ({len(pts)})", sum(p[0] for p in pts) / len(pts),
+                            max(p[1] for p in pts), len(pts)) for city, pts in cities.items()])
+    return fig
+
+
+def plot_fleet(fleet: Fleet, out: str | Path, *, title: str | None = None,
+               show_imputed: bool = False, dpi: int = 150) -> Path:
+    """Write a PNG of the fleet (``draw_fleet``); returns the path written."""
+    out = Path(out)
+    if not fleet.nodes:
+        raise InputError("the fleet has no nodes to draw", path=str(out))
+    fig = draw_fleet(fleet, title=title, show_imputed=show_imputed, dpi=dpi)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     plt.close(fig)
