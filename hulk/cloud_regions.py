@@ -1,4 +1,4 @@
-"""Cloud regions of AWS, Google Cloud and Azure as places: code -> coordinates of the region's metro.
+"""Cloud regions of AWS, Google Cloud and Azure as places: code -> coordinates of its metro.
 
 Source: each provider's public list of regions (AWS "Regions and Availability Zones", Google
 Cloud "Regions and zones", Azure "Azure geographies" / the locations its CLI lists), which name

@@ -328,6 +328,11 @@ def _listing(values: list[str]) -> str:
     return ", ".join(values[:MAX_LISTED_NODES - 2]) + f", ... ({len(values)} nodes)"
 
 
+def _count(n: int, one: str, many: str | None = None) -> str:
+    """"1 stage", "2 stages"."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
 def print_plan(console, result: MethodResult, net) -> None:
     from rich.table import Table
 
@@ -345,9 +350,17 @@ def print_plan(console, result: MethodResult, net) -> None:
             continue
         ids = net.ids
         cities = sorted({net.nodes[i].city_key or "?" for i in p.nodes})
-        head += (f"\n  {p.num_stages} stage(s) x {p.replicas} replica(s), micro-batch "
-                 f"{p.micro_batch} ({e.micro_batches} per replica), {len(p.nodes)} nodes in "
-                 f"{len(cities)} cities: {_listing(cities)}")
+        # b (sequences per micro-batch) and M (micro-batches per replica per step): what the
+        # placement hands the program as HULK_MICRO_BATCH and HULK_MICRO_BATCHES.
+        chosen = ("" if p.micro_batch == p.job.micro_batch else
+                  f" (the job's micro_batch is {p.job.micro_batch}; this plan uses "
+                  f"{p.micro_batch})")
+        head += (f"\n  {_count(p.num_stages, 'stage')} x {_count(p.replicas, 'replica')}, "
+                 f"{_count(len(p.nodes), 'node')} in {_count(len(cities), 'city', 'cities')}: "
+                 f"{_listing(cities)}"
+                 f"\n  each replica, each step: "
+                 f"{_count(e.micro_batches, 'micro-batch', 'micro-batches')} of "
+                 f"{_count(p.micro_batch, 'sequence')}{chosen}")
         table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
         table.add_column("stage", justify="right")
         table.add_column("layers")

@@ -84,7 +84,8 @@ def test_the_table_is_well_formed():
 
 def test_no_duplicate_keys_in_the_source():
     """A dict literal silently keeps the last of two equal keys: read the source to catch it."""
-    for path, table in [(ROOT / "hulk/cloud_regions.py", "REGIONS"), (ROOT / "hulk/geo.py", "CITIES")]:
+    for path, table in [(ROOT / "hulk/cloud_regions.py", "REGIONS"),
+                        (ROOT / "hulk/geo.py", "CITIES")]:
         tree = ast.parse(path.read_text())
         literal = next(node.value for node in ast.walk(tree) if isinstance(node, ast.AnnAssign)
                        and getattr(node.target, "id", None) == table)
