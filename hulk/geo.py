@@ -104,12 +104,12 @@ def coordinates(name: str | None) -> tuple[float, float] | None:
     return None if where is None else where[:2]
 
 
-def describe(name: str | None) -> str | None:
-    """How to show a place to a person: a city's name, or a region's code with the metro its
-    provider names (``aws:us-east-1 (N. Virginia, Ashburn)``); None if unknown."""
+def region_label(name: str | None) -> str | None:
+    """A cloud region as a person reads it, its canonical code and the place its provider names
+    (``aws:us-east-1 (N. Virginia, Ashburn)``); None for a city or an unknown name."""
     known = canonical_city(name)
     if known is None or known in CITIES:
-        return known
+        return None
     return f"{known} ({REGIONS[known][3]})"
 
 

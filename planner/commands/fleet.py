@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from hulk import geo
 from hulk.errors import InputError
 from planner.core.fleet import Fleet, complete
 from planner.settings import PlannerSettings
@@ -141,7 +142,8 @@ def cmd_show(args: argparse.Namespace) -> int:
                 gpus += f" ({reason})"
         finite = [network.rtt_ms[i, j] for j in range(n) if j != i
                   and not network.imputed[i, j] and network.rtt_ms[i, j] < float("inf")]
-        cells = [node.id, node.city or "-", gpus, f"{round(node.memory_gb, 1):g}",
+        # A cloud region's code alone does not say where it is: show its place too.
+        cells = [node.id, geo.region_label(node.city) or node.city or "-", gpus, f"{round(node.memory_gb, 1):g}",
                  f"{network.thr[i] / 1e12:,.0f}", f"{measured_peers[node.id]}/{n - 1}",
                  f"{sum(finite) / len(finite):.1f}" if finite else "-"]
         if rows is not None:

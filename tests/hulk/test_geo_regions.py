@@ -35,6 +35,12 @@ def test_known_regions_sit_at_their_metro(name, near, km):
     assert geo.great_circle_km(geo.coordinates(name), geo.coordinates(near)) < km
 
 
+def test_a_region_label_names_the_code_and_the_place_a_city_has_none():
+    assert geo.region_label(" US-East-1") == "aws:us-east-1 (N. Virginia, Ashburn)"
+    assert geo.region_label("azure:westeurope") == "azure:westeurope (Netherlands, Amsterdam)"
+    assert geo.region_label("Frankfurt") is None and geo.region_label("Neimeng") is None
+
+
 def test_eemshaven_is_in_the_north_of_the_netherlands():
     lat, lon = geo.coordinates("gcp:europe-west4")
     assert 53.0 < lat < 53.7 and 6.5 < lon < 7.2
@@ -63,7 +69,7 @@ def test_the_forms_a_user_writes(written, canonical):
 def test_unknown_names_are_none(unknown):
     assert geo.canonical_city(unknown) is None
     assert geo.coordinates(unknown) is None
-    assert geo.place(unknown) is None and geo.describe(unknown) is None
+    assert geo.place(unknown) is None and geo.region_label(unknown) is None
 
 
 def test_the_table_is_well_formed():
