@@ -95,7 +95,7 @@ function drawMap(fleet) {
   for (const l of [...fleet.links].reverse()) {
     const [x1, y1] = at[l.a], [x2, y2] = at[l.b];
     const line = el("svg:line", { x1, y1, x2, y2, stroke: l.colour, "stroke-width": 3,
-                                  "stroke-opacity": 0.85, "data-rtt": l.rtt_ms });
+                                  "data-rtt": l.rtt_ms });
     links.appendChild(svgTitle(line, `${l.a} – ${l.b}: ${l.rtt_ms} ms RTT (median of ` +
                                      `${l.pairs} pair(s), ${l.min_ms}–${l.max_ms} ms)`));
   }
