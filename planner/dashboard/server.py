@@ -98,15 +98,16 @@ class TokenCheck:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, flag: str = "--dashboard-token") -> TokenCheck:
-        """The first line of ``path``; a file others may read is refused (chmod 600)."""
+        """The first line of ``path``; a file every user may read is refused (chmod 600, or 640
+        with the planner's group)."""
         try:
             info = os.stat(path)
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read the token: {getattr(exc, 'strerror', None) or exc}",
                               path=str(path), field=flag) from exc
-        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(f"group or others may read it (mode {stat.S_IMODE(info.st_mode):o}): "
+        if info.st_mode & stat.S_IRWXO:
+            raise ConfigError(f"every user may read it (mode {stat.S_IMODE(info.st_mode):o}): "
                               "chmod 600 it", path=str(path), field=flag)
         token = (text.splitlines() or [""])[0].strip()
         try:

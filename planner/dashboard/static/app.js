@@ -6,7 +6,7 @@
 const REFRESH_MS = 5000;
 const SVG = "http://www.w3.org/2000/svg";
 const STATE_COLOURS = { alive: "#2563eb", silent: "#9ca3af", imported: "#a78bfa" };
-const MAP_W = 1000, MAP_H = 520;
+const MAP_W = 1000, MAP_H_MIN = 300, MAP_H_MAX = 620;
 
 function el(tag, attrs, text) {
   const node = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4))
@@ -47,22 +47,42 @@ function row(cells) {
 // ----------------------------------------------------------------------------------- the map
 
 function projection(sites) {
-  // The sites' bounding box with a margin, at least 60 x 30 degrees, fitted into the SVG with
-  // one scale for both axes (equirectangular: x from longitude, y from latitude).
+  // The sites' bounding box with a margin, at least 60 x 30 degrees, at one scale for both axes
+  // (equirectangular: x from longitude, y from latitude); the map is as tall as the box needs.
   let lons = sites.map(s => s.lon), lats = sites.map(s => s.lat);
   if (!lons.length) { lons = [-180, 180]; lats = [-60, 75]; }
-  let lo = Math.min(...lons) - 10, hi = Math.max(...lons) + 10;
+  let lo = Math.min(...lons) - 12, hi = Math.max(...lons) + 12;
   let la = Math.min(...lats) - 8, ha = Math.max(...lats) + 8;
   if (hi - lo < 60) { const c = (hi + lo) / 2; lo = c - 30; hi = c + 30; }
   if (ha - la < 30) { const c = (ha + la) / 2; la = c - 15; ha = c + 15; }
-  const scale = Math.min(MAP_W / (hi - lo), MAP_H / (ha - la));
+  let scale = MAP_W / (hi - lo);
+  const height = Math.min(MAP_H_MAX, Math.max(MAP_H_MIN, (ha - la) * scale));
+  scale = Math.min(scale, height / (ha - la));
   const cx = (hi + lo) / 2, cy = (ha + la) / 2;
   return {
+    height,
     x: lon => MAP_W / 2 + (lon - cx) * scale,
-    y: lat => MAP_H / 2 - (lat - cy) * scale,
+    y: lat => height / 2 - (lat - cy) * scale,
     lonRange: [cx - MAP_W / 2 / scale, cx + MAP_W / 2 / scale],
-    latRange: [cy - MAP_H / 2 / scale, cy + MAP_H / 2 / scale],
+    latRange: [cy - height / 2 / scale, cy + height / 2 / scale],
   };
+}
+
+function placeLabel(placed, x, y, r, width) {
+  // The first of right, left, above, below of the site whose box misses every label placed so
+  // far and stays inside the map (close cities' labels must not print over each other).
+  const h = 14;
+  const options = [[x + r + 4, y + 4, "start"], [x - r - 4, y + 4, "end"],
+                   [x + r + 2, y - r - 4, "start"], [x + r + 2, y + r + 13, "start"],
+                   [x - r - 2, y - r - 4, "end"], [x - r - 2, y + r + 13, "end"]];
+  const box = ([lx, ly, anchor]) => anchor === "start" ? [lx, ly - h + 3, lx + width, ly + 3]
+                                                       : [lx - width, ly - h + 3, lx, ly + 3];
+  const free = b => b[0] >= 0 && b[2] <= MAP_W &&
+    placed.every(o => b[2] < o[0] || b[0] > o[2] || b[3] < o[1] || b[1] > o[3]);
+  const choice = options.find(o => free(box(o))) ||
+                 options.find(o => { const b = box(o); return b[0] >= 0 && b[2] <= MAP_W; }) || options[0];
+  placed.push(box(choice));
+  return choice;
 }
 
 function drawGraticule(svg, p) {
@@ -70,8 +90,8 @@ function drawGraticule(svg, p) {
   const [l0, l1] = p.lonRange, [a0, a1] = p.latRange;
   const step = l1 - l0 > 120 ? 30 : 10;
   for (let lon = Math.ceil(l0 / step) * step; lon <= l1; lon += step) {
-    g.appendChild(el("svg:line", { x1: p.x(lon), x2: p.x(lon), y1: 0, y2: MAP_H }));
-    svg.appendChild(el("svg:text", { x: p.x(lon) + 2, y: MAP_H - 4, class: "grid-label" },
+    g.appendChild(el("svg:line", { x1: p.x(lon), x2: p.x(lon), y1: 0, y2: p.height }));
+    svg.appendChild(el("svg:text", { x: p.x(lon) + 2, y: p.height - 4, class: "grid-label" },
                        `${Math.abs(lon)}°${lon < 0 ? "W" : "E"}`));
   }
   for (let lat = Math.ceil(a0 / step) * step; lat <= a1; lat += step) {
@@ -87,6 +107,7 @@ function drawMap(fleet) {
   clear(svg);
   const sites = fleet.sites;
   const p = projection(sites);
+  svg.setAttribute("viewBox", `0 0 ${MAP_W} ${Math.round(p.height)}`);
   drawGraticule(svg, p);
   const at = {};
   for (const s of sites) at[s.key] = [p.x(s.lon), p.y(s.lat)];
@@ -103,6 +124,8 @@ function drawMap(fleet) {
   const byId = {};
   for (const n of fleet.nodes) byId[n.id] = n;
   const nodes = el("svg:g", { id: "map-sites" });
+  const labels = el("svg:g", { id: "map-labels" });
+  const placed = [];
   for (const s of sites) {
     const [x, y] = at[s.key];
     const r = 5 + 2.5 * Math.sqrt(s.gpus);
@@ -122,11 +145,13 @@ function drawMap(fleet) {
                                      fill: STATE_COLOURS[n.state] || "#999", "data-node": id });
       g.appendChild(svgTitle(dot, `${id}: ${n.state}, ${n.gpus} GPU(s) ${n.gpu_name}`));
     });
-    g.appendChild(el("svg:text", { x: x + r + 4, y: y + 4, class: "map-label" },
-                     `${s.key} (${s.nodes.length})`));
     nodes.appendChild(g);
+    const text = `${s.key} (${s.nodes.length})`;
+    const [lx, ly, anchor] = placeLabel(placed, x, y, r, 7 * text.length);
+    labels.appendChild(el("svg:text", { x: lx, y: ly, "text-anchor": anchor, class: "map-label" }, text));
   }
   svg.appendChild(nodes);
+  svg.appendChild(labels);
 
   const legend = document.getElementById("legend");
   clear(legend);
