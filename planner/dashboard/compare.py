@@ -2,19 +2,21 @@
 
 ``compare_methods`` plans the jobs with Hulk's search, Systems A/B/C and the DT-FM-style peer and
 judges every plan by the reference cost model (docs/COSTMODEL.md), as `hulk-planner plan` does.
-``ComparisonWorker`` runs it on a thread of its own (planning takes seconds on a large fleet and
-must not hold the store's thread), again only when the jobs or the fleet's nodes change, or when
-the last result is older than ``max_age_s`` (RTTs drift).
+``ComparisonWorker`` runs it again only when the jobs or the fleet's nodes change, or when the last
+result is older than ``max_age_s`` (RTTs drift), waiting on a thread of its own for a child
+process (``ChildComparer``) that does the planning: it takes seconds on a large fleet and must hold
+neither the store's thread nor serve's interpreter.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import math
+import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,20 +114,81 @@ def comparison_json(comparison: Comparison | None, *, computing: bool,
     return out
 
 
-class ComparisonWorker:
-    """Runs ``compare`` on its own thread when offered inputs whose key differs from the last
-    computed one (or when that result is older than ``max_age_s``). One run at a time; an offer
-    made during a run is kept and run next, earlier waiting offers are dropped."""
+def _compare_and_send(jobs: list[Job], fleet: Fleet, conn) -> None:
+    """The child process's work: the comparison, or the error's text, back through ``conn``."""
+    try:
+        conn.send(compare_methods(jobs, fleet))
+    except BaseException as exc:   # the parent logs it; a child's traceback helps nobody
+        conn.send(f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
 
-    def __init__(self, compare: Callable[[list[Job], Fleet], Comparison] = compare_methods, *,
-                 max_age_s: float = 600.0, clock: Callable[[], float] = time.monotonic):
-        self._compare, self.max_age_s, self._clock = compare, max_age_s, clock
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dashboard-compare")
+
+class ChildComparer:
+    """``compare_methods`` in a child process, spawned (a fresh interpreter that inherits none of
+    serve's threads), so planning never competes with serve's event loop for the interpreter;
+    ``close`` kills a run in progress, so stopping serve never waits for a plan."""
+
+    def __init__(self, timeout_s: float = 900.0):
+        self.timeout_s = timeout_s
+        self._context = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()
+        self._process = None
+        self._closed = False
+
+    def __call__(self, jobs: list[Job], fleet: Fleet) -> Comparison:
+        receiver, sender = self._context.Pipe(duplex=False)
+        process = self._context.Process(target=_compare_and_send, args=(jobs, fleet, sender),
+                                        name="hulk-dashboard-compare", daemon=True)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("closed")
+            process.start()
+            self._process = process
+        sender.close()
+        try:
+            if not receiver.poll(self.timeout_s):
+                raise TimeoutError(f"no comparison after {self.timeout_s:.0f} s")
+            result = receiver.recv()
+        except EOFError:
+            raise RuntimeError(f"the comparison process ended with {process.exitcode}") from None
+        finally:
+            receiver.close()
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+                process.join()
+            with self._lock:
+                self._process = None
+        if isinstance(result, str):
+            raise RuntimeError(result)
+        return result
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            process = self._process
+        if process is not None and process.is_alive():
+            process.kill()
+
+
+class ComparisonWorker:
+    """Runs ``compare`` on a thread of its own when offered inputs whose key differs from the last
+    computed one, or when that result is older than ``max_age_s`` (a failed run is tried again
+    after ``retry_s``). One run at a time; an offer made during a run is kept and run next, earlier
+    waiting offers are dropped. The default ``compare`` plans in a child process (ChildComparer)."""
+
+    def __init__(self, compare: Callable[[list[Job], Fleet], Comparison] | None = None, *,
+                 max_age_s: float = 600.0, retry_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self._compare = compare or ChildComparer()
+        self.max_age_s, self.retry_s, self._clock = max_age_s, retry_s, clock
         self._lock = threading.Lock()
         self._running: Any = None          # the key being computed, None when idle
         self._waiting: tuple[Any, list[Job], Fleet] | None = None
+        self._drop_running = False         # the jobs went away during the run: drop its result
         self._key: Any = None
-        self._done_at = 0.0
+        self._done_at = -math.inf
         self.result: Comparison | None = None
 
     @property
@@ -137,26 +200,31 @@ class ComparisonWorker:
         with self._lock:
             if not jobs:
                 self._key, self.result, self._waiting = key, None, None
+                self._drop_running = self._running is not None
                 return
-            fresh = self._clock() - self._done_at < self.max_age_s
-            if key == self._key and fresh and self.result is not None:
+            age = self._clock() - self._done_at
+            if key == self._key and age < (self.max_age_s if self.result else self.retry_s):
                 return
             if self._running is not None:
                 if key != self._running:
                     self._waiting = (key, list(jobs), fleet)
+                self._drop_running = False
                 return
             self._running = key
-            self._executor.submit(self._run, key, list(jobs), fleet)
+            threading.Thread(target=self._run, args=(key, list(jobs), fleet),
+                             name="dashboard-compare", daemon=True).start()
 
     def _run(self, key: Any, jobs: list[Job], fleet: Fleet) -> None:
         while True:
             try:
                 result = self._compare(jobs, fleet)
-            except Exception:   # a background job logs and goes on
-                log.exception("dashboard: comparing the methods failed")
+            except Exception as exc:   # a background job logs and goes on
+                log.error("dashboard: comparing the methods failed: %s", exc)
                 result = None
             with self._lock:
-                self._key, self.result, self._done_at = key, result, self._clock()
+                if not self._drop_running:
+                    self._key, self.result, self._done_at = key, result, self._clock()
+                self._drop_running = False
                 if self._waiting is None:
                     self._running = None
                     return
@@ -164,4 +232,8 @@ class ComparisonWorker:
                 self._running, self._waiting = key, None
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._waiting = None
+        closer = getattr(self._compare, "close", None)
+        if closer is not None:
+            closer()

@@ -177,3 +177,33 @@ def test_worker_computes_again_only_for_new_inputs_and_keeps_the_latest_offer():
     finally:
         release.set()
         worker.close()
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_the_child_process_compares_as_in_process_and_close_ends_a_run(tmp_path):
+    from planner.dashboard.compare import ChildComparer
+    jobs = [catalog_job("gpt2-xl", "a"), catalog_job("bert-large", "b")]
+    comparer = ChildComparer()
+    here, there = compare_methods(jobs, small_fleet()), comparer(jobs, small_fleet())
+    assert [(m.method, m.makespan_s, m.unplaced, m.error) for m in there.methods] == \
+        [(m.method, m.makespan_s, m.unplaced, m.error) for m in here.methods]
+
+    outcome: list[BaseException] = []
+
+    def run():
+        try:
+            comparer([catalog_job("gpt2-xl", f"j{i}") for i in range(40)], small_fleet())
+        except BaseException as exc:   # noqa: BLE001 (what the run ended with is the point)
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.5)          # the child is spawned and importing or planning
+    started = time.monotonic()
+    comparer.close()
+    thread.join(10)
+    assert not thread.is_alive() and time.monotonic() - started < 5
+    assert outcome and "ended with" in str(outcome[0]), outcome      # killed, not failed
+    with pytest.raises(RuntimeError, match="closed"):
+        comparer(jobs, small_fleet())
