@@ -73,16 +73,11 @@ def is_loopback(host: str) -> bool:
         return False     # a name may resolve anywhere: treat it as public
 
 
-def check_exposure(host: str, *, token: bool, tls: bool, flag: str = "--dashboard") -> None:
-    """Refuse a public address without a token; warn when a token would travel in clear."""
-    if is_loopback(host):
-        return
-    if not token:
+def check_exposure(host: str, *, token: bool, flag: str = "--dashboard") -> None:
+    """Refuse a public address without a token."""
+    if not is_loopback(host) and not token:
         raise ConfigError(f"refusing to serve the dashboard on {host} without authentication: "
                           "give --dashboard-token FILE, or bind 127.0.0.1", field=flag)
-    if not tls:
-        log.warning("dashboard on %s over plain HTTP (serve --insecure): its token travels in "
-                    "clear; serve with --tls-cert/--tls-key", host)
 
 
 # ----------------------------------------------------------------------------- authentication
@@ -238,7 +233,7 @@ class DashboardServer:
     def __init__(self, listen: str, state, *, token: TokenCheck | None = None,
                  tls: ssl.SSLContext | None = None, flag: str = "--dashboard"):
         host, port = parse_listen(listen, flag)
-        check_exposure(host, token=token is not None, tls=tls is not None, flag=flag)
+        check_exposure(host, token=token is not None, flag=flag)
         self.state, self.token, self.tls = state, token, tls
         self.static = {name: (STATIC_DIR / name).read_bytes() for name in STATIC_FILES}
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -248,6 +243,9 @@ class DashboardServer:
             reason = getattr(exc, "strerror", None) or str(exc)
             raise ConfigError(f"cannot listen on {listen}: {reason}", field=flag) from exc
         self.httpd.dashboard = self
+        if tls is None and not is_loopback(host):
+            log.warning("dashboard on %s over plain HTTP (serve --insecure): its token travels in "
+                        "clear; serve with --tls-cert/--tls-key", host)
         self.host, self.port = host, self.httpd.server_address[1]
         self._thread: threading.Thread | None = None
 

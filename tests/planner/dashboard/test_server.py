@@ -141,12 +141,12 @@ def test_addresses_public_binds_and_token_files_are_checked(tmp_path):
     for bad in ("8080", "host:", ":80", "host:http", "host:70000", ""):
         with pytest.raises(ConfigError, match="--dashboard: expected HOST:PORT"):
             parse_listen(bad)
-    check_exposure("127.0.0.1", token=False, tls=False)
-    check_exposure("localhost", token=False, tls=False)
+    check_exposure("127.0.0.1", token=False)
+    check_exposure("localhost", token=False)
     for public in ("0.0.0.0", "192.0.2.7", "planner.example.org", "::"):
         with pytest.raises(ConfigError, match="without authentication"):
-            check_exposure(public, token=False, tls=True)
-        check_exposure(public, token=True, tls=True)
+            check_exposure(public, token=False)
+        check_exposure(public, token=True)
 
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
