@@ -234,10 +234,17 @@ def build_dashboard(args: argparse.Namespace):
 
 
 def add_dashboard(runtime: PlannerRuntime, dashboard) -> None:
-    """The dashboard's documents, rebuilt from the store every DASHBOARD_REFRESH_S on its thread."""
-    if dashboard is not None:
-        runtime.add_task(BackgroundTask("dashboard", lambda: dashboard.state.refresh(runtime.store),
-                                        DASHBOARD_REFRESH_S, run_at_start=True, retry_s=10.0))
+    """The dashboard's documents, rebuilt every DASHBOARD_REFRESH_S: read on the store's thread,
+    built on another (a large fleet's links take seconds to merge)."""
+    if dashboard is None:
+        return
+
+    async def refresh() -> str:
+        read = await runtime.in_store(dashboard.state.read, runtime.store)
+        return await asyncio.to_thread(dashboard.state.build, read)
+
+    runtime.add_task(BackgroundTask("dashboard", refresh, DASHBOARD_REFRESH_S,
+                                    in_store_thread=False, run_at_start=True, retry_s=10.0))
 
 
 # ----------------------------------------------------------------------------------- running

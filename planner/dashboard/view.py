@@ -14,7 +14,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hulk import geo
@@ -68,21 +68,23 @@ def rtt_colour(rtt_ms: float | None) -> str:
 
 def pair_links(links: Iterable[Link]) -> list[PairLink]:
     """A fleet's ordered links (``fleet_from_store``) merged per unordered pair; imputed links
-    and self-links are left out."""
-    merged: dict[tuple[str, str], list[tuple[float, float, int]]] = defaultdict(list)
+    and self-links are left out. One pass: a large fleet has hundreds of thousands."""
+    sums: dict[tuple[str, str], list[float]] = {}
     for link in links:
         if link.imputed or link.src == link.dst or not math.isfinite(link.rtt_ms):
             continue
         key = (link.src, link.dst) if link.src < link.dst else (link.dst, link.src)
-        merged[key].append((link.rtt_ms, link.loss, link.samples))
-    out = []
-    for (a, b), values in sorted(merged.items()):
-        weights = [max(s, 1) for _, _, s in values]
-        total = sum(weights)
-        out.append(PairLink(a, b, sum(r * w for (r, _, _), w in zip(values, weights)) / total,
-                            sum(l * w for (_, l, _), w in zip(values, weights)) / total,
-                            sum(s for _, _, s in values)))
-    return out
+        w = max(link.samples, 1)
+        acc = sums.get(key)
+        if acc is None:
+            sums[key] = [link.rtt_ms * w, link.loss * w, w, link.samples]
+        else:
+            acc[0] += link.rtt_ms * w
+            acc[1] += link.loss * w
+            acc[2] += w
+            acc[3] += link.samples
+    return [PairLink(a, b, rtt / w, loss / w, int(samples))
+            for (a, b), (rtt, loss, w, samples) in sums.items()]
 
 
 def node_location(row: Mapping[str, Any]) -> tuple[float, float] | None:
@@ -131,12 +133,63 @@ def node_json(row: Mapping[str, Any], now_ms: int, silent_after_ms: float) -> di
     }
 
 
-def fleet_json(rows: Sequence[Mapping[str, Any]], links: Sequence[PairLink], *, fleet: str,
-               now_ms: int, node_timeout_s: float, max_links: int = MAX_MAP_LINKS) -> dict[str, Any]:
+@dataclass(frozen=True)
+class LinkSummary:
+    """The links as the map draws them: between sites (each with its colour), and inside each."""
+
+    between: tuple[dict[str, Any], ...] = ()     # shortest first
+    inside_ms: Mapping[str, float] = field(default_factory=dict)
+    pairs: int = 0
+
+
+def node_sites(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """node id -> site, for the nodes that can be put on the map."""
+    out = {}
+    for r in rows:
+        location = node_location(r)
+        site = site_of(r, location)
+        if site is not None and location is not None:
+            out[r["id"]] = site
+    return out
+
+
+def summarise_links(sites: Mapping[str, str], links: Iterable[PairLink]) -> LinkSummary:
+    """Node pairs grouped into site pairs: median RTT (with min, max, mean loss) between two
+    sites, median RTT inside a site. The costly step on a large fleet: done when links or sites
+    change, not on every refresh."""
+    between: dict[tuple[str, str], list[PairLink]] = defaultdict(list)
+    inside: dict[str, list[float]] = defaultdict(list)
+    pairs = 0
+    for link in links:
+        pairs += 1
+        a, b = sites.get(link.a), sites.get(link.b)
+        if a is None or b is None:
+            continue
+        if a == b:
+            inside[a].append(link.rtt_ms)
+        else:
+            between[(a, b) if a < b else (b, a)].append(link)
+    drawn = []
+    for (a, b), group in between.items():
+        rtts = [l.rtt_ms for l in group]
+        rtt = statistics.median(rtts)
+        drawn.append({"a": a, "b": b, "rtt_ms": number(rtt), "colour": rtt_colour(rtt),
+                      "min_ms": number(min(rtts)), "max_ms": number(max(rtts)),
+                      "loss": number(statistics.fmean(l.loss for l in group), 4),
+                      "pairs": len(group), "samples": sum(l.samples for l in group)})
+    drawn.sort(key=lambda l: (l["rtt_ms"], l["a"], l["b"]))
+    return LinkSummary(tuple(drawn), {k: statistics.median(v) for k, v in inside.items()}, pairs)
+
+
+def fleet_json(rows: Sequence[Mapping[str, Any]], links: LinkSummary | Sequence[PairLink], *,
+               fleet: str, now_ms: int, node_timeout_s: float,
+               max_links: int = MAX_MAP_LINKS) -> dict[str, Any]:
     """The fleet document: nodes, sites with coordinates, links between sites coloured by RTT
-    (median of the node pairs between two sites), and each site's RTT inside it."""
+    (median of the node pairs between two sites), and each site's RTT inside it. ``links`` is
+    ``summarise_links`` of the same nodes' sites, or the node pairs to summarise now."""
     nodes = [node_json(r, now_ms, node_timeout_s * 1000) for r in rows]
-    by_id = {n["id"]: n for n in nodes}
+    if not isinstance(links, LinkSummary):
+        links = summarise_links(node_sites(rows), links)
     members: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for n in nodes:
         if n["site"] is not None and n["lat"] is not None:
@@ -148,40 +201,21 @@ def fleet_json(rows: Sequence[Mapping[str, Any]], links: Sequence[PairLink], *, 
             "lon": number(statistics.fmean(n["lon"] for n in group), 4),
             "nodes": [n["id"] for n in group], "gpus": sum(n["gpus"] for n in group),
             "alive": sum(n["state"] == ALIVE for n in group),
-            "silent": sum(n["state"] == SILENT for n in group), "inside_rtt_ms": None}
-    between: dict[tuple[str, str], list[PairLink]] = defaultdict(list)
-    inside: dict[str, list[float]] = defaultdict(list)
-    for link in links:
-        a, b = by_id.get(link.a), by_id.get(link.b)
-        if a is None or b is None or a["site"] not in sites or b["site"] not in sites:
-            continue
-        if a["site"] == b["site"]:
-            inside[a["site"]].append(link.rtt_ms)
-        else:
-            between[tuple(sorted((a["site"], b["site"])))].append(link)
-    for key, rtts in inside.items():
-        sites[key]["inside_rtt_ms"] = number(statistics.median(rtts))
-    site_links = []
-    for (a, b), group in between.items():
-        rtt = statistics.median(l.rtt_ms for l in group)
-        site_links.append({"a": a, "b": b, "rtt_ms": number(rtt), "colour": rtt_colour(rtt),
-                           "min_ms": number(min(l.rtt_ms for l in group)),
-                           "max_ms": number(max(l.rtt_ms for l in group)),
-                           "loss": number(statistics.fmean(l.loss for l in group), 4),
-                           "pairs": len(group), "samples": sum(l.samples for l in group)})
-    site_links.sort(key=lambda l: (l["rtt_ms"], l["a"], l["b"]))
+            "silent": sum(n["state"] == SILENT for n in group),
+            "inside_rtt_ms": number(links.inside_ms.get(key))}
+    drawn = [l for l in links.between if l["a"] in sites and l["b"] in sites]
     states = defaultdict(int)
     for n in nodes:
         states[n["state"]] += 1
     return {
         "fleet": fleet, "generated_ms": now_ms, "node_timeout_s": node_timeout_s,
-        "nodes": nodes, "sites": list(sites.values()), "links": site_links[:max_links],
-        "links_hidden": max(0, len(site_links) - max_links),
+        "nodes": nodes, "sites": list(sites.values()), "links": drawn[:max_links],
+        "links_hidden": max(0, len(drawn) - max_links),
         "unlocated": [n["id"] for n in nodes if n["site"] not in sites],
         "legend": [{"rtt_ms": v, "colour": rtt_colour(v)} for v in LEGEND_MS],
         "totals": {"nodes": len(nodes), "gpus": sum(n["gpus"] for n in nodes),
                    "memory_gb": number(sum(n["memory_gb"] for n in nodes), 1),
-                   "pairs_measured": len(links), **{s: states[s] for s in (ALIVE, SILENT, IMPORTED)}},
+                   "pairs_measured": links.pairs, **{s: states[s] for s in (ALIVE, SILENT, IMPORTED)}},
     }
 
 
