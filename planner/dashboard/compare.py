@@ -69,8 +69,12 @@ def run_method(method: str, jobs: list[Job], net, seed: int) -> MethodOutcome:
     t0 = time.perf_counter()
     try:
         report = evaluate(fn(jobs, net, **kwargs), net)
-    except (HulkError, ValueError) as exc:
+    except HulkError as exc:
         return MethodOutcome(method, label, None, None, time.perf_counter() - t0, error=str(exc))
+    except Exception as exc:   # one method's failure must not hide the others' makespans
+        log.exception("dashboard: %s failed", method)
+        return MethodOutcome(method, label, None, None, time.perf_counter() - t0,
+                             error=f"{type(exc).__name__}: {exc}")
     seconds = time.perf_counter() - t0
     unplaced = tuple(u.name for u in report.unplaced)
     if unplaced:
