@@ -11,13 +11,14 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	@# Debian packages the tests use: the MQTT broker, ip/ping for the lab, systemd-analyze for the units,
-	@# nft for the broker's shipped connection limits.
+	@# nft for the broker's shipped connection limits, chromium (headless) for the dashboard's test.
 	@missing=""; \
 	  [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || missing="$$missing mosquitto mosquitto-clients"; \
 	  command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing="$$missing iproute2"; \
 	  command -v ping >/dev/null 2>&1 || [ -x /usr/bin/ping ] || missing="$$missing iputils-ping"; \
 	  command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
 	  command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing="$$missing nftables"; \
+	  command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	  if [ -n "$$missing" ]; then \
 	    echo "installing Debian packages:$$missing"; \
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \

@@ -21,6 +21,7 @@ from planner.service.runtime import BackgroundTask, PlannerRuntime
 from planner.settings import PlannerSettings
 
 log = logging.getLogger(__name__)
+DASHBOARD_REFRESH_S = 2.0   # how often the dashboard's documents are rebuilt from the store
 
 
 def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) -> None:
@@ -78,6 +79,15 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     p.add_argument("--retrain-teacher-budget", type=float, default=retrain.teacher_budget_s,
                    metavar="SECONDS",
                    help=f"search-planner budget per teacher label (default {retrain.teacher_budget_s:g})")
+    # The read-only web dashboard (planner/dashboard/).
+    p.add_argument("--dashboard", metavar="HOST:PORT",
+                   help="serve the fleet dashboard (map, nodes, jobs, the last plan's comparison) "
+                        "at http(s)://HOST:PORT/; HTTPS with --tls-cert. Off by default; an address "
+                        "other than loopback needs --dashboard-token")
+    p.add_argument("--dashboard-token", metavar="FILE", type=Path,
+                   help="file (mode 0600) whose first line is the operator token the dashboard "
+                        "asks for: the password of basic authentication (any user name) or a "
+                        "bearer token")
     p.set_defaults(func=run)
 
 
@@ -111,6 +121,10 @@ def check_flags(args: argparse.Namespace) -> None:
                               field="--recovery-interval")
         from planner.security.signing import load_signer
         args.signer = load_signer(args.signing_key, "--signing-key")
+    if getattr(args, "dashboard", None) and not args.node_timeout > 0:
+        raise ConfigError(f"expected seconds > 0, got {args.node_timeout}", field="--node-timeout")
+    if getattr(args, "dashboard_token", None) and not getattr(args, "dashboard", None):
+        raise ConfigError("--dashboard-token needs --dashboard HOST:PORT", field="--dashboard-token")
     if args.model_dir is None:
         if args.retrain:
             raise ConfigError("--retrain needs --model-dir (where the fine-tuned checkpoint goes)",
@@ -202,9 +216,40 @@ def add_recovery(runtime: PlannerRuntime, args: argparse.Namespace, active: Path
     add_lifecycle(runtime, replanner, interval_s=getattr(args, "jobs_interval", 2.0), search=search)
 
 
+def build_dashboard(args: argparse.Namespace):
+    """With --dashboard: the dashboard's server, bound (a bad address, a port in use or a public
+    address without --dashboard-token is a ConfigError here, before serve opens anything)."""
+    if not getattr(args, "dashboard", None):
+        return None
+    from planner.dashboard.server import DashboardServer, TokenCheck, tls_context
+    from planner.dashboard.snapshot import DashboardState
+
+    token = TokenCheck.from_file(args.dashboard_token) if args.dashboard_token else None
+    tls = None
+    if args.tls_cert and args.tls_key:   # the gRPC server's certificate (and client CA), as there
+        tls = tls_context(args.tls_cert, args.tls_key, args.client_ca)
+    state = DashboardState(fleet=args.fleet_name, node_timeout_s=args.node_timeout,
+                           window_days=args.window_days)
+    return DashboardServer(args.dashboard, state, token=token, tls=tls)
+
+
+def add_dashboard(runtime: PlannerRuntime, dashboard) -> None:
+    """The dashboard's documents, rebuilt every DASHBOARD_REFRESH_S: read on the store's thread,
+    built on another (a large fleet's links take seconds to merge)."""
+    if dashboard is None:
+        return
+
+    async def refresh() -> str:
+        read = await runtime.in_store(dashboard.state.read, runtime.store)
+        return await asyncio.to_thread(dashboard.state.build, read)
+
+    runtime.add_task(BackgroundTask("dashboard", refresh, DASHBOARD_REFRESH_S,
+                                    in_store_thread=False, run_at_start=True, retry_s=10.0))
+
+
 # ----------------------------------------------------------------------------------- running
 
-async def serve(runtime: PlannerRuntime) -> None:
+async def serve(runtime: PlannerRuntime, dashboard=None) -> None:
     try:
         port = await runtime.start()
     except BaseException:
@@ -218,19 +263,31 @@ async def serve(runtime: PlannerRuntime) -> None:
     if runtime.credentials is None:
         log.warning("serving plaintext gRPC without authentication (--insecure): anyone who "
                     "can reach %s can report as any node", runtime.listen)
+    if dashboard is not None:
+        dashboard.start()
+        auth = "token" if dashboard.token is not None else "no authentication, loopback only"
+        print(f"hulk-planner: dashboard at {dashboard.url} ({auth})", flush=True)
     print(f"hulk-planner: listening on {host}:{port} ({mode}), store {runtime.db_path}, "
           f"fleet {runtime.fleet}", flush=True)
     try:
         await runtime.wait_stopped()
     finally:
         log.info("stopping")
+        if dashboard is not None:
+            await asyncio.to_thread(dashboard.stop)
         await runtime.stop()
         print("hulk-planner: stopped", flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
     check_flags(args)
-    runtime = build_runtime(args)
-    add_recovery(runtime, args, add_gnn(runtime, args))
-    asyncio.run(serve(runtime))
+    dashboard = build_dashboard(args)
+    try:
+        runtime = build_runtime(args)
+        add_recovery(runtime, args, add_gnn(runtime, args))
+        add_dashboard(runtime, dashboard)
+        asyncio.run(serve(runtime, dashboard))
+    finally:
+        if dashboard is not None:
+            dashboard.close()
     return 0
