@@ -13,8 +13,9 @@ from typing import Any
 from hulk.errors import ConfigError
 
 
-def parse_metrics_address(text: str, *, field: str = "--metrics") -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); a ConfigError names ``field``."""
+def parse_metrics_address(text: str, *, field: str | None = "--metrics") -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); a ConfigError names ``field``
+    (None: the message alone)."""
     value = str(text).strip()
     host, sep, port = value.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
