@@ -161,6 +161,7 @@ class JobLifecycle:
         for name, nodes in placing.placed.items():
             await self.in_store("update_job", by_name[name].id, state=PLACED, plan_id=plan_id,
                                 nodes=nodes, estimate_s=placing.estimates.get(name), detail="")
+            self.events.job_moved(PLACED)
         out.placed, out.plan_id = placing.placed, plan_id
         log.info("jobs: plan %s: placed %s, retired %s, cleared %d node(s); waiting: %s", plan_id,
                  placing.placed or "nothing", out.retired or "nothing", len(clear),

@@ -167,3 +167,59 @@ def test_bad_metrics_addresses_are_one_line_config_errors(text):
 def test_metrics_addresses_parse():
     assert parse_metrics_address("127.0.0.1:9108") == ("127.0.0.1", 9108)
     assert parse_metrics_address("[::1]:0") == ("::1", 0)
+
+
+# ------------------------------------------------------------------ the job lifecycle, recovery
+
+async def test_the_lifecycle_and_recovery_count_state_changes_pushes_and_replans(tmp_path):
+    from hulk.errors import UnavailableError
+    from planner.core.placements import job_spec
+    from planner.service.lifecycle import JobLifecycle, recovery_hooks
+    from planner.service.recovery import Replanner
+    from tests.helpers.plans import job
+    from tests.helpers.signing import SIGNER
+    from tests.planner.service.test_lifecycle import NOW, setup
+
+    metrics = PlannerMetrics()
+    net, store, runtime, broker, lifecycle = setup(tmp_path, events=metrics)
+    store.submit_job("a", job_spec(job("a", "bert-large", ("python", "train.py"))))
+    await lifecycle.run_once()
+    a = store.job_by_name("a")
+    assert value(metrics, "hulk_job_transitions_total", state="placed") == 1
+    assert value(metrics, "hulk_placement_pushes_total", source="jobs") == 1
+    assert value(metrics, "hulk_placement_messages_total") == len(a.nodes) + 1   # + the summary
+    assert value(metrics, "hulk_plan_makespan_seconds") == pytest.approx(a.estimate_s)
+    runtime.report(a.nodes, "running", "a", a.plan_id)
+    await lifecycle.run_once()
+    assert value(metrics, "hulk_job_transitions_total", state="running") == 1
+
+    seen = {n: NOW for n in net.ids}
+    seen[a.nodes[0]] = NOW - 10_000
+
+    async def last_seen():
+        return seen
+
+    async def network():
+        return net
+
+    hooks = recovery_hooks(type("R", (), {"store": store, "in_store": runtime.in_store})())
+    replanner = Replanner(broker, fleet="lab", signer=SIGNER, last_seen=last_seen, network=network,
+                          timeout_s=3, clock_ms=lambda: NOW, started_ms=0, events=metrics, **hooks)
+    report = await replanner.run_once()
+    assert value(metrics, "hulk_replans_total") == 1
+    assert value(metrics, "hulk_replanned_jobs_total", outcome="replanned") == len(report.replanned)
+    assert value(metrics, "hulk_replanned_jobs_total", outcome="lost") == len(report.lost)
+    assert value(metrics, "hulk_placement_pushes_total", source="recovery") == 1
+
+    class DownBroker:
+        async def read_retained(self, topic, wait_s=1.0):
+            raise UnavailableError("broker unreachable")
+
+        async def publish_retained(self, messages):
+            raise UnavailableError("broker unreachable")
+
+    store.submit_job("b", job_spec(job("b", "bert-large", ("python", "train.py"))))
+    down = JobLifecycle(DownBroker(), fleet="lab", signer=SIGNER, in_store=runtime.call,
+                        network=network, timeout_s=3, clock_ms=lambda: NOW, events=metrics)
+    assert await down.run_once() is None
+    assert value(metrics, "hulk_placement_push_failures_total", source="jobs") == 1
