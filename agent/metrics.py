@@ -5,7 +5,10 @@ default, ``NO_EVENTS``, does nothing (an agent without ``--metrics``). :class:`A
 counts them into its own registry and, at scrape time, reads the spool's depth and drops and
 whether the agent is registered (:meth:`AgentMetrics.watch`).
 
-Labels: per peer (one agent's peers), and fixed sets of reasons and outcomes.
+Labels stay bounded: fixed sets of reasons and outcomes, and per peer for at most
+``MAX_PEER_LABELS`` peers (the rest share ``peer="_other"``): summed over every agent, per-peer
+series grow with the square of the fleet, so large fleets read links from the planner's
+per-city-pair metrics. The RTT histogram has no peer label for the same reason.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from hulk.wire.records import LaunchState, LaunchStatus, ProbeSample
 REFUSAL_REASONS = ("malformed", "no_key", "bad_signature", "misaddressed", "expired", "replayed",
                    "command_not_allowed")
 REPORT_FAILURES = ("unavailable", "unregistered", "refused", "denied", "spool", "error")
+MAX_PEER_LABELS = 64
+OTHER_PEERS = "_other"
 # RTT histogram buckets (seconds): a rack, a metro, a continent, across the world, a bad link.
 RTT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.5)
 
@@ -75,10 +80,11 @@ class AgentMetrics(AgentEvents):
                               ["peer"], registry=r)
         self.losses = Counter("hulk_agent_probe_losses", "Probes that got no answer in time, by "
                               "peer", ["peer"], registry=r)
-        self.rtt = Histogram("hulk_agent_rtt_seconds", "Round-trip times of answered probes, by "
-                             "peer", ["peer"], buckets=RTT_BUCKETS, registry=r)
+        self.rtt = Histogram("hulk_agent_rtt_seconds", "Round-trip times of answered probes to "
+                             "every peer", buckets=RTT_BUCKETS, registry=r)
         self.last_rtt = Gauge("hulk_agent_peer_rtt_seconds", "The last answered probe's RTT, by "
-                              "peer", ["peer"], registry=r)
+                              f"peer (past {MAX_PEER_LABELS} peers: the latest of the others)",
+                              ["peer"], registry=r)
         self.reports = Counter("hulk_agent_reports", "Report batches the planner acknowledged",
                                registry=r)
         self.reported_samples = Counter("hulk_agent_reported_samples", "Samples the planner "
@@ -111,6 +117,8 @@ class AgentMetrics(AgentEvents):
             self.heartbeats.labels(result)
         for outcome in ("success", "error"):
             self.exits.labels(outcome)
+        self._peers: dict[str, tuple[Any, Any, Any]] = {}   # peer -> its (or _other's) children
+        self._named = 0                                      # peers with a label of their own
         self._set_launch_state(LaunchState.IDLE)
 
     def watch(self, runtime: Any) -> None:
@@ -119,14 +127,35 @@ class AgentMetrics(AgentEvents):
 
     # ------------------------------------------------------------------ events
     def probed(self, samples: Sequence[ProbeSample]) -> None:
+        # One inc per peer and batch, children looked up once per peer: this runs for every
+        # probe packet, and the agent must stay light.
+        sent: dict[str, int] = {}
+        lost: dict[str, int] = {}
+        last: dict[str, float] = {}
         for s in samples:
-            self.probes.labels(s.peer_id).inc()
+            sent[s.peer_id] = sent.get(s.peer_id, 0) + 1
             if s.lost:
-                self.losses.labels(s.peer_id).inc()
+                lost[s.peer_id] = lost.get(s.peer_id, 0) + 1
             else:
                 seconds = s.rtt_ms / 1000.0
-                self.rtt.labels(s.peer_id).observe(seconds)
-                self.last_rtt.labels(s.peer_id).set(seconds)
+                self.rtt.observe(seconds)
+                last[s.peer_id] = seconds
+        for peer, count in sent.items():
+            probes, losses, last_rtt = self._peer(peer)
+            probes.inc(count)
+            if peer in lost:
+                losses.inc(lost[peer])
+            if peer in last:
+                last_rtt.set(last[peer])
+
+    def _peer(self, peer: str) -> tuple[Any, Any, Any]:
+        children = self._peers.get(peer)
+        if children is None:
+            label = peer if self._named < MAX_PEER_LABELS else OTHER_PEERS
+            self._named += label == peer
+            children = self._peers[peer] = (self.probes.labels(label), self.losses.labels(label),
+                                            self.last_rtt.labels(label))
+        return children
 
     def reported(self, samples: int, rejected: int, duplicate: bool) -> None:
         self.reports.inc()

@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from agent.config import load_config
-from agent.metrics import AgentMetrics, report_failure_reason
+from agent.metrics import MAX_PEER_LABELS, OTHER_PEERS, AgentMetrics, report_failure_reason
 from agent.placement import PlacementSubscriber
 from agent.spool import Spool
 from hulk import errors
@@ -36,10 +36,23 @@ def test_probes_losses_and_rtt_per_peer():
               probe("n3", 0.4)])
     assert value(m, "hulk_agent_probes_total", peer="n2") == 3
     assert value(m, "hulk_agent_probe_losses_total", peer="n2") == 1
-    assert value(m, "hulk_agent_rtt_seconds_count", peer="n2") == 2
-    assert value(m, "hulk_agent_rtt_seconds_sum", peer="n2") == pytest.approx(0.042)
-    assert value(m, "hulk_agent_rtt_seconds_bucket", peer="n3", le="0.0005") == 1
+    assert value(m, "hulk_agent_rtt_seconds_count") == 3
+    assert value(m, "hulk_agent_rtt_seconds_sum") == pytest.approx(0.0424)
+    assert value(m, "hulk_agent_rtt_seconds_bucket", le="0.0005") == 1
     assert value(m, "hulk_agent_peer_rtt_seconds", peer="n2") == pytest.approx(0.030)
+    assert value(m, "hulk_agent_peer_rtt_seconds", peer="n3") == pytest.approx(0.0004)
+
+
+def test_per_peer_series_are_capped_and_the_rest_share_one_label():
+    m = AgentMetrics("n1")
+    m.probed([probe(f"p{i:03d}", 10.0) for i in range(MAX_PEER_LABELS + 10)])
+    m.probed([probe("p000", 10.0), probe("p999", 10.0, lost=True)])
+    peers = {s.labels["peer"] for family in m.registry.collect() if family.name ==
+             "hulk_agent_probes" for s in family.samples if s.name.endswith("_total")}
+    assert len(peers) == MAX_PEER_LABELS + 1 and OTHER_PEERS in peers
+    assert value(m, "hulk_agent_probes_total", peer="p000") == 2
+    assert value(m, "hulk_agent_probes_total", peer=OTHER_PEERS) == 11
+    assert value(m, "hulk_agent_probe_losses_total", peer=OTHER_PEERS) == 1
 
 
 def test_reports_heartbeats_and_clock_skew():

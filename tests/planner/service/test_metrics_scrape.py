@@ -88,7 +88,8 @@ def test_planner_and_agents_serve_metrics_that_move(tmp_path: Path):
         a = wait_until(agent_reported, 20, "agent m2 to report", interval=0.5)
         assert get(a, "hulk_agent_registered") == 1 and get(a, "hulk_agent_peers") == 1
         assert get(a, "hulk_agent_probes_total", peer="m3") > 0
-        assert get(a, "hulk_agent_rtt_seconds_count", peer="m3") > 0
+        assert get(a, "hulk_agent_rtt_seconds_count") > 0
+        assert 0 < get(a, "hulk_agent_peer_rtt_seconds", peer="m3") < 0.005
         assert get(a, "hulk_agent_info", node="m2", version=__version__) == 1
 
         # A sample to a peer nobody registered: stored nothing, counted under its reason.
