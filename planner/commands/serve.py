@@ -18,7 +18,7 @@ from planner.gnn.online import (ACTIVE_NAME, RESULTS_NAME, RetrainConfig, Retrai
 from planner.security.credentials import CredentialStore
 from planner.security.guard import NodeGuard, RateLimit
 from planner.security.tls import server_credentials
-from planner.service.metrics import NO_EVENTS, PlannerMetrics, ServeEvents, read_snapshot
+from planner.service.metrics import NO_EVENTS, PlannerMetrics, ServeEvents, StoreReader
 from planner.service.runtime import BackgroundTask, PlannerRuntime
 from planner.settings import PlannerSettings
 
@@ -238,9 +238,10 @@ async def serve(runtime: PlannerRuntime) -> None:
 
 def watch_fleet(metrics: PlannerMetrics, runtime: PlannerRuntime, node_timeout_s: float) -> None:
     """Export the fleet's state from the store, read on the store's thread at scrape time."""
+    reader = StoreReader(runtime.store, node_timeout_s=node_timeout_s)
+
     def read():
-        return runtime.store_executor.submit(read_snapshot, runtime.store,
-                                             node_timeout_s=node_timeout_s).result(timeout=10)
+        return runtime.store_executor.submit(reader).result(timeout=10)
     metrics.watch_fleet(read)
 
 

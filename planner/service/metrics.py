@@ -210,13 +210,35 @@ def snapshot_metrics(snap: FleetSnapshot) -> list[Metric]:
     ]
 
 
-def read_snapshot(store: Any, *, node_timeout_s: float, now_ms: int | None = None
-                  ) -> FleetSnapshot:
-    """The snapshot from a Store (call on the store's thread)."""
+def read_snapshot(store: Any, *, node_timeout_s: float, now_ms: int | None = None,
+                  pairs: Sequence[Any] | None = None) -> FleetSnapshot:
+    """The snapshot from a Store (call on the store's thread); ``pairs``: link rollups already
+    read (else read now)."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    return fleet_snapshot(store.nodes(), [r.state for r in store.job_records()],
-                          store.window_rollups(RTT_DAYS), now_ms=now,
-                          node_timeout_s=node_timeout_s)
+    if pairs is None:
+        pairs = store.window_rollups(RTT_DAYS)
+    return fleet_snapshot(store.nodes(), [r.state for r in store.job_records()], pairs,
+                          now_ms=now, node_timeout_s=node_timeout_s)
+
+
+class StoreReader:
+    """``read_snapshot`` for scrapes, with the link rollups (the costly part: a grouped read of
+    every pair's daily rollups) reused for ``links_max_age_s``; daily averages move slowly."""
+
+    def __init__(self, store: Any, *, node_timeout_s: float, links_max_age_s: float = 60.0,
+                 monotonic: Callable[[], float] = time.monotonic):
+        self.store, self.node_timeout_s = store, node_timeout_s
+        self.links_max_age_s, self.monotonic = links_max_age_s, monotonic
+        self._pairs: tuple[float, list[Any]] | None = None
+
+    def __call__(self) -> FleetSnapshot:
+        now = self.monotonic()
+        # An empty read (nothing measured yet) costs nothing and is not reused: a new fleet's
+        # first links show up at the next scrape.
+        if not self._pairs or not self._pairs[1] or now - self._pairs[0] >= self.links_max_age_s:
+            self._pairs = (now, self.store.window_rollups(RTT_DAYS))
+        return read_snapshot(self.store, node_timeout_s=self.node_timeout_s,
+                             pairs=self._pairs[1])
 
 
 class FleetCollector:

@@ -223,3 +223,18 @@ async def test_the_lifecycle_and_recovery_count_state_changes_pushes_and_replans
                         network=network, timeout_s=3, clock_ms=lambda: NOW, events=metrics)
     assert await down.run_once() is None
     assert value(metrics, "hulk_placement_push_failures_total", source="jobs") == 1
+
+
+def test_the_store_reader_reuses_link_rollups_for_a_minute(served):
+    from planner.service.metrics import StoreReader
+
+    service, _, clock = served
+    now = [0.0]
+    reader = StoreReader(service.store, node_timeout_s=30, monotonic=lambda: now[0])
+    assert reader().links == {}
+    service.report(ReportRequest("a", "batch-1", (sample(40.0),)))
+    assert reader().links[("Beijing", "Shanghai")].samples == 1   # an empty read is not reused
+    service.report(ReportRequest("a", "batch-2", (sample(40.0),)))
+    assert reader().links[("Beijing", "Shanghai")].samples == 1   # read a moment ago
+    now[0] += 60
+    assert reader().links[("Beijing", "Shanghai")].samples == 2
