@@ -7,10 +7,14 @@ prometheus-client's own threaded HTTP server; it is off unless ``--metrics`` is 
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from hulk.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def parse_metrics_address(text: str, *, field: str | None = "--metrics") -> tuple[str, int]:
@@ -57,4 +61,16 @@ def start_metrics_server(address: str, registry: Any, *, field: str = "--metrics
     except OSError as err:
         raise ConfigError(f"cannot serve /metrics on {address}: {err.strerror or err}",
                           field=field) from None
+    if not _loopback(host):
+        log.warning("serving /metrics on %s without authentication: let only your Prometheus "
+                    "reach it (firewall, management network)", address)
     return MetricsServer(host, httpd.server_address[1], httpd, thread)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
