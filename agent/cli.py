@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                f"(default {PROBE_DEFAULTS.max_concurrency})")
     add("--probe-port", metavar="PORT", help="TCP port to accept peers' connect probes on "
                                              "(default 0: none)")
+    add("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics at "
+                                               "http://HOST:PORT/metrics (default: off)")
     add("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     add("--version", action="version", version=f"{PROG} {__version__}")
     return parser
@@ -74,7 +76,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         "mqtt": args.mqtt, "spool_max": args.spool_max,
         "packets_per_round": args.packets_per_round, "timeout_s": args.timeout,
         "max_concurrency": args.max_concurrency, "probe_port": args.probe_port,
-        "log_level": args.log_level,
+        "log_level": args.log_level, "metrics": args.metrics,
     })
 
 
@@ -91,11 +93,26 @@ async def serve(config: AgentConfig) -> int:
         from agent.placement import PlacementComponent
 
         components.append(PlacementComponent.from_config(config))
-    runtime = AgentRuntime.from_config(config, components=components)
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, runtime.request_stop)
-    return await runtime.run()
+    metrics = endpoint = None
+    if config.metrics:  # bound before anything starts: a port in use ends the agent (exit 2)
+        from agent.metrics import AgentMetrics
+        from hulk.metrics import start_metrics_server
+
+        metrics = AgentMetrics(config.node_id)
+        endpoint = start_metrics_server(config.metrics, metrics.registry, field="metrics")
+        log.info("metrics on %s", endpoint.url)
+    try:
+        runtime = AgentRuntime.from_config(config, components=components,
+                                           **({"events": metrics} if metrics else {}))
+        if metrics is not None:
+            metrics.watch(runtime)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, runtime.request_stop)
+        return await runtime.run()
+    finally:
+        if endpoint is not None:
+            endpoint.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

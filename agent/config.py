@@ -55,6 +55,7 @@ class AgentConfig:
     allowed_commands: tuple[tuple[str, ...], ...] = ()   # argv prefixes a placement may run
     pass_env: tuple[str, ...] = ()    # variables jobs get besides HULK_*, PATH, HOME, LANG
     torchrun: str = ""                # "" = torchrun beside the agent's python, else on PATH
+    metrics: str = ""                 # HOST:PORT of the Prometheus /metrics endpoint ("" = off)
     # Fields set by a file, variable or flag (not defaults): these win over the planner's
     # ProbeSettings; defaults give way to them.
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
@@ -89,6 +90,7 @@ SOURCES: dict[str, tuple[str | None, str | None]] = {
     "allowed_commands": ("HULK_ALLOWED_COMMANDS", None),
     "pass_env": ("HULK_PASS_ENV", None),
     "torchrun": ("HULK_TORCHRUN", None),
+    "metrics": ("HULK_METRICS", "--metrics"),
 }
 
 # Keys a config file may use besides the field names.
@@ -215,6 +217,17 @@ def _mqtt(value: Any) -> str:
     return text
 
 
+def _metrics(value: Any) -> str:
+    text = _text(value)
+    if text:
+        from hulk.metrics import parse_metrics_address
+        try:
+            parse_metrics_address(text, field=None)
+        except ConfigError as exc:
+            raise _Bad(str(exc)) from None
+    return text
+
+
 def _log_level(value: Any) -> str:
     text = _text(value).upper()
     if text not in LOG_LEVELS:
@@ -285,6 +298,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "allowed_commands": _allowed_commands,
     "pass_env": _pass_env,
     "torchrun": _text,
+    "metrics": _metrics,
 }
 REQUIRED = ("planner", "node_id")
 

@@ -32,11 +32,19 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from agent.metrics import NO_EVENTS, AgentEvents
 from hulk.errors import InputError
 from hulk.wire.broker import BrokerAddress, client_tls_kwargs, placement_topic
 from hulk.wire.placement import NodePlacement, parse_placement
 
 log = logging.getLogger(__name__)
+
+
+def refusal(reason: str, exc: InputError) -> InputError:
+    """``exc`` tagged with why the placement is refused (the metrics' ``reason`` label)."""
+    exc.refusal = reason  # type: ignore[attr-defined]
+    return exc
+
 
 PLACEMENT_FILE = "placement.json"
 ACCEPTED_FILE = "placement-accepted.json"
@@ -125,8 +133,10 @@ class PlacementSubscriber:
                  backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  retained_wait_s: float = 3.0,
-                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)):
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 events: AgentEvents = NO_EVENTS):
         self.broker = broker
+        self.events = events          # metrics: refusals by reason (agent/metrics.py)
         self.verifier = verifier      # hulk.wire.signing.Verifier of the pinned key (None: refuse all)
         self.clock_ms = clock_ms
         self.accepted = AcceptedMark(state_dir)
@@ -218,10 +228,12 @@ class PlacementSubscriber:
             self.check(placement, topic)
         except InputError as exc:
             self.ignored += 1
+            self.events.placement_refused(getattr(exc, "refusal", "malformed"))
             log.warning("refused placement, keeping the previous one: %s", exc)
             return
         except Exception as exc:  # never let one message stop the subscriber (and the job)
             self.ignored += 1
+            self.events.placement_refused("malformed")
             log.warning("refused placement, keeping the previous one: %s: %s",
                         type(exc).__name__, str(exc)[:200])
             return
@@ -236,20 +248,26 @@ class PlacementSubscriber:
     def check(self, placement: NodePlacement, topic: str) -> None:
         """InputError (one line) unless ``placement`` may be acted on (the module docstring)."""
         if self.verifier is None:
-            raise InputError("no placement_key is configured (HULK_PLACEMENT_KEY): this agent "
-                             "acts on no placement", path=topic)
-        self.verifier.verify(placement.to_json(), source=topic)
+            raise refusal("no_key", InputError("no placement_key is configured (HULK_PLACEMENT_KEY): "
+                                               "this agent acts on no placement", path=topic))
+        try:
+            self.verifier.verify(placement.to_json(), source=topic)
+        except InputError as exc:
+            raise refusal("bad_signature", exc) from None
         if placement.node != self.node_id or placement.fleet != self.fleet:
-            raise InputError(f"expected node {self.node_id!r} of fleet {self.fleet!r}, got node "
-                             f"{placement.node!r} of fleet {placement.fleet!r}", path=topic)
+            raise refusal("misaddressed", InputError(
+                f"expected node {self.node_id!r} of fleet {self.fleet!r}, got node "
+                f"{placement.node!r} of fleet {placement.fleet!r}", path=topic))
         now = self.clock_ms()
         if placement.expires_at_ms <= now:
-            raise InputError(f"expired: plan {placement.plan_id} was valid until "
-                             f"{placement.expires_at_ms} ms, now is {now} ms", path=topic)
+            raise refusal("expired", InputError(f"expired: plan {placement.plan_id} was valid until "
+                                                f"{placement.expires_at_ms} ms, now is {now} ms",
+                                                path=topic))
         if self.accepted.is_older(placement):
-            raise InputError(f"replayed: plan {placement.plan_id} issued at {placement.issued_at_ms} ms "
-                             f"is older than the newest accepted (plan {self.accepted.newest[1]} "
-                             f"issued at {self.accepted.newest[0]} ms)", path=topic)
+            raise refusal("replayed", InputError(
+                f"replayed: plan {placement.plan_id} issued at {placement.issued_at_ms} ms "
+                f"is older than the newest accepted (plan {self.accepted.newest[1]} "
+                f"issued at {self.accepted.newest[0]} ms)", path=topic))
 
     async def _notify(self, placement: NodePlacement | None) -> None:
         if self.on_change is None:
@@ -310,9 +328,10 @@ class PlacementComponent:
         registration = await runtime.wait_registered()
         fleet = self.fleet or getattr(registration, "fleet", "") or "default"
         self.launcher = self._make_launcher(runtime.set_launch_status)
+        kwargs = {"events": getattr(runtime, "events", NO_EVENTS), **self._subscriber_kwargs}
         self.subscriber = PlacementSubscriber(self.broker, fleet=fleet, node_id=self.node_id,
                                               state_dir=self.state_dir, on_change=self.launcher.apply,
-                                              **self._subscriber_kwargs)
+                                              **kwargs)
         try:
             await self.subscriber.run()
         finally:

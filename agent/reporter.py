@@ -20,6 +20,7 @@ from typing import Protocol
 import grpc
 
 from agent.clock import Clock, SystemClock
+from agent.metrics import NO_EVENTS, AgentEvents
 from agent.spool import Spool, SpoolFullError
 from hulk import errors
 from hulk.v1 import hulk_pb2_grpc
@@ -174,7 +175,7 @@ class Reporter:
                  max_batch: int = 500, backoff: Backoff | None = None,
                  clock: Clock | None = None, linger_s: float = 5.0,
                  on_unregistered: Callable[[], None] | None = None,
-                 give_up_after: int = GIVE_UP_AFTER):
+                 give_up_after: int = GIVE_UP_AFTER, events: AgentEvents = NO_EVENTS):
         self.node_id = node_id
         self.spool = spool
         self.client = client
@@ -186,6 +187,7 @@ class Reporter:
         self.linger_s = linger_s
         self._on_unregistered = on_unregistered
         self.give_up_after = give_up_after
+        self.events = events   # metrics (agent/metrics.py)
         self._batch_id: str | None = None     # the batch of the last Report sent
         self._failing: tuple[str | None, int] = (None, 0)   # (batch, failures in a row)
         self._wake = asyncio.Event()
@@ -208,6 +210,7 @@ class Reporter:
         self.spool.ack(batch.batch_id)
         self.sent_batches += 1
         self.sent_samples += len(batch.samples)
+        self.events.reported(len(batch.samples), result.rejected, result.duplicate)
         if result.duplicate:
             log.info("batch %s was already stored by the planner", batch.batch_id)
         if result.rejected:
@@ -230,6 +233,7 @@ class Reporter:
                 continue
             except errors.InputError as err:
                 # The planner refuses this batch for good: retrying would block the spool.
+                self.events.report_failed(err)
                 batch = self.spool.take_batch(self.max_batch)
                 if batch is not None:
                     dropped = self.spool.discard(batch.batch_id)
@@ -284,6 +288,7 @@ class Reporter:
                 return
 
     async def _back_off(self, err: errors.HulkError) -> None:
+        self.events.report_failed(err)
         delay = self.backoff.next_delay()
         log.warning("report failed (%s); retrying in %.1f s (spool holds %d samples)",
                     err, delay, self.spool.depth)

@@ -26,6 +26,7 @@ from agent.clock import Clock, SystemClock, epoch_ms
 from agent.config import PROBE_DEFAULTS, AgentConfig
 from agent.icmp import IcmpPinger, detect_icmp_mode
 from agent.inventory import NvmlInventoryReader
+from agent.metrics import NO_EVENTS, AgentEvents
 from agent.prober import Connector, Pinger, Prober, ProbeListener, TcpConnector
 from agent.reporter import Backoff, GrpcPlannerClient, PlannerClient, Reporter
 from agent.spool import Spool
@@ -100,8 +101,9 @@ class AgentRuntime:
                  register_backoff: Backoff | None = None, report_backoff: Backoff | None = None,
                  restart_delay_s: float = 5.0, report_linger_s: float = 5.0,
                  spool_write_s: float = 1.0,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None, events: AgentEvents = NO_EVENTS):
         self.config = config
+        self.events = events   # metrics (agent/metrics.py); no-op by default
         self.client = client
         self.spool = spool
         self.clock = clock or SystemClock()
@@ -127,7 +129,7 @@ class AgentRuntime:
         self.reporter = Reporter(config.node_id, spool, client, max_batch=settings.max_batch,
                                  backoff=report_backoff or Backoff(rng=rng),
                                  clock=self.clock, linger_s=report_linger_s,
-                                 on_unregistered=self.request_reregister)
+                                 on_unregistered=self.request_reregister, events=events)
         self._stop: asyncio.Event | None = None
         self._registered: asyncio.Event | None = None
         self._reregister: asyncio.Event | None = None
@@ -169,6 +171,7 @@ class AgentRuntime:
         """The launched training process changed state; sent with the next Heartbeat."""
         if not status.changed_at_ms:
             status = replace(status, changed_at_ms=epoch_ms(self.clock))
+        self.events.launch_changed(self._launch, status)
         self._launch = status
 
     async def wait_registered(self) -> RegisterAnswer:
@@ -287,6 +290,7 @@ class AgentRuntime:
     def _sink(self, samples: Sequence[ProbeSample]) -> None:
         # Held in memory for up to spool_write_s: one SQLite transaction a second, not one a round.
         self.spool.hold(samples)
+        self.events.probed(samples)
 
     def _write_spool(self) -> None:
         """What the spool holds in memory onto disk, as far as there is room (a full disk is
@@ -360,12 +364,14 @@ class AgentRuntime:
         failures = 0
         while True:
             await self.clock.sleep(self.heartbeat_interval_s)
+            sent_ms = epoch_ms(self.clock)
             try:
                 result = await self.client.heartbeat(
-                    self.config.node_id, epoch_ms(self.clock),
+                    self.config.node_id, sent_ms,
                     self.spool.depth,
                     self.spool.dropped, self._launch)
             except errors.HulkError as err:
+                self.events.heartbeat(False)
                 failures += 1
                 # One line per outage, not one per beat.
                 (log.warning if failures == 1 else log.debug)("heartbeat failed: %s", err)
@@ -374,6 +380,7 @@ class AgentRuntime:
                 continue
             failures = 0
             self.heartbeats_sent += 1
+            self.events.heartbeat(True, sent_ms, epoch_ms(self.clock), result.server_time_ms)
             if result.reregister or result.peers_changed:
                 log.info("planner asks to register again (%s)",
                          "unknown node" if result.reregister else "peers changed")

@@ -11,12 +11,14 @@ from pathlib import Path
 import grpc
 
 from hulk.errors import ConfigError
+from hulk.metrics import parse_metrics_address, start_metrics_server
 from hulk.wire.broker import parse_broker_url
 from planner.gnn.online import (ACTIVE_NAME, RESULTS_NAME, RetrainConfig, Retrainer, append_result,
                                 retrain_on_change, seed_active_checkpoint, serve_search)
 from planner.security.credentials import CredentialStore
 from planner.security.guard import NodeGuard, RateLimit
 from planner.security.tls import server_credentials
+from planner.service.metrics import NO_EVENTS, PlannerMetrics, ServeEvents, StoreReader
 from planner.service.runtime import BackgroundTask, PlannerRuntime
 from planner.settings import PlannerSettings
 
@@ -48,6 +50,9 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
                    help="fleet name used in MQTT topics (HULK_FLEET)")
     p.add_argument("--rollup-seconds", type=float, default=30.0,
                    help="how often raw samples are folded into the daily rollups (default 30)")
+    p.add_argument("--metrics", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (off by default; "
+                        "docs/METRICS.md)")
     # Recovery: re-plan the jobs of nodes that go silent.
     p.add_argument("--mqtt", metavar="URL", default=settings.mqtt,
                    help="broker mqtt://[user:pass@]HOST:PORT (HULK_MQTT): re-plan and push "
@@ -107,6 +112,8 @@ def check_flags(args: argparse.Namespace) -> None:
     if not args.rollup_seconds > 0:
         raise ConfigError(f"expected seconds > 0, got {args.rollup_seconds}",
                           field="--rollup-seconds")
+    if getattr(args, "metrics", None):
+        parse_metrics_address(args.metrics, field="--metrics")
     if args.mqtt:
         parse_broker_url(args.mqtt, source="--mqtt")
         if not args.node_timeout > 0:
@@ -158,7 +165,7 @@ def credentials_from_args(args: argparse.Namespace) -> grpc.ServerCredentials | 
 
 # ----------------------------------------------------------------------------------- building
 
-def build_runtime(args: argparse.Namespace) -> PlannerRuntime:
+def build_runtime(args: argparse.Namespace, events: ServeEvents = NO_EVENTS) -> PlannerRuntime:
     credentials = credentials_from_args(args)
     # TLS: every call needs an enrolled node's token and is rate-limited per node;
     # --insecure (lab only): no authentication, no per-node limits (node ids are unproven there).
@@ -166,7 +173,8 @@ def build_runtime(args: argparse.Namespace) -> PlannerRuntime:
     guards = [] if credentials is None else [NodeGuard(CredentialStore(args.db), rate_limit=rate)]
     return PlannerRuntime(args.db, args.listen, fleet=args.fleet_name, credentials=credentials,
                           interceptors=guards, raw_days=args.raw_days,
-                          window_days=args.window_days, rollup_interval_s=args.rollup_seconds)
+                          window_days=args.window_days, rollup_interval_s=args.rollup_seconds,
+                          events=events)
 
 
 def add_gnn(runtime: PlannerRuntime, args: argparse.Namespace) -> Path | None:
@@ -279,15 +287,34 @@ async def serve(runtime: PlannerRuntime, dashboard=None) -> None:
         print("hulk-planner: stopped", flush=True)
 
 
+def watch_fleet(metrics: PlannerMetrics, runtime: PlannerRuntime, node_timeout_s: float) -> None:
+    """Export the fleet's state from the store, read on the store's thread at scrape time."""
+    reader = StoreReader(runtime.store, node_timeout_s=node_timeout_s)
+
+    def read():
+        return runtime.store_executor.submit(reader).result(timeout=10)
+    metrics.watch_fleet(read)
+
+
 def run(args: argparse.Namespace) -> int:
     check_flags(args)
-    dashboard = build_dashboard(args)
+    metrics = endpoint = None
+    if getattr(args, "metrics", None):  # bound first: a port in use ends serve before the store opens
+        metrics = PlannerMetrics(fleet=args.fleet_name)
+        endpoint = start_metrics_server(args.metrics, metrics.registry, field="--metrics")
+        print(f"hulk-planner: metrics on {endpoint.url}", flush=True)
+    dashboard = None
     try:
-        runtime = build_runtime(args)
+        dashboard = build_dashboard(args)
+        runtime = build_runtime(args, metrics or NO_EVENTS)
+        if metrics is not None:
+            watch_fleet(metrics, runtime, args.node_timeout)
         add_recovery(runtime, args, add_gnn(runtime, args))
         add_dashboard(runtime, dashboard)
         asyncio.run(serve(runtime, dashboard))
     finally:
         if dashboard is not None:
             dashboard.close()
+        if endpoint is not None:
+            endpoint.close()
     return 0

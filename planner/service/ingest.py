@@ -33,6 +33,7 @@ from hulk import errors, geo
 from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, ProbeSample, ProbeSettings,
                                RegisterAnswer, RegisterRequest, ReportRequest, ReportResult)
 from planner.core.rollup import bucket_index
+from planner.service.metrics import NO_EVENTS, ServeEvents
 from planner.service.admission import (KNOWN_KINDS, MAX_PAYLOAD_BYTES, MAX_TIMEOUT_MS,
                                        bounded_launch, check_registration, corrected_times)
 from planner.service.store import DAY_MS, NodeRef, SampleRow, Store
@@ -66,6 +67,7 @@ class IngestService:
     light_bound: Callable[[tuple[float, float] | None, tuple[float, float] | None], float] = \
         geo.min_rtt_ms
     clock: Callable[[], int] = lambda: int(time.time() * 1000)
+    events: ServeEvents = NO_EVENTS       # metrics (planner.service.metrics); no-op by default
 
     def __post_init__(self) -> None:
         self._nodes: dict[str, NodeRef] = self.store.node_refs()
@@ -96,6 +98,7 @@ class IngestService:
         check_registration(request)
         node, _ = self.store.register(request)
         self._nodes[node.id] = node
+        self.events.registered(node.id)
         self._bounds.clear()  # the node may have moved
         reason = request.inventory.unavailable_reason
         log.info("registered %s (%s, %s, %d GPUs%s)", request.node_id,
@@ -120,20 +123,27 @@ class IngestService:
             return HeartbeatResult(now, reregister=True, peers_changed=False)
         if skew is not None:
             self._skew_ms[request.node_id] = skew
+        self.events.heartbeat(request.node_id)
         return HeartbeatResult(now, reregister=False, peers_changed=changed)
 
     # ------------------------------------------------------------------------------ reports
 
     def report(self, request: ReportRequest) -> ReportResult:
         _check_count("spool_dropped", request.spool_dropped)
-        node = self._node(request.node_id)
+        try:
+            node = self._node(request.node_id)
+        except errors.NotFoundError:
+            self.events.report_refused("unregistered", len(request.samples))
+            raise
         try:
             rows, rejected = self._validate(node, request.batch_id, request.samples)
         except errors.InputError:
             self.store.count_rejected(node, REASON_INVALID_BATCH, len(request.samples))
+            self.events.report_refused("invalid", len(request.samples), REASON_INVALID_BATCH)
             raise
         accepted, n_rejected, duplicate = self.store.store_batch(
             node, request.batch_id, rows, rejected, request.spool_dropped)
+        self.events.reported(len(request.samples), accepted, rejected, duplicate)
         return ReportResult(accepted, n_rejected, duplicate)
 
     def _validate(self, node: NodeRef, batch_id: str, samples: Sequence[ProbeSample]

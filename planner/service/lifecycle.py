@@ -31,6 +31,7 @@ from planner.core.placements import build_node_placements, build_summary, plan_f
 from planner.core.plan import Plan
 from planner.core.recovery import SearchFn, down_nodes
 from planner.search import plan_search
+from planner.service.metrics import NO_EVENTS, ServeEvents, plan_makespan_s
 from planner.service.publisher import Publisher, new_plan_id, plan_messages, push_plan
 from planner.service.runtime import BackgroundTask
 
@@ -64,19 +65,21 @@ class JobLifecycle:
                  network: Callable[[], Awaitable[Network]], timeout_s: float = 30.0,
                  search: SearchFn = plan_search, seed: int = 0, lock: asyncio.Lock | None = None,
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-                 read_wait_s: float = 0.3):
+                 read_wait_s: float = 0.3, events: ServeEvents = NO_EVENTS):
         self.publisher, self.fleet, self.signer = publisher, fleet, signer
         self.verifier = signer.verifier()
         self.in_store, self.network = in_store, network
         self.timeout_s, self.search, self.seed = timeout_s, search, seed
         self.lock = lock or asyncio.Lock()
         self.clock_ms, self.read_wait_s = clock_ms, read_wait_s
+        self.events = events   # metrics: state changes, pushes, failed rounds
 
     async def run_once(self) -> LifecycleRound | None:
         try:
             async with self.lock:
                 return await self.round()
         except HulkError as exc:
+            self.events.push_failed("jobs")
             log.warning("job lifecycle round failed: %s", exc)
             return None
 
@@ -92,6 +95,7 @@ class JobLifecycle:
                 await self.in_store("update_job", record.id, state=state, detail=detail)
                 log.info("job %s: %s -> %s %s", record.name, record.state, state, detail)
                 out.moved[record.name] = state
+                self.events.job_moved(state)
                 record = await self.in_store("job_record", record.id)
             current.append(record)
         retire = to_retire(current)
@@ -144,8 +148,9 @@ class JobLifecycle:
             summary_doc = build_summary(placing.plan, net, fleet=self.fleet, plan_id=plan_id,
                                         issued_at_ms=now, node_placements=placements,
                                         job_plan_ids=job_plan_ids)
-            await push_plan(self.publisher, self.fleet, sent, summary_doc, signer=self.signer,
-                            issued_at_ms=now, clear=clear)
+            count, _ = await push_plan(self.publisher, self.fleet, sent, summary_doc,
+                                       signer=self.signer, issued_at_ms=now, clear=clear)
+            self.events.plan_pushed("jobs", count, plan_makespan_s(placing.plan, net))
         else:   # nothing runs any more: clear the nodes and the summary
             await self.publisher.publish_retained(
                 {**plan_messages(self.fleet, {}, None, clear=clear), plan_topic(self.fleet): b""})
@@ -156,6 +161,7 @@ class JobLifecycle:
         for name, nodes in placing.placed.items():
             await self.in_store("update_job", by_name[name].id, state=PLACED, plan_id=plan_id,
                                 nodes=nodes, estimate_s=placing.estimates.get(name), detail="")
+            self.events.job_moved(PLACED)
         out.placed, out.plan_id = placing.placed, plan_id
         log.info("jobs: plan %s: placed %s, retired %s, cleared %d node(s); waiting: %s", plan_id,
                  placing.placed or "nothing", out.retired or "nothing", len(clear),
@@ -206,7 +212,7 @@ def add_to_runtime(runtime: Any, replanner: Any, *, interval_s: float, search: S
     lifecycle = JobLifecycle(replanner.publisher, fleet=runtime.fleet, signer=replanner.signer,
                              in_store=store_caller(runtime), network=replanner.network,
                              timeout_s=replanner.timeout_s, search=search, seed=replanner.seed,
-                             lock=replanner.lock)
+                             lock=replanner.lock, events=getattr(runtime, "events", NO_EVENTS))
     runtime.add_task(BackgroundTask("jobs", lifecycle.run_once, interval_s, in_store_thread=False))
     log.info("jobs: starting queued jobs and retiring finished ones every %.1f s", interval_s)
     return lifecycle

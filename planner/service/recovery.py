@@ -34,6 +34,7 @@ from planner.core.plan import Plan, Unplaced
 from planner.core.recovery import SearchFn, down_nodes, jobs_using, replan_jobs
 from planner.search import plan_search
 from planner.service.graph import fleet_from_store
+from planner.service.metrics import NO_EVENTS, ServeEvents, plan_makespan_s
 from planner.service.publisher import (RESIGN_BEFORE_MS, VALIDITY_MS, MqttPublisher, Publisher, new_plan_id,
                                        push_plan)
 from planner.service.runtime import BackgroundTask
@@ -76,7 +77,8 @@ class Replanner:
                  started_ms: int | None = None,
                  finished_jobs: Callable[[], Awaitable[set[str]]] | None = None,
                  on_replanned: Callable[..., Awaitable[None]] | None = None,
-                 restart_counts: Callable[[], Awaitable[Mapping[str, int]]] | None = None):
+                 restart_counts: Callable[[], Awaitable[Mapping[str, int]]] | None = None,
+                 events: ServeEvents = NO_EVENTS):
         self.publisher = publisher
         self.fleet = fleet
         self.signer = signer
@@ -97,6 +99,7 @@ class Replanner:
         self.on_replanned = on_replanned
         self.restart_counts = restart_counts
         self.lock = asyncio.Lock()
+        self.events = events   # metrics: re-plans, pushes, failed rounds
 
     async def check(self) -> RecoveryReport | None:
         """One round; None when nothing had to change."""
@@ -158,6 +161,8 @@ class Replanner:
             nodes = {p.job.name: [net.ids[i] for i in p.nodes] for p in result.plan.placements
                      if p.job.name in result.replanned}
             await self.on_replanned(plan_id, nodes, result.lost)
+        self.events.replanned(len(result.replanned), len(result.lost))
+        self.events.plan_pushed("recovery", count, plan_makespan_s(result.plan, net))
         elapsed = self.monotonic() - t0
         report = RecoveryReport(down=down, replanned=result.replanned, lost=result.lost,
                                 kept=result.kept, plan_id=plan_id, messages=count,
@@ -190,6 +195,7 @@ class Replanner:
         body = {k: v for k, v in summary.document.items() if k != SIGNATURE_FIELD}
         count, _ = await push_plan(self.publisher, self.fleet, placements, body, signer=self.signer,
                                    issued_at_ms=now)
+        self.events.plan_pushed("resign", count)
         log.info("re-signed plan %s: the summary and %d placement(s), valid for %.0f more days",
                  summary.plan_id, len(placements), VALIDITY_MS / 86_400_000)
         return count
@@ -200,6 +206,7 @@ class Replanner:
             async with self.lock:
                 return await self.check()
         except HulkError as exc:
+            self.events.push_failed("recovery")
             log.warning("recovery check failed: %s", exc)
             return None
 
@@ -230,7 +237,7 @@ def add_to_runtime(runtime: Any, *, broker: BrokerAddress, node_timeout_s: float
     pushing through ``broker``."""
     publisher = MqttPublisher(broker, identifier=f"hulk-planner-serve-{runtime.fleet}-{os.getpid()}")
     replanner = Replanner(publisher, fleet=runtime.fleet, signer=signer, timeout_s=node_timeout_s,
-                          search=search, **(hooks or {}),
+                          search=search, events=getattr(runtime, "events", NO_EVENTS), **(hooks or {}),
                           **store_sources(runtime, window_days))
     runtime.add_task(BackgroundTask("recovery", replanner.run_once, interval_s,
                                     in_store_thread=False))
