@@ -94,20 +94,22 @@ class Peer(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., probe_port: _Optional[int] = ...) -> None: ...
 
 class ProbeSettings(_message.Message):
-    __slots__ = ("interval_s", "packets_per_round", "timeout_s", "payload_bytes", "max_concurrency", "max_batch")
+    __slots__ = ("interval_s", "packets_per_round", "timeout_s", "payload_bytes", "max_concurrency", "max_batch", "report_interval_s")
     INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     PACKETS_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     interval_s: float
     packets_per_round: int
     timeout_s: float
     payload_bytes: int
     max_concurrency: int
     max_batch: int
-    def __init__(self, interval_s: _Optional[float] = ..., packets_per_round: _Optional[int] = ..., timeout_s: _Optional[float] = ..., payload_bytes: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
+    report_interval_s: float
+    def __init__(self, interval_s: _Optional[float] = ..., packets_per_round: _Optional[int] = ..., timeout_s: _Optional[float] = ..., payload_bytes: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., max_batch: _Optional[int] = ..., report_interval_s: _Optional[float] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("peers", "settings", "fleet", "server_time_ms")

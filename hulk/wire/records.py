@@ -126,19 +126,22 @@ class ProbeSettings:
     timeout_s: float = 2.0         # per packet
     payload_bytes: int = 56        # 56 + the 8-byte ICMP header: the 64-byte message `ping` sends
     max_concurrency: int = 64      # probe rounds in flight
-    max_batch: int = 2000          # samples per Report
+    max_batch: int = 2000          # records (samples or summaries) per Report
+    report_interval_s: float = 0.0  # Report at most this often; 0: the agent's own (5 s)
 
     def to_proto(self) -> hulk_pb2.ProbeSettings:
         return hulk_pb2.ProbeSettings(
             interval_s=self.interval_s, packets_per_round=self.packets_per_round,
             timeout_s=self.timeout_s, payload_bytes=self.payload_bytes,
-            max_concurrency=self.max_concurrency, max_batch=self.max_batch)
+            max_concurrency=self.max_concurrency, max_batch=self.max_batch,
+            report_interval_s=self.report_interval_s)
 
     @classmethod
     def from_proto(cls, msg: hulk_pb2.ProbeSettings) -> ProbeSettings:
         return cls(interval_s=msg.interval_s, packets_per_round=msg.packets_per_round,
                    timeout_s=msg.timeout_s, payload_bytes=msg.payload_bytes,
-                   max_concurrency=msg.max_concurrency, max_batch=msg.max_batch)
+                   max_concurrency=msg.max_concurrency, max_batch=msg.max_batch,
+                   report_interval_s=msg.report_interval_s)
 
 
 # ------------------------------------------------------------------------------ registration
