@@ -4,13 +4,13 @@ An agent's per-round summary (``hulk.wire.records.PeerSummary``) carries its RTT
 buckets, and the planner's rollups (``planner.core.rollup``) keep the same ones, so a rollup
 folded from summaries equals the rollup of the raw samples they came from, bucket for bucket.
 
-Buckets, 20 per decade from 0.05 ms to 10 s (each about 12 % wide):
+Buckets, 20 per decade from 0.05 ms past 10 s (each about 12 % wide):
 
     bucket 0             [0, 0.05) ms                       (underflow)
     bucket k, 1..107     [0.05 * 10**((k-1)/20), 0.05 * 10**(k/20)) ms
-    bucket 108           [10 000 ms, inf)                   (overflow)
+    bucket 108           [11 194 ms, inf)                   (overflow)
 
-so bucket 1 is [0.05, 0.0561), bucket 61 is [50.1, 56.2) ms, bucket 107 ends at 10 000 ms.
+so bucket 1 is [0.05, 0.0561) ms, bucket 61 is [50.0, 56.1) ms, bucket 107 [9 976, 11 194) ms.
 Exact edges land in the bucket they open. ``encode``/``decode`` give the compact byte form the
 planner's store keeps (a bucket byte, then the count as a varint, per non-empty bucket).
 """

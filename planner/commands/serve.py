@@ -12,6 +12,7 @@ import grpc
 
 from hulk.errors import ConfigError
 from hulk.wire.broker import parse_broker_url
+from hulk.wire.records import ProbeSettings
 from planner.gnn.online import (ACTIVE_NAME, RESULTS_NAME, RetrainConfig, Retrainer, append_result,
                                 retrain_on_change, seed_active_checkpoint, serve_search)
 from planner.security.credentials import CredentialStore
@@ -47,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
                    help="fleet name used in MQTT topics (HULK_FLEET)")
     p.add_argument("--rollup-seconds", type=float, default=30.0,
                    help="how often raw samples are folded into the daily rollups (default 30)")
+    p.add_argument("--report-seconds", type=float, default=0.0, metavar="SECONDS",
+                   help="agents send a Report at most this often (0: their own 5 s; a large "
+                        "fleet sets minutes, e.g. 600)")
     # Recovery: re-plan the jobs of nodes that go silent.
     p.add_argument("--mqtt", metavar="URL", default=settings.mqtt,
                    help="broker mqtt://[user:pass@]HOST:PORT (HULK_MQTT): re-plan and push "
@@ -94,6 +98,9 @@ def check_flags(args: argparse.Namespace) -> None:
                           field="--window-days")
     if args.rate_limit <= 0 or args.rate_burst < 1:
         raise ConfigError("expected --rate-limit > 0 and --rate-burst >= 1", field="--rate-limit")
+    if not (args.report_seconds == 0 or 0.1 <= args.report_seconds <= 3600):
+        raise ConfigError(f"expected 0 or 0.1-3600 seconds, got {args.report_seconds}",
+                          field="--report-seconds")
     if not args.rollup_seconds > 0:
         raise ConfigError(f"expected seconds > 0, got {args.rollup_seconds}",
                           field="--rollup-seconds")
@@ -152,7 +159,8 @@ def build_runtime(args: argparse.Namespace) -> PlannerRuntime:
     guards = [] if credentials is None else [NodeGuard(CredentialStore(args.db), rate_limit=rate)]
     return PlannerRuntime(args.db, args.listen, fleet=args.fleet_name, credentials=credentials,
                           interceptors=guards, raw_days=args.raw_days,
-                          window_days=args.window_days, rollup_interval_s=args.rollup_seconds)
+                          window_days=args.window_days, rollup_interval_s=args.rollup_seconds,
+                          settings=ProbeSettings(report_interval_s=args.report_seconds))
 
 
 def add_gnn(runtime: PlannerRuntime, args: argparse.Namespace) -> Path | None:
