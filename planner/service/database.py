@@ -7,9 +7,10 @@ Tables:
   batches         (node, batch id) of every stored Report: a retried batch is stored once
   samples         raw probe samples (from agents before summaries), kept ``raw_days`` (default 7)
   summaries       raw per-round summaries from agents, kept ``summary_minutes`` once rolled up
-  rollups         per UTC day per ordered pair: count, lost, sum, sum of squares, min, max and
-                  the RTT histogram (``hist``: hulk.wire.histogram's compact bytes), keyed
-                  (day, src, dst) so a day's rows sit together and old days leave as a range
+  rollups         per UTC day per ordered pair: count, lost, sum, sum of squares, min and max
+                  (whole microseconds: 3-4 bytes instead of 8) and the RTT histogram (``hist``:
+                  hulk.wire.histogram's compact bytes), keyed (day, src, dst) so a day's rows
+                  sit together and old days leave as a range
   rejected        rejected-sample counters per node and reason
   imported_links  links of an imported fleet file (used where nothing was measured)
   meta            schema version, the rollup watermark, the peers version
@@ -44,7 +45,7 @@ SCHEMA_VERSION = 2   # 2: histograms inside rollups (was rollup_buckets), summar
 ROLLUPS_V2 = """CREATE TABLE rollups (
     day INTEGER NOT NULL, src INTEGER NOT NULL, dst INTEGER NOT NULL,
     count INTEGER NOT NULL, lost INTEGER NOT NULL, sum REAL NOT NULL,
-    sumsq REAL NOT NULL, min REAL, max REAL, hist BLOB,
+    sumsq REAL NOT NULL, min_us INTEGER, max_us INTEGER, hist BLOB,
     PRIMARY KEY (day, src, dst)) WITHOUT ROWID"""
 
 
@@ -196,7 +197,8 @@ class Database:
                     id INTEGER PRIMARY KEY AUTOINCREMENT,
                     src INTEGER NOT NULL, dst INTEGER NOT NULL, round_ms INTEGER NOT NULL,
                     kind INTEGER NOT NULL, count INTEGER NOT NULL, lost INTEGER NOT NULL,
-                    sum REAL NOT NULL, sumsq REAL NOT NULL, min REAL, max REAL, hist BLOB)""")
+                    sum REAL NOT NULL, sumsq REAL NOT NULL, min_us INTEGER, max_us INTEGER,
+                    hist BLOB)""")
             if "samples" not in db.table_names():
                 # AUTOINCREMENT: rowids never go back, so the rollup watermark stays valid even
                 # after pruning empties the table.
@@ -244,8 +246,10 @@ class Database:
         conn.execute("ALTER TABLE rollups RENAME TO rollups_v1")
         conn.execute("DROP INDEX IF EXISTS rollups_day")
         conn.execute(ROLLUPS_V2)
-        conn.execute("""INSERT INTO rollups(day, src, dst, count, lost, sum, sumsq, min, max, hist)
-            SELECT r.day, r.src, r.dst, r.count, r.lost, r.sum, r.sumsq, r.min, r.max,
+        conn.execute("""INSERT INTO rollups(day, src, dst, count, lost, sum, sumsq, min_us, max_us,
+                                            hist)
+            SELECT r.day, r.src, r.dst, r.count, r.lost, r.sum, r.sumsq,
+                   CAST(round(r.min * 1000) AS INTEGER), CAST(round(r.max * 1000) AS INTEGER),
                    (SELECT hist_of(b.bucket, b.count) FROM rollup_buckets b
                     WHERE b.src = r.src AND b.dst = r.dst AND b.day = r.day)
             FROM rollups_v1 r ORDER BY r.day, r.src, r.dst""")

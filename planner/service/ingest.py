@@ -44,7 +44,7 @@ from planner.core.rollup import bucket_index
 from planner.service.admission import (KNOWN_KINDS, MAX_PAYLOAD_BYTES, MAX_TIMEOUT_MS,
                                        bounded_launch, check_registration, check_summary,
                                        corrected_times)
-from planner.service.store import DAY_MS, NodeRef, SampleRow, Store, SummaryRow
+from planner.service.store import DAY_MS, NodeRef, SampleRow, Store, SummaryRow, micros
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ class IngestService:
                     example = example or (peer.id, s.rtt_min_ms, bound)
                     continue
                 rows.append((node.idx, peer.idx, times[i], s.kind, s.count, s.lost, s.rtt_sum_ms,
-                             s.rtt_sum_sq_ms2, s.rtt_min_ms, s.rtt_max_ms,
+                             s.rtt_sum_sq_ms2, micros(s.rtt_min_ms), micros(s.rtt_max_ms),
                              histogram.encode(dict(s.buckets))))
             else:
                 rows.append((node.idx, peer.idx, times[i], s.kind, s.count, s.lost, 0.0, 0.0,

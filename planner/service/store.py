@@ -60,9 +60,27 @@ class PairRollup:
 # Raw sample row as stored: (src idx, dst idx, sent_ms, kind, payload, lost, rtt_ms, bucket).
 SampleRow = tuple[int, int, int, int, int, int, float | None, int | None]
 # Summary row as stored: (src idx, dst idx, round_ms, kind, count, lost, sum, sum of squares,
-# min, max, histogram bytes); min, max and histogram None when every packet was lost.
-SummaryRow = tuple[int, int, int, int, int, int, float, float, float | None, float | None,
+# min us, max us, histogram bytes); min, max and histogram None when every packet was lost.
+SummaryRow = tuple[int, int, int, int, int, int, float, float, int | None, int | None,
                    bytes | None]
+
+
+def batch_key(batch_id: str) -> str | bytes:
+    """How a batch id is kept: the 32 lower-case hex digits agents send (a uuid4) as their 16
+    bytes, half the room in the table and again in its index; any other id as it is."""
+    if len(batch_id) == 32:
+        try:
+            key = bytes.fromhex(batch_id)
+        except ValueError:
+            return batch_id
+        if key.hex() == batch_id:
+            return key
+    return batch_id
+
+
+def micros(rtt_ms: float) -> int:
+    """An RTT as the whole microseconds rollups keep its min and max in."""
+    return int(round(rtt_ms * 1000.0))
 
 
 class Store(JobRecords, Database):
@@ -186,7 +204,14 @@ class Store(JobRecords, Database):
         t = self.clock()
         n_rejected = sum((rejected or {}).values())
         accepted = len(rows) + len(summaries)
+        text_id, batch_id = batch_id, batch_key(batch_id)
         with self.transaction("store batch") as conn:
+            if batch_id is not text_id:  # stored by a planner before compact ids?
+                first = conn.execute("SELECT accepted, rejected FROM batches WHERE node_idx = ? "
+                                     "AND batch_id = ?", (node.idx, text_id)).fetchone()
+                if first is not None:
+                    conn.execute("UPDATE nodes SET last_seen_ms = ? WHERE idx = ?", (t, node.idx))
+                    return first[0], first[1], True
             cur = conn.execute("INSERT OR IGNORE INTO batches(node_idx, batch_id, received_ms, "
                                "accepted, rejected) VALUES (?, ?, ?, ?, ?)",
                                (node.idx, batch_id, t, accepted, n_rejected))
@@ -203,7 +228,7 @@ class Store(JobRecords, Database):
                              "batch_id = ?", (last, node.idx, batch_id))
             if summaries:
                 conn.executemany("INSERT INTO summaries(src, dst, round_ms, kind, count, lost, "
-                                 "sum, sumsq, min, max, hist) VALUES (?, ?, ?, ?, ?, ?, ?, ?, "
+                                 "sum, sumsq, min_us, max_us, hist) VALUES (?, ?, ?, ?, ?, ?, ?, ?, "
                                  "?, ?, ?)", summaries)
                 last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
                 conn.execute("UPDATE batches SET last_summary_id = ? WHERE node_idx = ? AND "
@@ -273,12 +298,12 @@ class Store(JobRecords, Database):
         if top is None or top <= mark:
             return 0
         conn.execute(f"""
-            INSERT INTO rollups(day, src, dst, count, lost, sum, sumsq, min, max, hist)
+            INSERT INTO rollups(day, src, dst, count, lost, sum, sumsq, min_us, max_us, hist)
             SELECT sent_ms / {DAY_MS}, src, dst, count(*), sum(lost),
                    total(CASE WHEN lost = 0 THEN rtt_ms END),
                    total(CASE WHEN lost = 0 THEN rtt_ms * rtt_ms END),
-                   min(CASE WHEN lost = 0 THEN rtt_ms END),
-                   max(CASE WHEN lost = 0 THEN rtt_ms END),
+                   min(CASE WHEN lost = 0 THEN CAST(round(rtt_ms * 1000) AS INTEGER) END),
+                   max(CASE WHEN lost = 0 THEN CAST(round(rtt_ms * 1000) AS INTEGER) END),
                    hist_of(CASE WHEN lost = 0 THEN bucket END)
             FROM samples WHERE id > ? AND id <= ? GROUP BY sent_ms / {DAY_MS}, src, dst
             ORDER BY 1, 2, 3 {_UPSERT}""", (mark, top))
@@ -293,9 +318,9 @@ class Store(JobRecords, Database):
         if top is None or top <= mark:
             return 0
         conn.execute(f"""
-            INSERT INTO rollups(day, src, dst, count, lost, sum, sumsq, min, max, hist)
+            INSERT INTO rollups(day, src, dst, count, lost, sum, sumsq, min_us, max_us, hist)
             SELECT round_ms / {DAY_MS}, src, dst, sum(count), sum(lost), total(sum),
-                   total(sumsq), min(min), max(max), hist_sum(hist)
+                   total(sumsq), min(min_us), max(max_us), hist_sum(hist)
             FROM summaries WHERE id > ? AND id <= ? GROUP BY round_ms / {DAY_MS}, src, dst
             ORDER BY 1, 2, 3 {_UPSERT}""", (mark, top))
         self._set_meta(conn, "summaries_rolled_through", top)
@@ -327,7 +352,8 @@ class Store(JobRecords, Database):
     def raw_summaries(self) -> list[dict[str, Any]]:
         """Raw summaries as dicts with node ids and decoded histograms (tests, debugging)."""
         sql = ("SELECT a.id AS src, b.id AS dst, s.round_ms, s.kind, s.count, s.lost, s.sum, "
-               "s.sumsq, s.min, s.max, s.hist FROM summaries s JOIN nodes a ON a.idx = s.src "
+               "s.sumsq, s.min_us / 1000.0 AS min, s.max_us / 1000.0 AS max, s.hist "
+               "FROM summaries s JOIN nodes a ON a.idx = s.src "
                "JOIN nodes b ON b.idx = s.dst ORDER BY s.id")
         with self._lock, self._errors("read summaries"):
             rows = list(self.db.query(sql))
@@ -365,7 +391,7 @@ class Store(JobRecords, Database):
             return {}
         a, b = refs[src].idx, refs[dst].idx
         with self._lock, self._errors("read rollups"):
-            rows = self.conn.execute("SELECT day, count, lost, sum, sumsq, min, max, hist "
+            rows = self.conn.execute("SELECT day, count, lost, sum, sumsq, min_us, max_us, hist "
                                      "FROM rollups WHERE src = ? AND dst = ?", (a, b)).fetchall()
         return {day: _rollup(row) for day, *row in rows}
 
@@ -377,7 +403,7 @@ class Store(JobRecords, Database):
         with self._lock, self._errors("read window"):
             rows = self.conn.execute("""
                 SELECT a.id, b.id, sum(r.count), sum(r.lost), total(r.sum), total(r.sumsq),
-                       min(r.min), max(r.max), hist_sum(r.hist)
+                       min(r.min_us), max(r.max_us), hist_sum(r.hist)
                 FROM rollups r JOIN nodes a ON a.idx = r.src JOIN nodes b ON b.idx = r.dst
                 WHERE r.day >= ? GROUP BY r.src, r.dst""", (first_day,)).fetchall()
         pairs = [PairRollup(r[0], r[1], _rollup(r[2:])) for r in rows]
@@ -433,8 +459,8 @@ class Store(JobRecords, Database):
 _UPSERT = """ON CONFLICT(day, src, dst) DO UPDATE SET
     count = count + excluded.count, lost = lost + excluded.lost,
     sum = sum + excluded.sum, sumsq = sumsq + excluded.sumsq,
-    min = min(coalesce(min, excluded.min), coalesce(excluded.min, min)),
-    max = max(coalesce(max, excluded.max), coalesce(excluded.max, max)),
+    min_us = min(coalesce(min_us, excluded.min_us), coalesce(excluded.min_us, min_us)),
+    max_us = max(coalesce(max_us, excluded.max_us), coalesce(excluded.max_us, max_us)),
     hist = hist_merge(hist, excluded.hist)"""
 
 
@@ -442,8 +468,8 @@ def _rollup(row: Sequence[Any]) -> DailyRollup:
     count, lost, total, sumsq, lo, hi, hist = row
     return DailyRollup(count=int(count), lost=int(lost or 0), sum=float(total or 0.0),
                        sumsq=float(sumsq or 0.0),
-                       min=math.inf if lo is None else float(lo),
-                       max=-math.inf if hi is None else float(hi),
+                       min=math.inf if lo is None else lo / 1000.0,
+                       max=-math.inf if hi is None else hi / 1000.0,
                        buckets=histogram.decode(hist))
 
 

@@ -202,10 +202,30 @@ def test_a_schema_1_store_file_is_migrated_in_place(tmp_path):
         assert days[20001].count == 2 and days[20001].buckets == {}
         # and it takes summaries now
         assert store.store_batch(store.node_refs()["a"], "x", [], None, 0, [
-            (1, 2, 20000 * DAY_MS, 1, 2, 0, 5.0, 12.5, 2.5, 2.5, b"\x22\x02")]) == (1, 0, False)
+            (1, 2, 20000 * DAY_MS, 1, 2, 0, 5.0, 12.5, 2500, 2500, b"\x22\x02")]) == (1, 0, False)
         assert store.daily_rollups("a", "b")[20000].buckets == {32: 3, 34: 3}
     with sqlite3.connect(db) as conn:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
         assert "rollup_buckets" not in tables and "summaries" in tables
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() \
             == ("2",)
+
+
+def test_hex_batch_ids_are_kept_as_bytes_and_one_stored_as_text_before_is_still_known(tmp_path):
+    with Store(tmp_path / "planner.db") as store:
+        for node in ("a", "b"):
+            store.register(RegisterRequest(node))
+        a = store.node_refs()["a"]
+        old_id, new_id = "0123456789abcdef" * 2, "fedcba9876543210" * 2
+        with store.transaction("a planner before compact ids") as conn:
+            conn.execute("INSERT INTO batches(node_idx, batch_id, received_ms, accepted, "
+                         "rejected) VALUES (?, ?, ?, 7, 1)", (a.idx, old_id, NOW))
+        assert store.store_batch(a, old_id, [(a.idx, 2, NOW, 1, 56, 1, None, None)]) == \
+            (7, 1, True)
+        assert store.store_batch(a, new_id, [(a.idx, 2, NOW, 1, 56, 1, None, None)]) == \
+            (1, 0, False)
+        assert store.store_batch(a, new_id, []) == (1, 0, True)
+        assert store.store_batch(a, "not-hex", []) == (0, 0, False)
+        kinds = dict(store.conn.execute("SELECT typeof(batch_id), count(*) FROM batches "
+                                        "GROUP BY 1").fetchall())
+        assert kinds == {"text": 2, "blob": 1} and store.sample_count() == 1
