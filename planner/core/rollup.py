@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from hulk.wire.histogram import (BUCKETS_PER_DECADE, HIGH_MS, LOW_MS, NUM_BUCKETS,  # noqa: F401
                                  NUM_REGULAR, OVERFLOW, bucket_bounds, bucket_index, edge)
 
+__all__ = ["BUCKETS_PER_DECADE", "HIGH_MS", "LOW_MS", "NUM_BUCKETS", "NUM_REGULAR", "OVERFLOW",
+           "DailyRollup", "WindowStats", "bucket_bounds", "bucket_index", "bucket_width", "edge",
+           "merge_all"]
+
 
 def bucket_width(rtt_ms: float) -> float:
     low, high = bucket_bounds(bucket_index(rtt_ms))
