@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from hulk import errors
-from hulk.wire.records import LaunchState, LaunchStatus, ProbeSample
+from hulk.wire.records import LaunchState, LaunchStatus, PeerSummary, ProbeSample
 
 # Closed label sets, exported at 0 from the start so alerts see them before the first event.
 REFUSAL_REASONS = ("malformed", "no_key", "bad_signature", "misaddressed", "expired", "replayed",
@@ -48,7 +48,7 @@ def report_failure_reason(err: errors.HulkError) -> str:
 class AgentEvents:
     """What the agent's parts report as it happens. This base does nothing."""
 
-    def probed(self, samples: Sequence[ProbeSample]) -> None: ...
+    def probed(self, samples: Sequence[ProbeSample | PeerSummary]) -> None: ...
 
     def reported(self, samples: int, rejected: int, duplicate: bool) -> None: ...
 
@@ -126,13 +126,24 @@ class AgentMetrics(AgentEvents):
         self.registry.register(_RuntimeCollector(lambda: runtime))
 
     # ------------------------------------------------------------------ events
-    def probed(self, samples: Sequence[ProbeSample]) -> None:
+    def probed(self, samples: Sequence[ProbeSample | PeerSummary]) -> None:
         # One inc per peer and batch, children looked up once per peer: this runs for every
         # probe packet, and the agent must stay light.
         sent: dict[str, int] = {}
         lost: dict[str, int] = {}
         last: dict[str, float] = {}
         for s in samples:
+            if isinstance(s, PeerSummary):
+                # A round folded into one summary: its packets count, its mean RTT is observed
+                # once (the histogram then counts rounds, not packets).
+                sent[s.peer_id] = sent.get(s.peer_id, 0) + s.count
+                if s.lost:
+                    lost[s.peer_id] = lost.get(s.peer_id, 0) + s.lost
+                if s.received:
+                    seconds = s.rtt_sum_ms / s.received / 1000.0
+                    self.rtt.observe(seconds)
+                    last[s.peer_id] = seconds
+                continue
             sent[s.peer_id] = sent.get(s.peer_id, 0) + 1
             if s.lost:
                 lost[s.peer_id] = lost.get(s.peer_id, 0) + 1

@@ -3,7 +3,9 @@
 - Rounds: one per peer per interval, each peer at its own random phase, each round jittered, so
   a fleet's probes do not arrive in bursts.
 - A round sends several packets, one after the other with a small gap; every packet becomes a
-  sample, a lost one with lost=True (never an exception).
+  sample, a lost one with lost=True (never an exception). The sink gets the round folded into
+  one ``PeerSummary`` per peer and probe kind (count, lost, sums, min, max, histogram), not the
+  samples (``summarize=False`` hands on the samples, as agents before issue 13 sent them).
 - Where ICMP gets no answer at all (or cannot be sent) and the peer lists a probe port, a TCP
   connect round measures instead; a peer found ICMP-blocked is probed over TCP and re-tried
   over ICMP every ``icmp_recheck_rounds`` rounds.
@@ -27,7 +29,7 @@ from typing import Protocol
 
 from agent.clock import Clock, SystemClock
 from agent.peers import PeerResolver, peer_problem
-from hulk.wire.records import Peer, ProbeKind, ProbeSample, ProbeSettings
+from hulk.wire.records import Peer, PeerSummary, ProbeKind, ProbeSample, ProbeSettings
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +143,16 @@ class RoundScheduler:
 
 # --------------------------------------------------------------------------------- the prober
 
-SampleSink = Callable[[Sequence[ProbeSample]], None]
+SampleSink = Callable[[Sequence[ProbeSample | PeerSummary]], None]
+
+
+def summarize_round(samples: Sequence[ProbeSample]) -> list[PeerSummary]:
+    """A round's samples folded into one summary per (peer, probe kind), in first-seen order
+    (a round that fell back from ICMP to TCP gives two)."""
+    groups: dict[tuple[str, int], list[ProbeSample]] = {}
+    for s in samples:
+        groups.setdefault((s.peer_id, int(s.kind)), []).append(s)
+    return [PeerSummary.of_samples(group) for group in groups.values()]
 
 
 class Prober:
@@ -152,8 +163,9 @@ class Prober:
                  connector: Connector | None = None, clock: Clock | None = None,
                  rng: random.Random | None = None, icmp_recheck_rounds: int = 10,
                  batch_window_s: float = 0.5, packet_gap_s: float = 0.2,
-                 resolver: PeerResolver | None = None):
+                 resolver: PeerResolver | None = None, summarize: bool = True):
         self.settings = settings
+        self.summarize = summarize
         self.packet_gap_s = packet_gap_s
         self._sink = sink
         self._pinger = pinger
@@ -230,7 +242,7 @@ class Prober:
             async with self._semaphore:
                 samples = await self.probe_round(peer)
             if samples:
-                self._sink(samples)
+                self._sink(summarize_round(samples) if self.summarize else samples)
             self.rounds_done += 1
         except asyncio.CancelledError:
             raise

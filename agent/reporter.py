@@ -2,8 +2,9 @@
 
 - PlannerClient is the small interface the runtime uses; GrpcPlannerClient implements it with
   grpc.aio and is the one place where grpc errors become hulk.errors.
-- Reporter sends the spool's batches; a batch leaves the spool only when the planner
-  acknowledged it (stored now or already stored: ``duplicate``). A retry reuses the batch id.
+- Reporter sends the spool's batches (per-round summaries, and raw samples an older agent
+  spooled); a batch leaves the spool only when the planner acknowledged it (stored now or
+  already stored: ``duplicate``). A retry reuses the batch id.
 - Backoff: exponential with jitter and a cap, for a planner that is down.
 """
 
@@ -24,8 +25,9 @@ from agent.metrics import NO_EVENTS, AgentEvents
 from agent.spool import Spool, SpoolFullError
 from hulk import errors
 from hulk.v1 import hulk_pb2_grpc
-from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, LaunchStatus, ProbeSample,
-                               RegisterAnswer, RegisterRequest, ReportRequest, ReportResult)
+from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, LaunchStatus, PeerSummary,
+                               ProbeSample, RegisterAnswer, RegisterRequest, ReportRequest,
+                               ReportResult)
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,8 @@ def translate_rpc_error(err: grpc.RpcError, method: str) -> errors.HulkError:
 class PlannerClient(Protocol):
     async def register(self, request: RegisterRequest) -> RegisterAnswer: ...
 
-    async def report(self, node_id: str, batch_id: str, samples: tuple[ProbeSample, ...],
+    async def report(self, node_id: str, batch_id: str,
+                     samples: tuple[ProbeSample | PeerSummary, ...],
                      spool_dropped: int) -> ReportResult: ...
 
     async def heartbeat(self, node_id: str, time_ms: int, spool_depth: int, spool_dropped: int,
@@ -143,9 +146,13 @@ class GrpcPlannerClient:
     async def register(self, request: RegisterRequest) -> RegisterAnswer:
         return RegisterAnswer.from_proto(await self._call("Register", request.to_proto()))
 
-    async def report(self, node_id: str, batch_id: str, samples: tuple[ProbeSample, ...],
+    async def report(self, node_id: str, batch_id: str,
+                     samples: tuple[ProbeSample | PeerSummary, ...],
                      spool_dropped: int) -> ReportResult:
-        request = ReportRequest(node_id, batch_id, samples, spool_dropped)
+        """One Report; ``samples`` may mix summaries and raw samples (they go in their fields)."""
+        summaries = tuple(s for s in samples if isinstance(s, PeerSummary))
+        raw = tuple(s for s in samples if not isinstance(s, PeerSummary)) if summaries else samples
+        request = ReportRequest(node_id, batch_id, raw, spool_dropped, summaries)
         return ReportResult.from_proto(await self._call("Report", request.to_proto()))
 
     async def heartbeat(self, node_id: str, time_ms: int, spool_depth: int, spool_dropped: int,

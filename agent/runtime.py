@@ -32,8 +32,8 @@ from agent.reporter import Backoff, GrpcPlannerClient, PlannerClient, Reporter
 from agent.spool import Spool
 from agent.systemd import SystemdNotifier
 from hulk import __version__, errors, geo
-from hulk.wire.records import (Inventory, LaunchState, LaunchStatus, NodeLocation, ProbeSample,
-                               ProbeSettings, RegisterAnswer, RegisterRequest)
+from hulk.wire.records import (Inventory, LaunchState, LaunchStatus, NodeLocation, PeerSummary,
+                               ProbeSample, ProbeSettings, RegisterAnswer, RegisterRequest)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class Component(Protocol):
 PLANNER_SETTING_RANGES: dict[str, tuple[float, float]] = {
     "interval_s": (0.1, 86400.0), "packets_per_round": (1, 100), "timeout_s": (0.01, 60.0),
     "payload_bytes": (0, 1472), "max_concurrency": (1, 4096), "max_batch": (1, 10_000),
+    "report_interval_s": (0.1, 3600.0),
 }
 
 
@@ -101,7 +102,8 @@ class AgentRuntime:
                  register_backoff: Backoff | None = None, report_backoff: Backoff | None = None,
                  restart_delay_s: float = 5.0, report_linger_s: float = 5.0,
                  spool_write_s: float = 1.0,
-                 rng: random.Random | None = None, events: AgentEvents = NO_EVENTS):
+                 rng: random.Random | None = None, summarize: bool = True,
+                 events: AgentEvents = NO_EVENTS):
         self.config = config
         self.events = events   # metrics (agent/metrics.py); no-op by default
         self.client = client
@@ -115,6 +117,7 @@ class AgentRuntime:
         self.flush_deadline_s = flush_deadline_s
         self.restart_delay_s = restart_delay_s
         self.spool_write_s = spool_write_s
+        self.report_linger_s = report_linger_s
         self._register_backoff = register_backoff or Backoff(rng=rng)
         self.registration: RegisterAnswer | None = None
         self.fatal: errors.HulkError | None = None   # a permanent error that ended the agent
@@ -125,7 +128,8 @@ class AgentRuntime:
             else None
         settings = effective_settings(config, None)
         self.prober = Prober(settings, self._sink, pinger=pinger,
-                             connector=connector or TcpConnector(), clock=self.clock, rng=rng)
+                             connector=connector or TcpConnector(), clock=self.clock, rng=rng,
+                             summarize=summarize)
         self.reporter = Reporter(config.node_id, spool, client, max_batch=settings.max_batch,
                                  backoff=report_backoff or Backoff(rng=rng),
                                  clock=self.clock, linger_s=report_linger_s,
@@ -287,7 +291,7 @@ class AgentRuntime:
                 log.exception("%s failed; restarting it in %.0f s", name, self.restart_delay_s)
                 await self.clock.sleep(self.restart_delay_s)
 
-    def _sink(self, samples: Sequence[ProbeSample]) -> None:
+    def _sink(self, samples: Sequence[ProbeSample | PeerSummary]) -> None:
         # Held in memory for up to spool_write_s: one SQLite transaction a second, not one a round.
         self.spool.hold(samples)
         self.events.probed(samples)
@@ -320,6 +324,7 @@ class AgentRuntime:
         self.prober.set_settings(settings)
         self.prober.set_peers(registration.peers)
         self.reporter.max_batch = settings.max_batch
+        self.reporter.linger_s = settings.report_interval_s or self.report_linger_s
         self.notifier.status(f"registered with {self.config.planner}; probing "
                              f"{len(registration.peers)} peers every {settings.interval_s:g} s")
         log.info("registered with %s (fleet %r): %d peers, a round every %g s",

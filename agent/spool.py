@@ -1,4 +1,9 @@
-"""The agent's local SQLite spool: samples wait here until the planner acknowledges them.
+"""The agent's local SQLite spool: records wait here until the planner acknowledges them.
+
+A record is a per-round summary (``PeerSummary``, what the prober makes since issue 13) or a
+raw sample (``ProbeSample``: what older agents spooled, still sent after an upgrade). Both are
+rows of one table, so a batch keeps the exact-once order whatever it holds; a summary's row
+has ``count`` set (a sample's is NULL). "Samples" below means records of either kind.
 
 - hold(): new samples, into memory (cheap; the prober calls it every round).
 - save(): what memory holds, onto disk (the runtime calls it about once a second).
@@ -38,7 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hulk.errors import StoreError
-from hulk.wire.records import ProbeKind, ProbeSample
+from hulk.wire import histogram
+from hulk.wire.records import PeerSummary, ProbeKind, ProbeSample
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +59,12 @@ CREATE TABLE IF NOT EXISTS samples (
     payload_bytes INTEGER NOT NULL,
     lost INTEGER NOT NULL,
     rtt_ms REAL NOT NULL,
-    timeout_ms REAL NOT NULL
+    timeout_ms REAL NOT NULL,
+    count INTEGER,
+    sumsq REAL,
+    min_ms REAL,
+    max_ms REAL,
+    hist BLOB
 );
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO counters VALUES ('dropped', 0);
@@ -64,11 +75,16 @@ WAL_PAGES = 64                    # checkpoint every 64 pages of log (256 KiB at
 WAL_LIMIT_BYTES = 256 << 10       # the log file left after a checkpoint is at most this big
 RESERVE_BYTES = 512 << 10         # room kept free for checkpoints, batch records and acks
 CHUNK_ROWS = 500                  # rows inserted or deleted per transaction
-ROW_BYTES = 100                   # a sample on disk, generously (about 60 in practice)
+ROW_BYTES = 128                   # a record on disk, generously (a sample ~60, a summary ~90)
 MEMORY_MAX = 50_000               # samples held in memory at most while the disk is full
 
 SQLITE_IOERR, SQLITE_FULL = 10, 13
-_COLUMNS = "peer_id, sent_at_ms, kind, payload_bytes, lost, rtt_ms, timeout_ms"
+_COLUMNS = ("peer_id, sent_at_ms, kind, payload_bytes, lost, rtt_ms, timeout_ms, count, sumsq, "
+            "min_ms, max_ms, hist")
+# Columns a spool written before summaries lacks (added on open).
+_SUMMARY_COLUMNS = {"count": "INTEGER", "sumsq": "REAL", "min_ms": "REAL", "max_ms": "REAL",
+                    "hist": "BLOB"}
+Record = ProbeSample | PeerSummary
 
 
 class SpoolFullError(StoreError):
@@ -78,7 +94,7 @@ class SpoolFullError(StoreError):
 @dataclass(frozen=True)
 class Batch:
     batch_id: str
-    samples: tuple[ProbeSample, ...]
+    samples: tuple[Record, ...]      # summaries and (from an older agent's spool) samples
 
 
 def _is_full(err: sqlite3.Error) -> bool:
@@ -89,9 +105,21 @@ def _is_full(err: sqlite3.Error) -> bool:
     return "disk is full" in str(err) or "disk I/O error" in str(err)
 
 
-def _row(s: ProbeSample) -> tuple:
+def _row(s: Record) -> tuple:
+    if isinstance(s, PeerSummary):
+        return (s.peer_id, s.round_start_ms, int(s.kind), s.payload_bytes, s.lost, s.rtt_sum_ms,
+                s.timeout_ms, s.count, s.rtt_sum_sq_ms2, s.rtt_min_ms, s.rtt_max_ms,
+                histogram.encode(dict(s.buckets)))
     return (s.peer_id, s.sent_at_ms, int(s.kind), s.payload_bytes, int(s.lost), s.rtt_ms,
-            s.timeout_ms)
+            s.timeout_ms, None, None, None, None, None)
+
+
+def _record(r: tuple) -> Record:
+    if r[7] is None:
+        return ProbeSample(peer_id=r[0], sent_at_ms=r[1], kind=ProbeKind(r[2]),
+                           payload_bytes=r[3], lost=bool(r[4]), rtt_ms=r[5], timeout_ms=r[6])
+    return PeerSummary(r[0], r[1], r[2], r[3], r[6], r[7], r[4], r[5], r[8], r[9], r[10],
+                       tuple(sorted(histogram.decode(r[11]).items())))
 
 
 class Spool:
@@ -104,7 +132,7 @@ class Spool:
         self.memory_max = max(1, memory_max if memory_max is not None
                               else min(max_samples, MEMORY_MAX))
         self.reserve_bytes = reserve_bytes
-        self._held: deque[ProbeSample] = deque()
+        self._held: deque[Record] = deque()
         self._unsaved_dropped = 0       # dropped from memory, not yet added to the disk counter
         self._waiting_since_held: int | None = None   # held count when saving stopped (logged)
         try:
@@ -129,6 +157,10 @@ class Spool:
     def _migrate(self) -> None:
         """A spool written before the batches table: its stamped batch becomes the pending one."""
         self._db.execute("DROP INDEX IF EXISTS samples_batch")
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(samples)")}
+        for name, kind in _SUMMARY_COLUMNS.items():
+            if name not in have:  # a spool from before summaries: its samples stay as they are
+                self._db.execute(f"ALTER TABLE samples ADD COLUMN {name} {kind}")
         if self._db.execute("SELECT 1 FROM batches LIMIT 1").fetchone() is None:
             stamped = self._db.execute(
                 "SELECT batch_id, max(seq) FROM samples WHERE batch_id IS NOT NULL"
@@ -141,7 +173,7 @@ class Spool:
         return kind(f"{self.path}: spool {what} failed: {err}")
 
     # ------------------------------------------------------------------ samples in
-    def hold(self, samples: Iterable[ProbeSample]) -> int:
+    def hold(self, samples: Iterable[Record]) -> int:
         """Keep samples in memory until the next save(); returns how many of the oldest held
         ones the memory bound dropped."""
         self._held.extend(samples)
@@ -179,7 +211,7 @@ class Spool:
             self._waiting_since_held = None
         return dropped
 
-    def append(self, samples: Iterable[ProbeSample]) -> int:
+    def append(self, samples: Iterable[Record]) -> int:
         """hold() then save(); returns how many samples the bounds dropped."""
         return self.hold(samples) + self.save()
 
@@ -203,12 +235,12 @@ class Spool:
                         "and are saved when there is room", self.path, why, len(self._held),
                         self.memory_max)
 
-    def _insert(self, chunk: list[ProbeSample]) -> int:
+    def _insert(self, chunk: list[Record]) -> int:
         """One transaction: the chunk in, the oldest un-batched out past the bound, counters."""
         try:
             with self._transaction():
                 self._db.executemany(f"INSERT INTO samples ({_COLUMNS}) VALUES (?, ?, ?, ?, ?,"
-                                     " ?, ?)", [_row(s) for s in chunk])
+                                     " ?, ?, ?, ?, ?, ?, ?)", [_row(s) for s in chunk])
                 depth = self._stored + len(chunk)
                 dropped = 0
                 if depth > self.max_samples:
@@ -253,10 +285,7 @@ class Spool:
         if not rows:  # acknowledged, but the process stopped before the record went
             self._finish(self._pending[0], count_dropped=False)
             return self.take_batch(max_samples)
-        samples = tuple(ProbeSample(peer_id=r[0], sent_at_ms=r[1], kind=ProbeKind(r[2]),
-                                    payload_bytes=r[3], lost=bool(r[4]), rtt_ms=r[5],
-                                    timeout_ms=r[6]) for r in rows)
-        return Batch(self._pending[0], samples)
+        return Batch(self._pending[0], tuple(_record(r) for r in rows))
 
     def ack(self, batch_id: str) -> int:
         """The planner has the batch: delete it. Returns how many samples left the spool."""
@@ -316,7 +345,7 @@ class Spool:
         """Samples dropped past the bounds (or refused), cumulative over the spool's life."""
         return self._saved_dropped + self._unsaved_dropped
 
-    def held_batch(self, max_samples: int) -> tuple[ProbeSample, ...]:
+    def held_batch(self, max_samples: int) -> tuple[Record, ...]:
         """Up to ``max_samples`` of the oldest held samples, left in memory: at shutdown, what
         the disk cannot take is sent as it is (then forget_held())."""
         return tuple(self._held[i] for i in range(min(max_samples, len(self._held))))

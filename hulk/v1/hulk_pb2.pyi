@@ -94,20 +94,22 @@ class Peer(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., probe_port: _Optional[int] = ...) -> None: ...
 
 class ProbeSettings(_message.Message):
-    __slots__ = ("interval_s", "packets_per_round", "timeout_s", "payload_bytes", "max_concurrency", "max_batch")
+    __slots__ = ("interval_s", "packets_per_round", "timeout_s", "payload_bytes", "max_concurrency", "max_batch", "report_interval_s")
     INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     PACKETS_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     interval_s: float
     packets_per_round: int
     timeout_s: float
     payload_bytes: int
     max_concurrency: int
     max_batch: int
-    def __init__(self, interval_s: _Optional[float] = ..., packets_per_round: _Optional[int] = ..., timeout_s: _Optional[float] = ..., payload_bytes: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
+    report_interval_s: float
+    def __init__(self, interval_s: _Optional[float] = ..., packets_per_round: _Optional[int] = ..., timeout_s: _Optional[float] = ..., payload_bytes: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., max_batch: _Optional[int] = ..., report_interval_s: _Optional[float] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("peers", "settings", "fleet", "server_time_ms")
@@ -139,17 +141,49 @@ class Sample(_message.Message):
     timeout_ms: float
     def __init__(self, peer_id: _Optional[str] = ..., sent_at_ms: _Optional[int] = ..., kind: _Optional[_Union[ProbeKind, str]] = ..., payload_bytes: _Optional[int] = ..., lost: _Optional[bool] = ..., rtt_ms: _Optional[float] = ..., timeout_ms: _Optional[float] = ...) -> None: ...
 
+class PeerSummary(_message.Message):
+    __slots__ = ("peer_id", "round_start_ms", "kind", "payload_bytes", "timeout_ms", "count", "lost", "rtt_sum_ms", "rtt_sum_sq_ms2", "rtt_min_ms", "rtt_max_ms", "histogram_buckets", "histogram_counts")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_START_MS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    RTT_SUM_MS_FIELD_NUMBER: _ClassVar[int]
+    RTT_SUM_SQ_MS2_FIELD_NUMBER: _ClassVar[int]
+    RTT_MIN_MS_FIELD_NUMBER: _ClassVar[int]
+    RTT_MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    HISTOGRAM_BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    HISTOGRAM_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    round_start_ms: int
+    kind: ProbeKind
+    payload_bytes: int
+    timeout_ms: float
+    count: int
+    lost: int
+    rtt_sum_ms: float
+    rtt_sum_sq_ms2: float
+    rtt_min_ms: float
+    rtt_max_ms: float
+    histogram_buckets: _containers.RepeatedScalarFieldContainer[int]
+    histogram_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, peer_id: _Optional[str] = ..., round_start_ms: _Optional[int] = ..., kind: _Optional[_Union[ProbeKind, str]] = ..., payload_bytes: _Optional[int] = ..., timeout_ms: _Optional[float] = ..., count: _Optional[int] = ..., lost: _Optional[int] = ..., rtt_sum_ms: _Optional[float] = ..., rtt_sum_sq_ms2: _Optional[float] = ..., rtt_min_ms: _Optional[float] = ..., rtt_max_ms: _Optional[float] = ..., histogram_buckets: _Optional[_Iterable[int]] = ..., histogram_counts: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class ReportRequest(_message.Message):
-    __slots__ = ("node_id", "batch_id", "samples", "spool_dropped")
+    __slots__ = ("node_id", "batch_id", "samples", "spool_dropped", "summaries")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     SPOOL_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     batch_id: str
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
     spool_dropped: int
-    def __init__(self, node_id: _Optional[str] = ..., batch_id: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., spool_dropped: _Optional[int] = ...) -> None: ...
+    summaries: _containers.RepeatedCompositeFieldContainer[PeerSummary]
+    def __init__(self, node_id: _Optional[str] = ..., batch_id: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., spool_dropped: _Optional[int] = ..., summaries: _Optional[_Iterable[_Union[PeerSummary, _Mapping]]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
     __slots__ = ("accepted", "rejected", "duplicate")

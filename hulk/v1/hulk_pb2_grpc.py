@@ -63,7 +63,8 @@ class PlannerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Report(self, request, context):
-        """A batch of probe samples. Idempotent by (node_id, batch_id): a retried batch is stored once.
+        """A batch of probe samples and/or per-round summaries. Idempotent by (node_id, batch_id): a
+        retried batch is stored once.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -15,11 +15,14 @@ Requests and answers, by RPC:
 from __future__ import annotations
 
 import enum
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from hulk.errors import InputError
 from hulk.v1 import hulk_pb2
+from hulk.wire.histogram import histogram_of
 
 
 class ProbeKind(enum.IntEnum):
@@ -55,6 +58,64 @@ class ProbeSample(NamedTuple):
                    msg.timeout_ms)
 
 
+class PeerSummary(NamedTuple):
+    """One round of probes to one peer, folded by the agent (hulk.v1.PeerSummary).
+
+    RTT figures cover the received packets (count - lost), 0 when none came back. ``buckets``
+    is the RTT histogram in the fixed buckets of ``hulk.wire.histogram``: (bucket, count) pairs
+    of the non-empty buckets, in increasing bucket order. Nothing is checked here; the planner's
+    admission (``planner.service.admission.check_summary``) does."""
+
+    peer_id: str
+    round_start_ms: int        # unix epoch milliseconds: the round's first packet
+    kind: int                  # a ProbeKind
+    payload_bytes: int
+    timeout_ms: float
+    count: int                 # packets sent
+    lost: int
+    rtt_sum_ms: float
+    rtt_sum_sq_ms2: float
+    rtt_min_ms: float
+    rtt_max_ms: float
+    buckets: tuple[tuple[int, int], ...]
+
+    @property
+    def received(self) -> int:
+        return self.count - self.lost
+
+    @classmethod
+    def of_samples(cls, samples: Sequence[ProbeSample]) -> PeerSummary:
+        """The summary of one round's samples (same peer and kind; at least one sample)."""
+        first = samples[0]
+        rtts = [s.rtt_ms for s in samples if not s.lost]
+        return cls(first.peer_id, min(s.sent_at_ms for s in samples), int(first.kind),
+                   first.payload_bytes, first.timeout_ms, len(samples),
+                   len(samples) - len(rtts), math.fsum(rtts), math.fsum(r * r for r in rtts),
+                   min(rtts, default=0.0), max(rtts, default=0.0),
+                   tuple(sorted(histogram_of(rtts).items())))
+
+    def to_proto(self) -> hulk_pb2.PeerSummary:
+        return hulk_pb2.PeerSummary(
+            peer_id=self.peer_id, round_start_ms=self.round_start_ms, kind=int(self.kind),
+            payload_bytes=self.payload_bytes, timeout_ms=self.timeout_ms, count=self.count,
+            lost=self.lost, rtt_sum_ms=self.rtt_sum_ms, rtt_sum_sq_ms2=self.rtt_sum_sq_ms2,
+            rtt_min_ms=self.rtt_min_ms, rtt_max_ms=self.rtt_max_ms,
+            histogram_buckets=[k for k, _ in self.buckets],
+            histogram_counts=[c for _, c in self.buckets])
+
+    @classmethod
+    def from_proto(cls, msg: hulk_pb2.PeerSummary, where: str = "summary") -> PeerSummary:
+        """Faithful, except that bucket and count lists of different lengths are an
+        InputError here (naming ``where``): no pairing of them is what the sender meant."""
+        ks, cs = msg.histogram_buckets, msg.histogram_counts
+        if len(ks) != len(cs):
+            raise InputError(f"expected as many histogram counts as buckets, got {len(cs)} and "
+                             f"{len(ks)}", field=f"{where}.histogram_counts")
+        return cls(msg.peer_id, msg.round_start_ms, msg.kind, msg.payload_bytes, msg.timeout_ms,
+                   msg.count, msg.lost, msg.rtt_sum_ms, msg.rtt_sum_sq_ms2, msg.rtt_min_ms,
+                   msg.rtt_max_ms, tuple(zip(ks, cs)))
+
+
 @dataclass(frozen=True)
 class ProbeSettings:
     """How agents probe (``RegisterAnswer.settings``). The defaults are what the planner pushes,
@@ -65,19 +126,22 @@ class ProbeSettings:
     timeout_s: float = 2.0         # per packet
     payload_bytes: int = 56        # 56 + the 8-byte ICMP header: the 64-byte message `ping` sends
     max_concurrency: int = 64      # probe rounds in flight
-    max_batch: int = 2000          # samples per Report
+    max_batch: int = 2000          # records (samples or summaries) per Report
+    report_interval_s: float = 0.0  # Report at most this often; 0: the agent's own (5 s)
 
     def to_proto(self) -> hulk_pb2.ProbeSettings:
         return hulk_pb2.ProbeSettings(
             interval_s=self.interval_s, packets_per_round=self.packets_per_round,
             timeout_s=self.timeout_s, payload_bytes=self.payload_bytes,
-            max_concurrency=self.max_concurrency, max_batch=self.max_batch)
+            max_concurrency=self.max_concurrency, max_batch=self.max_batch,
+            report_interval_s=self.report_interval_s)
 
     @classmethod
     def from_proto(cls, msg: hulk_pb2.ProbeSettings) -> ProbeSettings:
         return cls(interval_s=msg.interval_s, packets_per_round=msg.packets_per_round,
                    timeout_s=msg.timeout_s, payload_bytes=msg.payload_bytes,
-                   max_concurrency=msg.max_concurrency, max_batch=msg.max_batch)
+                   max_concurrency=msg.max_concurrency, max_batch=msg.max_batch,
+                   report_interval_s=msg.report_interval_s)
 
 
 # ------------------------------------------------------------------------------ registration
@@ -210,24 +274,30 @@ class RegisterAnswer:
 
 @dataclass(frozen=True)
 class ReportRequest:
-    """A batch of samples (Report's request); retries reuse the batch id."""
+    """A batch of raw samples and/or per-round summaries (Report's request); retries reuse the
+    batch id. Agents before summaries send samples only; both kinds may share a batch."""
 
     node_id: str
     batch_id: str
     samples: tuple[ProbeSample, ...] = ()
-    spool_dropped: int = 0         # samples the agent's spool dropped past its bound, cumulative
+    spool_dropped: int = 0         # records the agent's spool dropped past its bound, cumulative
+    summaries: tuple[PeerSummary, ...] = ()
 
     def to_proto(self) -> hulk_pb2.ReportRequest:
         return hulk_pb2.ReportRequest(node_id=self.node_id, batch_id=self.batch_id,
                                       samples=[s.to_proto() for s in self.samples],
-                                      spool_dropped=self.spool_dropped)
+                                      spool_dropped=self.spool_dropped,
+                                      summaries=[s.to_proto() for s in self.summaries])
 
     @classmethod
     def from_proto(cls, msg: hulk_pb2.ReportRequest) -> ReportRequest:
         make = ProbeSample
+        summaries = [PeerSummary.from_proto(s, f"summaries[{i}]")
+                     for i, s in enumerate(msg.summaries)]
         return cls(node_id=msg.node_id, batch_id=msg.batch_id, spool_dropped=msg.spool_dropped,
                    samples=tuple(make(s.peer_id, s.sent_at_ms, s.kind, s.payload_bytes, s.lost,
-                                      s.rtt_ms, s.timeout_ms) for s in msg.samples))
+                                      s.rtt_ms, s.timeout_ms) for s in msg.samples),
+                   summaries=tuple(summaries))
 
 
 @dataclass(frozen=True)

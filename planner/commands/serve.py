@@ -13,6 +13,7 @@ import grpc
 from hulk.errors import ConfigError
 from hulk.metrics import parse_metrics_address, start_metrics_server
 from hulk.wire.broker import parse_broker_url
+from hulk.wire.records import ProbeSettings
 from planner.gnn.online import (ACTIVE_NAME, RESULTS_NAME, RetrainConfig, Retrainer, append_result,
                                 retrain_on_change, seed_active_checkpoint, serve_search)
 from planner.security.credentials import CredentialStore
@@ -53,6 +54,9 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (off by default; "
                         "docs/METRICS.md)")
+    p.add_argument("--report-seconds", type=float, default=0.0, metavar="SECONDS",
+                   help="agents send a Report at most this often (0: their own 5 s; a large "
+                        "fleet sets minutes, e.g. 600)")
     # Recovery: re-plan the jobs of nodes that go silent.
     p.add_argument("--mqtt", metavar="URL", default=settings.mqtt,
                    help="broker mqtt://[user:pass@]HOST:PORT (HULK_MQTT): re-plan and push "
@@ -109,6 +113,9 @@ def check_flags(args: argparse.Namespace) -> None:
                           field="--window-days")
     if args.rate_limit <= 0 or args.rate_burst < 1:
         raise ConfigError("expected --rate-limit > 0 and --rate-burst >= 1", field="--rate-limit")
+    if not (args.report_seconds == 0 or 0.1 <= args.report_seconds <= 3600):
+        raise ConfigError(f"expected 0 or 0.1-3600 seconds, got {args.report_seconds}",
+                          field="--report-seconds")
     if not args.rollup_seconds > 0:
         raise ConfigError(f"expected seconds > 0, got {args.rollup_seconds}",
                           field="--rollup-seconds")
@@ -174,6 +181,7 @@ def build_runtime(args: argparse.Namespace, events: ServeEvents = NO_EVENTS) -> 
     return PlannerRuntime(args.db, args.listen, fleet=args.fleet_name, credentials=credentials,
                           interceptors=guards, raw_days=args.raw_days,
                           window_days=args.window_days, rollup_interval_s=args.rollup_seconds,
+                          settings=ProbeSettings(report_interval_s=args.report_seconds),
                           events=events)
 
 

@@ -11,42 +11,13 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-LOW_MS = 0.05          # the lowest bucket edge; faster RTTs land in the underflow bucket 0
-HIGH_MS = 10_000.0     # 10 s; slower RTTs land in the overflow bucket
-BUCKETS_PER_DECADE = 20
-_LOG_LOW = math.log10(LOW_MS)
-# Bucket k (1..NUM_REGULAR) holds [edge(k-1), edge(k)); 0 is [0, LOW_MS); NUM_REGULAR+1 is
-# [HIGH_MS, inf).
-NUM_REGULAR = math.ceil(round(BUCKETS_PER_DECADE * math.log10(HIGH_MS / LOW_MS), 9))
-OVERFLOW = NUM_REGULAR + 1
-NUM_BUCKETS = NUM_REGULAR + 2
+# The buckets are the wire's (hulk.wire.histogram): summaries from agents fold in bucket for bucket.
+from hulk.wire.histogram import (BUCKETS_PER_DECADE, HIGH_MS, LOW_MS, NUM_BUCKETS,  # noqa: F401
+                                 NUM_REGULAR, OVERFLOW, bucket_bounds, bucket_index, edge)
 
-
-def edge(k: int) -> float:
-    """The lower edge of regular bucket k+1 (edge(0) = LOW_MS)."""
-    return LOW_MS * 10 ** (k / BUCKETS_PER_DECADE)
-
-
-def bucket_index(rtt_ms: float) -> int:
-    """The histogram bucket of an RTT in ms."""
-    if rtt_ms < LOW_MS:
-        return 0
-    k = int((math.log10(rtt_ms) - _LOG_LOW) * BUCKETS_PER_DECADE) + 1
-    # Guard the float edges so index and edges always agree.
-    if k > 1 and rtt_ms < edge(k - 1):
-        k -= 1
-    elif k <= NUM_REGULAR and rtt_ms >= edge(k):
-        k += 1
-    return min(k, OVERFLOW)
-
-
-def bucket_bounds(k: int) -> tuple[float, float]:
-    """[low, high) of bucket k in ms."""
-    if k <= 0:
-        return 0.0, LOW_MS
-    if k >= OVERFLOW:
-        return edge(NUM_REGULAR), math.inf
-    return edge(k - 1), edge(k)
+__all__ = ["BUCKETS_PER_DECADE", "HIGH_MS", "LOW_MS", "NUM_BUCKETS", "NUM_REGULAR", "OVERFLOW",
+           "DailyRollup", "WindowStats", "bucket_bounds", "bucket_index", "bucket_width", "edge",
+           "merge_all"]
 
 
 def bucket_width(rtt_ms: float) -> float:
@@ -81,6 +52,20 @@ class DailyRollup:
         self.max = max(self.max, rtt_ms)
         k = bucket_index(rtt_ms)
         self.buckets[k] = self.buckets.get(k, 0) + 1
+
+    def add_summary(self, count: int, lost: int, rtt_sum: float, rtt_sumsq: float,
+                    rtt_min: float, rtt_max: float, buckets: dict[int, int]) -> None:
+        """Add one round's summary (hulk.wire.records.PeerSummary's figures): the same rollup
+        as adding its samples one by one (sums up to float rounding)."""
+        self.count += count
+        self.lost += lost
+        if count > lost:
+            self.sum += rtt_sum
+            self.sumsq += rtt_sumsq
+            self.min = min(self.min, rtt_min)
+            self.max = max(self.max, rtt_max)
+        for k, c in buckets.items():
+            self.buckets[k] = self.buckets.get(k, 0) + c
 
     def merge(self, other: "DailyRollup") -> "DailyRollup":
         """Add ``other`` into this rollup (in place) and return it."""

@@ -7,6 +7,8 @@ Pure: wire records and numbers in, a checked value (or ``InputError`` naming the
   texts are bounded and free of control characters, GPU figures are physically possible.
 - A heartbeat is never refused for its launch report (that would make a live node look silent):
   over-long texts in it are cut to their bound instead.
+- A per-round summary is refused (with its batch) when its figures cannot be true:
+  :func:`check_summary`.
 - Sample times are read through the node's clock skew (heartbeats carry the agent's clock), so an
   agent whose clock is a day ahead or behind loses nothing; see :func:`corrected_times`.
 """
@@ -19,7 +21,8 @@ import re
 from dataclasses import replace
 
 from hulk.errors import InputError
-from hulk.wire.records import LaunchStatus, ProbeKind, RegisterRequest
+from hulk.wire.histogram import OVERFLOW, bucket_index
+from hulk.wire.records import LaunchStatus, PeerSummary, ProbeKind, RegisterRequest
 
 NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 HOST_NAME_RE = re.compile(r"(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
@@ -132,3 +135,74 @@ def corrected_times(sent_ms: list[int], now_ms: int, skew_ms: int, future_tolera
     if shift == 0:
         return sent_ms, 0
     return [t - shift for t in sent_ms], shift
+
+
+MAX_ROUND_PACKETS = 1000                # a summary covers one round: 100 packets at most today
+_REL = 1e-9                             # float slack of sums checked against min and max
+
+
+def check_summary(s: PeerSummary, where: str) -> None:
+    """InputError naming ``where``'s field when a per-round summary cannot be true: a count out
+    of bounds, more lost than sent, RTT figures that are not finite, negative, above the
+    probe's timeout or inconsistent (min > max, a sum outside [n*min, n*max], a sum of squares
+    below sum**2/n), or a histogram that is unordered, out of range or does not add up to the
+    received packets. Which peer, and whether it is plausible for the two cities, is ingest's."""
+    if s.kind not in KNOWN_KINDS:
+        raise InputError(f"expected a probe kind in {sorted(KNOWN_KINDS)}, got {s.kind}",
+                         field=f"{where}.kind")
+    if not 0 <= s.payload_bytes <= MAX_PAYLOAD_BYTES:
+        raise InputError(f"expected 0-{MAX_PAYLOAD_BYTES} payload bytes, got {s.payload_bytes}",
+                         field=f"{where}.payload_bytes")
+    if not 1 <= s.count <= MAX_ROUND_PACKETS:
+        raise InputError(f"expected 1-{MAX_ROUND_PACKETS} packets in a round, got {s.count}",
+                         field=f"{where}.count")
+    if not 0 <= s.lost <= s.count:
+        raise InputError(f"expected 0 to count ({s.count}) lost packets, got {s.lost}",
+                         field=f"{where}.lost")
+    if not 0 <= s.timeout_ms <= MAX_TIMEOUT_MS:  # also NaN; 0 means the planner's default
+        raise InputError(f"expected a probe timeout up to {MAX_TIMEOUT_MS:g} ms, got "
+                         f"{s.timeout_ms}", field=f"{where}.timeout_ms")
+    n = s.count - s.lost
+    figures = {"rtt_sum_ms": s.rtt_sum_ms, "rtt_sum_sq_ms2": s.rtt_sum_sq_ms2,
+               "rtt_min_ms": s.rtt_min_ms, "rtt_max_ms": s.rtt_max_ms}
+    for name, value in figures.items():
+        if not (math.isfinite(value) and value >= 0.0):
+            raise InputError(f"expected a finite value >= 0, got {value}", field=f"{where}.{name}")
+        if n == 0 and value != 0.0:
+            raise InputError(f"expected 0 with every packet lost, got {value}",
+                             field=f"{where}.{name}")
+    if n == 0:
+        if s.buckets:
+            raise InputError("expected an empty histogram with every packet lost",
+                             field=f"{where}.histogram_counts")
+        return
+    lo, hi = s.rtt_min_ms, s.rtt_max_ms
+    if lo > hi:
+        raise InputError(f"expected min <= max, got {lo} > {hi}", field=f"{where}.rtt_min_ms")
+    if s.timeout_ms > 0 and hi > s.timeout_ms:
+        raise InputError(f"RTT {hi} ms is above the probe's timeout of {s.timeout_ms} ms",
+                         field=f"{where}.rtt_max_ms")
+    if not n * lo * (1 - _REL) - _REL <= s.rtt_sum_ms <= n * hi * (1 + _REL) + _REL:
+        raise InputError(f"expected a sum of {n} RTTs between {n} x min and {n} x max, got "
+                         f"{s.rtt_sum_ms}", field=f"{where}.rtt_sum_ms")
+    sq = s.rtt_sum_sq_ms2
+    if not (s.rtt_sum_ms ** 2 / n * (1 - 1e-6) - _REL <= sq <= n * hi * hi * (1 + _REL) + _REL
+            and sq >= n * lo * lo * (1 - _REL) - _REL):
+        raise InputError(f"expected a sum of squares consistent with the sum, min and max of "
+                         f"{n} RTTs, got {sq}", field=f"{where}.rtt_sum_sq_ms2")
+    total, previous = 0, -1
+    for j, (k, c) in enumerate(s.buckets):
+        if not previous < k <= OVERFLOW:
+            raise InputError(f"expected increasing bucket numbers up to {OVERFLOW}, got {k}",
+                             field=f"{where}.histogram_buckets[{j}]")
+        if c < 1:
+            raise InputError(f"expected a count >= 1 (list non-empty buckets only), got {c}",
+                             field=f"{where}.histogram_counts[{j}]")
+        total += c
+        previous = k
+    if total != n:
+        raise InputError(f"expected histogram counts adding up to the {n} received packets, "
+                         f"got {total}", field=f"{where}.histogram_counts")
+    if s.buckets[0][0] != bucket_index(lo) or s.buckets[-1][0] != bucket_index(hi):
+        raise InputError("expected the histogram's first and last buckets to hold min and max",
+                         field=f"{where}.histogram_buckets")

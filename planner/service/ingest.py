@@ -15,6 +15,12 @@ It validates every sample before anything is stored:
   store's raw retention (``raw_days``, also 1970) is rejected and counted as ``too_old``: past
   that horizon a retried batch could no longer be recognised, and it would count twice.
 
+Per-round summaries (``PeerSummary``, from agents since issue 13) go the same way: a summary
+whose figures cannot be true (``admission.check_summary``: lost > count, min > max, NaN, a
+histogram not adding up, ...) refuses the batch with INVALID_ARGUMENT, counted; one to an
+unknown peer, below the light-speed bound (its fastest RTT) or too old is rejected and counted
+alone. A batch may mix raw samples and summaries; records are counted, a summary as one.
+
 Registrations are checked field by field (``admission.check_registration``) before anything is
 stored.
 
@@ -30,13 +36,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hulk import errors, geo
-from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, ProbeSample, ProbeSettings,
-                               RegisterAnswer, RegisterRequest, ReportRequest, ReportResult)
+from hulk.wire import histogram
+from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, PeerSummary, ProbeSample,
+                               ProbeSettings, RegisterAnswer, RegisterRequest, ReportRequest,
+                               ReportResult)
 from planner.core.rollup import bucket_index
 from planner.service.metrics import NO_EVENTS, ServeEvents
 from planner.service.admission import (KNOWN_KINDS, MAX_PAYLOAD_BYTES, MAX_TIMEOUT_MS,
-                                       bounded_launch, check_registration, corrected_times)
-from planner.service.store import DAY_MS, NodeRef, SampleRow, Store
+                                       bounded_launch, check_registration, check_summary,
+                                       corrected_times)
+from planner.service.store import DAY_MS, NodeRef, SampleRow, Store, SummaryRow, micros
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +82,7 @@ class IngestService:
         self._nodes: dict[str, NodeRef] = self.store.node_refs()
         self._bounds: dict[tuple[int, int], float] = {}
         self._skew_ms: dict[str, int] = self.store.clock_skews()
+        self._reloaded = False
 
     # -------------------------------------------------------------------------------- nodes
 
@@ -136,23 +146,93 @@ class IngestService:
             self.events.report_refused("unregistered", len(request.samples))
             raise
         try:
-            rows, rejected = self._validate(node, request.batch_id, request.samples)
+            rows, rejected = self._validate(node, request.batch_id, request.samples,
+                                            len(request.summaries))
+            summaries = self._validate_summaries(node, request.summaries, rejected) \
+                if request.summaries else []
         except errors.InputError:
-            self.store.count_rejected(node, REASON_INVALID_BATCH, len(request.samples))
-            self.events.report_refused("invalid", len(request.samples), REASON_INVALID_BATCH)
+            n_records = len(request.samples) + len(request.summaries)
+            self.store.count_rejected(node, REASON_INVALID_BATCH, n_records)
+            self.events.report_refused("invalid", n_records, REASON_INVALID_BATCH)
             raise
         accepted, n_rejected, duplicate = self.store.store_batch(
-            node, request.batch_id, rows, rejected, request.spool_dropped)
-        self.events.reported(len(request.samples), accepted, rejected, duplicate)
+            node, request.batch_id, rows, rejected, request.spool_dropped, summaries)
+        self.events.reported(len(request.samples) + len(request.summaries), accepted, rejected,
+                             duplicate)
         return ReportResult(accepted, n_rejected, duplicate)
 
-    def _validate(self, node: NodeRef, batch_id: str, samples: Sequence[ProbeSample]
-                  ) -> tuple[list[SampleRow], dict[str, int]]:
+    def _validate_summaries(self, node: NodeRef, summaries: Sequence[PeerSummary],
+                            rejected: dict[str, int]) -> list[SummaryRow]:
+        """Rows of the summaries worth storing; the others counted into ``rejected``."""
+        now = self.clock()
+        times, _ = corrected_times([s.round_start_ms for s in summaries], now,
+                                   self._skew_ms.get(node.id, 0), self.limits.future_tolerance_ms)
+        oldest = now - self.store.raw_days * DAY_MS
+        self._reloaded = False
+        rows: list[SummaryRow] = []
+        counts = {REASON_BELOW_LIGHT: 0, REASON_UNKNOWN_PEER: 0, REASON_TOO_OLD: 0}
+        example = None
+        for i, s in enumerate(summaries):
+            where = f"summaries[{i}]"
+            check_summary(s, where)
+            if not s.peer_id:
+                raise errors.InputError("expected a peer id", field=f"{where}.peer_id")
+            peer = self._peer(s.peer_id)
+            if peer is None:
+                if s.peer_id == node.id:
+                    raise errors.InputError("a node does not probe itself",
+                                            field=f"{where}.peer_id")
+                counts[REASON_UNKNOWN_PEER] += 1
+                continue
+            if peer.idx == node.idx:
+                raise errors.InputError("a node does not probe itself", field=f"{where}.peer_id")
+            if times[i] < oldest:
+                counts[REASON_TOO_OLD] += 1
+                continue
+            received = s.count - s.lost
+            if received:
+                bound = self._bound_ms(node, peer)
+                if s.rtt_min_ms < bound:
+                    counts[REASON_BELOW_LIGHT] += 1
+                    example = example or (peer.id, s.rtt_min_ms, bound)
+                    continue
+                rows.append((node.idx, peer.idx, times[i], s.kind, s.count, s.lost, s.rtt_sum_ms,
+                             s.rtt_sum_sq_ms2, micros(s.rtt_min_ms), micros(s.rtt_max_ms),
+                             histogram.encode(dict(s.buckets))))
+            else:
+                rows.append((node.idx, peer.idx, times[i], s.kind, s.count, s.lost, 0.0, 0.0,
+                             None, None, None))
+        for reason, count in counts.items():
+            if count:
+                rejected[reason] = rejected.get(reason, 0) + count
+        if example is not None:
+            log.warning("rejected %d summaries from %s below the speed-of-light bound, e.g. "
+                        "%s -> %s %.3f ms < %.3f ms", counts[REASON_BELOW_LIGHT], node.id,
+                        node.id, *example)
+        if counts[REASON_UNKNOWN_PEER] or counts[REASON_TOO_OLD]:
+            log.warning("rejected summaries from %s: %d to unregistered peers, %d older than %d "
+                        "days", node.id, counts[REASON_UNKNOWN_PEER], counts[REASON_TOO_OLD],
+                        self.store.raw_days)
+        return rows
+
+    def _peer(self, peer_id: str) -> NodeRef | None:
+        """The peer's node; the store is looked at again once per batch for one registered
+        since (``_reloaded`` is reset per batch)."""
+        peer = self._nodes.get(peer_id)
+        if peer is None and not self._reloaded:
+            self._nodes = self.store.node_refs()
+            self._reloaded = True
+            peer = self._nodes.get(peer_id)
+        return peer
+
+    def _validate(self, node: NodeRef, batch_id: str, samples: Sequence[ProbeSample],
+                  n_summaries: int = 0) -> tuple[list[SampleRow], dict[str, int]]:
         if not batch_id:
             raise errors.InputError("expected a non-empty batch id", field="batch_id")
-        if len(samples) > self.limits.max_batch_samples:
-            raise errors.BatchTooLargeError(f"batch has {len(samples)} samples, the limit is "
-                                     f"{self.limits.max_batch_samples}", field="samples")
+        if len(samples) + n_summaries > self.limits.max_batch_samples:
+            raise errors.BatchTooLargeError(
+                f"batch has {len(samples) + n_summaries} records, the limit is "
+                f"{self.limits.max_batch_samples}", field="summaries" if n_summaries else "samples")
         now = self.clock()
         times, shift = corrected_times([s.sent_at_ms for s in samples], now,
                                        self._skew_ms.get(node.id, 0),

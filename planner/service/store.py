@@ -1,9 +1,11 @@
 """The planner's store: what serve, the commands and recovery read and write in the SQLite file.
 
-Ingest only appends raw samples (one transaction per batch, executemany). ``rollup_pending``
-folds samples above a rowid watermark into the daily rollups in one transaction, so every sample
-is counted exactly once whenever it arrives (a spooled sample from yesterday lands in yesterday).
-Window statistics call it first, so they always include everything stored.
+Ingest only appends raw samples and per-round summaries (one transaction per batch,
+executemany). ``rollup_pending`` folds samples and summaries above their rowid watermarks into
+the daily rollups in one transaction, so each is counted exactly once whenever it arrives (a
+spooled one from yesterday lands in yesterday). Window statistics call it first, so they always
+include everything stored. Folded summaries leave after ``summary_minutes`` (a 10,000-server
+fleet sends about 10,000 a second); rollups stay ``rollup_days``.
 
 Methods take and return plain values (the wire records where they mean the same thing); the file,
 its tables and transactions are ``planner.service.database``; sqlite errors become
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hulk.errors import NotFoundError
+from hulk.wire import histogram
 from hulk.wire.records import GpuInfo, LaunchStatus, Peer, RegisterRequest
 from planner.core.rollup import DailyRollup
 from planner.service.database import Database
@@ -56,6 +59,28 @@ class PairRollup:
 
 # Raw sample row as stored: (src idx, dst idx, sent_ms, kind, payload, lost, rtt_ms, bucket).
 SampleRow = tuple[int, int, int, int, int, int, float | None, int | None]
+# Summary row as stored: (src idx, dst idx, round_ms, kind, count, lost, sum, sum of squares,
+# min us, max us, histogram bytes); min, max and histogram None when every packet was lost.
+SummaryRow = tuple[int, int, int, int, int, int, float, float, int | None, int | None,
+                   bytes | None]
+
+
+def batch_key(batch_id: str) -> str | bytes:
+    """How a batch id is kept: the 32 lower-case hex digits agents send (a uuid4) as their 16
+    bytes, half the room in the table and again in its index; any other id as it is."""
+    if len(batch_id) == 32:
+        try:
+            key = bytes.fromhex(batch_id)
+        except ValueError:
+            return batch_id
+        if key.hex() == batch_id:
+            return key
+    return batch_id
+
+
+def micros(rtt_ms: float) -> int:
+    """An RTT as the whole microseconds rollups keep its min and max in."""
+    return int(round(rtt_ms * 1000.0))
 
 
 class Store(JobRecords, Database):
@@ -63,8 +88,9 @@ class Store(JobRecords, Database):
 
     def __init__(self, path: str | Path, *, raw_days: int = 7, rollup_days: int = MIN_ROLLUP_DAYS,
                  synchronous: str = "NORMAL", busy_timeout_s: float = 30.0,
-                 clock=now_ms):
+                 clock=now_ms, summary_minutes: float = 10.0):
         self.raw_days = raw_days
+        self.summary_minutes = summary_minutes
         self.rollup_days = max(rollup_days, MIN_ROLLUP_DAYS)
         self.clock = clock
         super().__init__(path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
@@ -169,17 +195,26 @@ class Store(JobRecords, Database):
     # ------------------------------------------------------------------------------ ingest
 
     def store_batch(self, node: NodeRef, batch_id: str, rows: Sequence[SampleRow],
-                    rejected: dict[str, int] | None = None, spool_dropped: int = 0
-                    ) -> tuple[int, int, bool]:
-        """Store one Report batch atomically; returns (accepted, rejected, duplicate).
+                    rejected: dict[str, int] | None = None, spool_dropped: int = 0,
+                    summaries: Sequence[SummaryRow] = ()) -> tuple[int, int, bool]:
+        """Store one Report batch (raw samples and summaries) atomically; returns (accepted
+        records, rejected records, duplicate).
 
         A batch id already stored for this node stores nothing and returns the first answer."""
         t = self.clock()
         n_rejected = sum((rejected or {}).values())
+        accepted = len(rows) + len(summaries)
+        text_id, batch_id = batch_id, batch_key(batch_id)
         with self.transaction("store batch") as conn:
+            if batch_id is not text_id:  # stored by a planner before compact ids?
+                first = conn.execute("SELECT accepted, rejected FROM batches WHERE node_idx = ? "
+                                     "AND batch_id = ?", (node.idx, text_id)).fetchone()
+                if first is not None:
+                    conn.execute("UPDATE nodes SET last_seen_ms = ? WHERE idx = ?", (t, node.idx))
+                    return first[0], first[1], True
             cur = conn.execute("INSERT OR IGNORE INTO batches(node_idx, batch_id, received_ms, "
                                "accepted, rejected) VALUES (?, ?, ?, ?, ?)",
-                               (node.idx, batch_id, t, len(rows), n_rejected))
+                               (node.idx, batch_id, t, accepted, n_rejected))
             if cur.rowcount == 0:
                 first = conn.execute("SELECT accepted, rejected FROM batches WHERE node_idx = ? "
                                      "AND batch_id = ?", (node.idx, batch_id)).fetchone()
@@ -191,6 +226,13 @@ class Store(JobRecords, Database):
                 last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
                 conn.execute("UPDATE batches SET last_sample_id = ? WHERE node_idx = ? AND "
                              "batch_id = ?", (last, node.idx, batch_id))
+            if summaries:
+                conn.executemany("INSERT INTO summaries(src, dst, round_ms, kind, count, lost, "
+                                 "sum, sumsq, min_us, max_us, hist) VALUES (?, ?, ?, ?, ?, ?, ?, ?, "
+                                 "?, ?, ?)", summaries)
+                last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+                conn.execute("UPDATE batches SET last_summary_id = ? WHERE node_idx = ? AND "
+                             "batch_id = ?", (last, node.idx, batch_id))
             for reason, count in (rejected or {}).items():
                 if count:
                     conn.execute("INSERT INTO rejected(node_idx, reason, count, last_ms) "
@@ -200,7 +242,7 @@ class Store(JobRecords, Database):
             conn.execute("UPDATE nodes SET last_seen_ms = ?, spool_dropped = "
                          "max(coalesce(spool_dropped, 0), ?) WHERE idx = ?",
                          (t, spool_dropped, node.idx))
-        return len(rows), n_rejected, False
+        return accepted, n_rejected, False
 
     def count_rejected(self, node: NodeRef, reason: str, count: int) -> None:
         """Count samples of a batch rejected as a whole (nothing else of it is stored)."""
@@ -243,37 +285,81 @@ class Store(JobRecords, Database):
     # ----------------------------------------------------------------------------- rollups
 
     def rollup_pending(self) -> int:
-        """Fold every raw sample not yet rolled up into the daily rollups; returns how many."""
+        """Fold every raw sample and summary not yet rolled up into the daily rollups, and drop
+        summaries folded more than ``summary_minutes`` ago; returns how many were folded."""
         with self.transaction("rollup") as conn:
-            mark = int(self._meta("rolled_through", "0"))
-            top = conn.execute("SELECT max(id) FROM samples").fetchone()[0]
-            if top is None or top <= mark:
-                return 0
-            conn.execute(f"""
-                INSERT INTO rollups(src, dst, day, count, lost, sum, sumsq, min, max)
-                SELECT src, dst, sent_ms / {DAY_MS}, count(*), sum(lost),
-                       total(CASE WHEN lost = 0 THEN rtt_ms END),
-                       total(CASE WHEN lost = 0 THEN rtt_ms * rtt_ms END),
-                       min(CASE WHEN lost = 0 THEN rtt_ms END),
-                       max(CASE WHEN lost = 0 THEN rtt_ms END)
-                FROM samples WHERE id > ? AND id <= ? GROUP BY src, dst, sent_ms / {DAY_MS}
-                ON CONFLICT(src, dst, day) DO UPDATE SET
-                    count = count + excluded.count, lost = lost + excluded.lost,
-                    sum = sum + excluded.sum, sumsq = sumsq + excluded.sumsq,
-                    min = min(coalesce(min, excluded.min), coalesce(excluded.min, min)),
-                    max = max(coalesce(max, excluded.max), coalesce(excluded.max, max))""",
-                         (mark, top))
-            conn.execute(f"""
-                INSERT INTO rollup_buckets(src, dst, day, bucket, count)
-                SELECT src, dst, sent_ms / {DAY_MS}, bucket, count(*)
-                FROM samples WHERE id > ? AND id <= ? AND lost = 0
-                GROUP BY src, dst, sent_ms / {DAY_MS}, bucket
-                ON CONFLICT(src, dst, day, bucket) DO UPDATE SET count = count + excluded.count""",
-                         (mark, top))
-            n = conn.execute("SELECT count(*) FROM samples WHERE id > ? AND id <= ?",
-                             (mark, top)).fetchone()[0]
-            self._set_meta(conn, "rolled_through", top)
+            n = self._fold_samples(conn) + self._fold_summaries(conn)
+            self._drop_old_summaries(conn)
         return n
+
+    def _fold_samples(self, conn) -> int:
+        mark = int(self._meta("rolled_through", "0"))
+        top = conn.execute("SELECT max(id) FROM samples").fetchone()[0]
+        if top is None or top <= mark:
+            return 0
+        conn.execute(f"""
+            INSERT INTO rollups(day, src, dst, count, lost, sum, sumsq, min_us, max_us, hist)
+            SELECT sent_ms / {DAY_MS}, src, dst, count(*), sum(lost),
+                   total(CASE WHEN lost = 0 THEN rtt_ms END),
+                   total(CASE WHEN lost = 0 THEN rtt_ms * rtt_ms END),
+                   min(CASE WHEN lost = 0 THEN CAST(round(rtt_ms * 1000) AS INTEGER) END),
+                   max(CASE WHEN lost = 0 THEN CAST(round(rtt_ms * 1000) AS INTEGER) END),
+                   hist_of(CASE WHEN lost = 0 THEN bucket END)
+            FROM samples WHERE id > ? AND id <= ? GROUP BY sent_ms / {DAY_MS}, src, dst
+            ORDER BY 1, 2, 3 {_UPSERT}""", (mark, top))
+        n = conn.execute("SELECT count(*) FROM samples WHERE id > ? AND id <= ?",
+                         (mark, top)).fetchone()[0]
+        self._set_meta(conn, "rolled_through", top)
+        return n
+
+    def _fold_summaries(self, conn) -> int:
+        mark = int(self._meta("summaries_rolled_through", "0"))
+        top = conn.execute("SELECT max(id) FROM summaries").fetchone()[0]
+        if top is None or top <= mark:
+            return 0
+        conn.execute(f"""
+            INSERT INTO rollups(day, src, dst, count, lost, sum, sumsq, min_us, max_us, hist)
+            SELECT round_ms / {DAY_MS}, src, dst, sum(count), sum(lost), total(sum),
+                   total(sumsq), min(min_us), max(max_us), hist_sum(hist)
+            FROM summaries WHERE id > ? AND id <= ? GROUP BY round_ms / {DAY_MS}, src, dst
+            ORDER BY 1, 2, 3 {_UPSERT}""", (mark, top))
+        self._set_meta(conn, "summaries_rolled_through", top)
+        return conn.execute("SELECT count(*) FROM summaries WHERE id > ? AND id <= ?",
+                            (mark, top)).fetchone()[0]
+
+    def _drop_old_summaries(self, conn) -> None:
+        """Summaries that arrived more than summary_minutes ago and are folded leave."""
+        cutoff = self.clock() - int(self.summary_minutes * 60_000)
+        # Only batches since the last pass: a range of the received_ms index, not the table.
+        since = int(self._meta("summaries_dropped_at", "0"))
+        if cutoff <= since:
+            return
+        mark = int(self._meta("summaries_rolled_through", "0"))
+        old = conn.execute("SELECT max(last_summary_id) FROM batches WHERE received_ms >= ? "
+                           "AND received_ms < ?", (since, cutoff)).fetchone()[0] or 0
+        through = min(old, mark)
+        if through > int(self._meta("summaries_dropped_through", "0")):
+            conn.execute("DELETE FROM summaries WHERE id <= ?", (through,))
+            self._set_meta(conn, "summaries_dropped_through", through)
+        if old <= mark:  # else the rest waits for the fold, and is looked at again
+            self._set_meta(conn, "summaries_dropped_at", cutoff)
+
+    def summary_count(self) -> int:
+        """Raw summaries held (kept summary_minutes once folded)."""
+        with self._lock, self._errors("count summaries"):
+            return self.conn.execute("SELECT count(*) FROM summaries").fetchone()[0]
+
+    def raw_summaries(self) -> list[dict[str, Any]]:
+        """Raw summaries as dicts with node ids and decoded histograms (tests, debugging)."""
+        sql = ("SELECT a.id AS src, b.id AS dst, s.round_ms, s.kind, s.count, s.lost, s.sum, "
+               "s.sumsq, s.min_us / 1000.0 AS min, s.max_us / 1000.0 AS max, s.hist "
+               "FROM summaries s JOIN nodes a ON a.idx = s.src "
+               "JOIN nodes b ON b.idx = s.dst ORDER BY s.id")
+        with self._lock, self._errors("read summaries"):
+            rows = list(self.db.query(sql))
+        for r in rows:
+            r["buckets"] = histogram.decode(r.pop("hist"))
+        return rows
 
     def prune(self) -> dict[str, int]:
         """Drop raw samples that arrived more than raw_days ago (once rolled up), rollups older
@@ -293,7 +379,6 @@ class Store(JobRecords, Database):
             samples = conn.execute("DELETE FROM samples WHERE id <= ?",
                                    (min(old, mark),)).rowcount
             rollups = conn.execute("DELETE FROM rollups WHERE day < ?", (day_cutoff,)).rowcount
-            conn.execute("DELETE FROM rollup_buckets WHERE day < ?", (day_cutoff,))
             batches = conn.execute("DELETE FROM batches WHERE received_ms < ?",
                                    (raw_cutoff - DAY_MS,)).rowcount
         return {"samples": samples, "rollups": rollups, "batches": batches}
@@ -306,14 +391,9 @@ class Store(JobRecords, Database):
             return {}
         a, b = refs[src].idx, refs[dst].idx
         with self._lock, self._errors("read rollups"):
-            rows = self.conn.execute("SELECT day, count, lost, sum, sumsq, min, max FROM rollups "
-                                     "WHERE src = ? AND dst = ?", (a, b)).fetchall()
-            buckets = self.conn.execute("SELECT day, bucket, count FROM rollup_buckets "
-                                        "WHERE src = ? AND dst = ?", (a, b)).fetchall()
-        out = {day: _rollup(row) for day, *row in rows}
-        for day, bucket, count in buckets:
-            out[day].buckets[bucket] = count
-        return out
+            rows = self.conn.execute("SELECT day, count, lost, sum, sumsq, min_us, max_us, hist "
+                                     "FROM rollups WHERE src = ? AND dst = ?", (a, b)).fetchall()
+        return {day: _rollup(row) for day, *row in rows}
 
     def window_rollups(self, window_days: int = 90) -> list[PairRollup]:
         """Every ordered pair's rollup over the last ``window_days`` UTC days (today included),
@@ -323,17 +403,11 @@ class Store(JobRecords, Database):
         with self._lock, self._errors("read window"):
             rows = self.conn.execute("""
                 SELECT a.id, b.id, sum(r.count), sum(r.lost), total(r.sum), total(r.sumsq),
-                       min(r.min), max(r.max)
+                       min(r.min_us), max(r.max_us), hist_sum(r.hist)
                 FROM rollups r JOIN nodes a ON a.idx = r.src JOIN nodes b ON b.idx = r.dst
                 WHERE r.day >= ? GROUP BY r.src, r.dst""", (first_day,)).fetchall()
-            buckets = self.conn.execute("""
-                SELECT a.id, b.id, rb.bucket, sum(rb.count)
-                FROM rollup_buckets rb JOIN nodes a ON a.idx = rb.src JOIN nodes b ON b.idx = rb.dst
-                WHERE rb.day >= ? GROUP BY rb.src, rb.dst, rb.bucket""", (first_day,)).fetchall()
-        pairs = {(r[0], r[1]): PairRollup(r[0], r[1], _rollup(r[2:])) for r in rows}
-        for src, dst, bucket, count in buckets:
-            pairs[(src, dst)].rollup.buckets[bucket] = count
-        return sorted(pairs.values(), key=lambda p: (p.src, p.dst))
+        pairs = [PairRollup(r[0], r[1], _rollup(r[2:])) for r in rows]
+        return sorted(pairs, key=lambda p: (p.src, p.dst))
 
     # ---------------------------------------------------------------------- imported fleets
 
@@ -381,12 +455,22 @@ class Store(JobRecords, Database):
                 "JOIN nodes b ON b.idx = l.dst ORDER BY a.id, b.id"))
 
 
+# Adds a day's figures into its rollup row; "excluded" is the row being inserted.
+_UPSERT = """ON CONFLICT(day, src, dst) DO UPDATE SET
+    count = count + excluded.count, lost = lost + excluded.lost,
+    sum = sum + excluded.sum, sumsq = sumsq + excluded.sumsq,
+    min_us = min(coalesce(min_us, excluded.min_us), coalesce(excluded.min_us, min_us)),
+    max_us = max(coalesce(max_us, excluded.max_us), coalesce(excluded.max_us, max_us)),
+    hist = hist_merge(hist, excluded.hist)"""
+
+
 def _rollup(row: Sequence[Any]) -> DailyRollup:
-    count, lost, total, sumsq, lo, hi = row
+    count, lost, total, sumsq, lo, hi, hist = row
     return DailyRollup(count=int(count), lost=int(lost or 0), sum=float(total or 0.0),
                        sumsq=float(sumsq or 0.0),
-                       min=math.inf if lo is None else float(lo),
-                       max=-math.inf if hi is None else float(hi))
+                       min=math.inf if lo is None else lo / 1000.0,
+                       max=-math.inf if hi is None else hi / 1000.0,
+                       buckets=histogram.decode(hist))
 
 
 def _summarise_gpus(gpus: Iterable[GpuInfo]) -> tuple[str | None, float | None, float]:

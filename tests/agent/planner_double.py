@@ -20,6 +20,18 @@ class Recorded:
     heartbeats: list[hulk_pb2.HeartbeatRequest] = field(default_factory=list)
     metadata: list[dict[str, str]] = field(default_factory=list)
     stored: dict[str, list[hulk_pb2.Sample]] = field(default_factory=dict)    # batch_id -> samples
+    stored_summaries: dict[str, list[hulk_pb2.PeerSummary]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Round:
+    """A stored record read as a round: a raw sample is a round of one packet."""
+
+    peer_id: str
+    at_ms: int
+    packets: int
+    lost: int
+    max_rtt_ms: float
 
 
 class PlannerDouble(hulk_pb2_grpc.PlannerServicer):
@@ -55,11 +67,13 @@ class PlannerDouble(hulk_pb2_grpc.PlannerServicer):
         duplicate = request.batch_id in self.seen.stored
         if not duplicate:
             self.seen.stored[request.batch_id] = list(request.samples)
+            self.seen.stored_summaries[request.batch_id] = list(request.summaries)
         self.changed.set()
         if self.fail_after_store > 0:
             self.fail_after_store -= 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, "ack lost on purpose")
-        return hulk_pb2.ReportResponse(accepted=0 if duplicate else len(request.samples),
+        return hulk_pb2.ReportResponse(accepted=0 if duplicate else
+                                       len(request.samples) + len(request.summaries),
                                        duplicate=duplicate)
 
     async def Heartbeat(self, request, context):
@@ -71,6 +85,16 @@ class PlannerDouble(hulk_pb2_grpc.PlannerServicer):
 
     def stored_samples(self) -> list[hulk_pb2.Sample]:
         return [s for batch in self.seen.stored.values() for s in batch]
+
+    def stored_summaries(self) -> list[hulk_pb2.PeerSummary]:
+        return [s for batch in self.seen.stored_summaries.values() for s in batch]
+
+    def stored_rounds(self) -> list[Round]:
+        """Every stored record, summaries and raw samples alike, as rounds."""
+        return ([Round(s.peer_id, s.sent_at_ms, 1, int(s.lost), 0.0 if s.lost else s.rtt_ms)
+                 for s in self.stored_samples()]
+                + [Round(s.peer_id, s.round_start_ms, s.count, s.lost, s.rtt_max_ms)
+                   for s in self.stored_summaries()])
 
 
 async def start_server(servicer: PlannerDouble, port: int = 0) -> tuple[grpc.aio.Server, int]:

@@ -107,11 +107,11 @@ async def test_an_unresolvable_peer_name_delays_no_other_peer(tmp_path: Path):
         # A round a second for 9 s (the prober may start a round up to 0.5 s late, and skips
         # one still running); before the fix, each lookup of the bad name stalled the whole
         # agent for 6 s (two tries of 3 s), and these peers got nothing at all.
-        sent = sorted({s.sent_at_ms for s in planner.stored_samples() if s.peer_id == peer})
+        sent = sorted({r.at_ms for r in planner.stored_rounds() if r.peer_id == peer})
         assert len(sent) >= 6, (peer, len(sent), output)
         gaps = [b - a for a, b in zip(sent, sent[1:])]
         assert max(gaps) < 2600, (peer, gaps, output)
-    assert not [s for s in planner.stored_samples() if s.peer_id == "stalls"]
+    assert not [r for r in planner.stored_rounds() if r.peer_id == "stalls"]
     assert output.count("cannot resolve") == 1, output
     assert "Traceback" not in output
 
@@ -152,13 +152,13 @@ async def test_a_bad_peer_costs_one_warning_and_no_traceback(tmp_path: Path, cap
     task = asyncio.create_task(runtime.run())
     try:
         await wait_until_async(lambda: len(planner.seen.registers) >= 4 and sum(
-            s.peer_id == "good" for s in planner.stored_samples()) >= 8, timeout=20)
+            r.packets for r in planner.stored_rounds() if r.peer_id == "good") >= 8, timeout=20)
     finally:
         runtime.request_stop()
         assert await asyncio.wait_for(task, timeout=20) == 0
         await server.stop(None)
         listener.close()
-    assert {s.peer_id for s in planner.stored_samples()} == {"good"}
+    assert {r.peer_id for r in planner.stored_rounds()} == {"good"}
     assert [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR] == []
     skipped = [r.getMessage() for r in caplog.records if "skipping peer" in r.getMessage()]
     assert len(skipped) == 5, skipped                        # one line per bad peer, once

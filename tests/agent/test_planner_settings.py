@@ -53,7 +53,8 @@ async def test_absurd_planner_settings_are_ignored_with_one_warning(tmp_path: Pa
     task = asyncio.create_task(runtime.run())
     try:
         await wait_until_async(lambda: len(planner.seen.registers) >= 3
-                         and len(planner.stored_samples()) >= 2 * PROBE_DEFAULTS.packets_per_round,
+                         and sum(r.packets for r in planner.stored_rounds())
+                         >= 2 * PROBE_DEFAULTS.packets_per_round,
                          timeout=20)
     finally:
         runtime.request_stop()

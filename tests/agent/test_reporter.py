@@ -161,7 +161,7 @@ async def test_runtime_registers_probes_reports_heartbeats_and_stops(tmp_path: P
     task = asyncio.create_task(runtime.run())
     try:
         await wait_until_async(lambda: len(planner.seen.registers) >= 1 and
-                               len(planner.stored_samples()) >= 8 and
+                               sum(r.packets for r in planner.stored_rounds()) >= 8 and
                                len(planner.seen.heartbeats) >= 1, timeout=10)
         planner.reregister_next = True
         await wait_until_async(lambda: len(planner.seen.registers) >= 2, timeout=5)
@@ -184,12 +184,13 @@ async def test_runtime_registers_probes_reports_heartbeats_and_stops(tmp_path: P
     beat = planner.seen.heartbeats[-1]
     assert beat.node_id == "node-a" and beat.launch.plan_id == "plan-1"
     assert beat.launch.job == "gpt2-xl" and beat.launch.changed_at_ms > 0
-    stored = planner.stored_samples()
-    assert {s.peer_id for s in stored} == {"lo2", "lo3"}
+    stored = planner.stored_summaries()             # one summary per peer and round
+    assert {s.peer_id for s in stored} == {"lo2", "lo3"} and not planner.stored_samples()
     odd = [s for s in stored if not (s.kind == hulk_pb2.PROBE_KIND_ICMP and s.payload_bytes == 56
-                                     and not s.lost and 0 < s.rtt_ms < 5.0)]
+                                     and s.count == 2 and not s.lost
+                                     and 0 < s.rtt_min_ms <= s.rtt_max_ms < 5.0)]
     assert odd == []
-    assert all(len(r.samples) <= 5 for r in planner.seen.reports)   # the planner's max_batch
+    assert all(len(r.summaries) <= 5 for r in planner.seen.reports)  # the planner's max_batch
     reopened = Spool(config.spool_path, config.spool_max)          # flushed on stop
     assert reopened.depth == 0
     reopened.close()

@@ -194,7 +194,7 @@ async def test_the_agent_on_a_full_disk_accounts_for_every_sample_through_sigter
         spool=Spool(config.spool_path, config.spool_max), pinger=pinger,
         inventory_reader=lambda: Inventory(unavailable_reason="test host"),
         report_backoff=Backoff(0.05, 2.0, 0.2, rng=random.Random(1)), flush_deadline_s=30.0,
-        rng=random.Random(3))
+        rng=random.Random(3), summarize=False)   # raw samples: one row a packet fills the disk
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, runtime.request_stop)    # as `hulk-agent` does
     caplog.set_level(logging.INFO)

@@ -68,7 +68,8 @@ def oldest_spooled(state: Path) -> float:
 def stored_by_node(db: Path) -> dict[str, int]:
     with Store(db) as store:
         counts: dict[str, int] = {}
-        for s in store.raw_samples():
+        # Agents spool and send per-round summaries; a raw sample is a record too.
+        for s in store.raw_samples() + store.raw_summaries():
             counts[s["src"]] = counts.get(s["src"], 0) + 1
         for node, reasons in store.rejected_counts().items():
             counts[node] = counts.get(node, 0) + sum(reasons.values())

@@ -62,7 +62,9 @@ def test_incremental_rollups_equal_pure_maths(tmp_path: Path):
         got = daily[today - day]
         assert (got.count, got.lost, got.buckets) == (want.count, want.lost, want.buckets)
         assert got.sum == pytest.approx(want.sum) and got.sumsq == pytest.approx(want.sumsq)
-        assert (got.min, got.max) == (want.min, want.max)
+        # min and max are kept to the microsecond (schema 2: 3-4 bytes instead of 8)
+        assert got.min == pytest.approx(want.min, abs=5e-4) and got.max == pytest.approx(
+            want.max, abs=5e-4)
     window = {(p.src, p.dst): p.rollup for p in store.window_rollups(2)}[("a", "b")]
     two_days = DailyRollup().merge(expected[0]).merge(expected[1])
     assert window.count == two_days.count and window.buckets == two_days.buckets
