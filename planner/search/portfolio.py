@@ -205,24 +205,30 @@ def _run_all(starts: list[Start], jobs, net, max_rounds, workers: int, deadline:
         pool.join()
 
 
-def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
-                   budget_s: float | None = None, workers: int | None = None,
-                   starts: int | None = None, max_rounds: int | None = None,
-                   extra_starts: Sequence[tuple[str, np.ndarray]] = (),
-                   progress: Callable[[int, int], None] | None = None) -> Plan:
-    """Plan ``jobs`` on ``net`` with the best of a portfolio of refined starts (module docstring).
+@dataclass(frozen=True)
+class PortfolioRun:
+    """Every refined start's result (in start order), how many starts were dropped at the
+    safety stop, the budget and the seconds the run took."""
 
-    ``budget_s``: seconds the portfolio may take (default :func:`default_budget_s`); it sets the
-    number of starts (unless ``starts`` gives it) and is the safety stop. ``workers``: processes
-    (default all cores; the plan does not depend on it). ``extra_starts``: (name, class scores
-    n x (jobs + 1)) tried right after the heuristic, e.g. the GNN's. ``progress(done, total)``
-    is called as starts finish.
-    """
-    jobs = list(jobs)
-    if net.n == 0:
-        raise PlanningError("the fleet has no nodes")
-    if not jobs:
-        return Plan("portfolio", [])
+    results: tuple[StartResult, ...]
+    dropped: int
+    budget_s: float
+    seconds: float
+
+    def best(self) -> StartResult:
+        """The winner: lowest (makespan, start index) among the starts that gave a plan."""
+        usable = [r for r in self.results if r.plan is not None]
+        if not usable:
+            raise PlanningError("no start of the portfolio produced a plan")
+        return min(usable, key=lambda r: (r.makespan_s, r.index))
+
+
+def refine_starts(jobs: list[Job], net: Network, *, seed: int = 0,
+                  budget_s: float | None = None, workers: int | None = None,
+                  starts: int | None = None, max_rounds: int | None = None,
+                  extra_starts: Sequence[tuple[str, np.ndarray]] = (),
+                  progress: Callable[[int, int], None] | None = None) -> PortfolioRun:
+    """Refine every start of the portfolio (arguments as :func:`plan_portfolio`)."""
     if budget_s is None:
         budget_s = default_budget_s(net.n, len(jobs))
     if not budget_s > 0:
@@ -245,20 +251,45 @@ def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
     heuristic = next((r for r in results if r.index == 0), None)
     if heuristic is not None and heuristic.error is not None:
         raise PlanningError(heuristic.error)
-    usable = [r for r in results if r.plan is not None]
-    if not usable:
-        raise PlanningError("no start of the portfolio produced a plan")
-    best = min(usable, key=lambda r: (r.makespan_s, r.index))
-    notes = list(best.plan.notes)
-    notes.append(f"portfolio: best of {len(usable)} refined starts is {best.name!r}"
+    tick(total)
+    return PortfolioRun(tuple(sorted(results, key=lambda r: r.index)), dropped, budget_s,
+                        time.monotonic() - t0)
+
+
+def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
+                   budget_s: float | None = None, workers: int | None = None,
+                   starts: int | None = None, max_rounds: int | None = None,
+                   extra_starts: Sequence[tuple[str, np.ndarray]] = (),
+                   progress: Callable[[int, int], None] | None = None) -> Plan:
+    """Plan ``jobs`` on ``net`` with the best of a portfolio of refined starts (module docstring).
+
+    ``budget_s``: seconds the portfolio may take (default :func:`default_budget_s`); it sets the
+    number of starts (unless ``starts`` gives it) and is the safety stop. ``workers``: processes
+    (default all cores; the plan does not depend on it). ``extra_starts``: (name, class scores
+    n x (jobs + 1)) tried right after the heuristic, e.g. the GNN's. ``progress(done, total)``
+    is called as starts finish.
+    """
+    jobs = list(jobs)
+    if net.n == 0:
+        raise PlanningError("the fleet has no nodes")
+    if not jobs:
+        return Plan("portfolio", [])
+    run = refine_starts(jobs, net, seed=seed, budget_s=budget_s, workers=workers, starts=starts,
+                        max_rounds=max_rounds, extra_starts=extra_starts, progress=progress)
+    best = run.best()
+    heuristic = run.results[0] if run.results and run.results[0].index == 0 else None
+    # Algorithm 1's remarks on where a start's scores put nobody say nothing about the plan.
+    notes = [note for note in best.plan.notes
+             if best.index == 0 or "got no node by score" not in note]
+    usable = sum(r.plan is not None for r in run.results)
+    notes.append(f"portfolio: best of {usable} refined starts is {best.name!r}"
                  + (f" ({heuristic.makespan_s / best.makespan_s:.2f}x shorter than the "
                     f"heuristic start)" if heuristic is not None and best.index != 0
                     and best.makespan_s > 0 else ""))
-    cut = sum(r.cut_short for r in results)
-    if dropped or cut:
-        notes.append(f"portfolio: the {budget_s:.1f} s budget ran out ({cut} start(s) cut short, "
-                     f"{dropped} dropped, after {time.monotonic() - t0:.1f} s); the plan is "
+    cut = sum(r.cut_short for r in run.results)
+    if run.dropped or cut:
+        notes.append(f"portfolio: the {run.budget_s:.1f} s budget ran out ({cut} start(s) cut "
+                     f"short, {run.dropped} dropped, after {run.seconds:.1f} s); the plan is "
                      "valid but may differ between runs: raise --time-budget or lower --starts")
-    tick(total)
     return Plan("portfolio", best.plan.placements, list(best.plan.unplaced),
                 dict(best.plan.job_s_override), dict(best.plan.estimate_override), notes)
