@@ -9,14 +9,11 @@ import numpy as np
 import pytest
 
 from hulk.errors import PlanningError
-from planner.core.costmodel import Placement, estimate_plan
+from planner.core.costmodel import estimate_plan
 from planner.core.generate import generate_jobs, generate_network
-from planner.search import algorithm1 as alg1
 from planner.search import plan_search
-from planner.search.heuristics import heuristic_scores
 from planner.search.portfolio import (MAX_STARTS, MIN_STARTS, default_budget_s, plan_portfolio,
                                       portfolio_starts, start_count)
-from planner.search.state import SearchRun
 from tests.planner.search.test_search import assert_valid, same_plan
 
 GENEROUS_S = 600.0   # a budget no start comes near: only the start count decides the plan
@@ -78,7 +75,7 @@ def test_one_worker_and_two_workers_give_the_same_plan(small):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [2, 5, 8])
+@pytest.mark.parametrize("seed", [2, 5])
 def test_never_worse_than_the_plain_search(seed):
     net = generate_network(24, seed=seed)
     jobs = generate_jobs(2, seed=seed)
@@ -88,25 +85,14 @@ def test_never_worse_than_the_plain_search(seed):
     assert makespan(best, net) <= makespan(plain, net) * (1 + 1e-12)
 
 
-def _unrefined_heuristic_makespan(jobs, net) -> float:
-    """The heuristic start before any refinement: Algorithm 1's groups, each solved on its own."""
-    run = SearchRun(jobs, net)
-    grouping = alg1.algorithm1(jobs, net, heuristic_scores(jobs, net), labels=run.components)
-    by_name = {j.name: j for j in jobs}
-    placements = []
-    for name, nodes in grouping.groups.items():
-        st = run.state(by_name[name], np.asarray(nodes, dtype=np.int64))
-        p = st.placement
-        placements.append(Placement(p.job, p.stages, p.micro_batch, grouping.phase[name]))
-    return estimate_plan(placements, net).makespan_s
-
-
-def test_a_tiny_budget_still_gives_a_valid_plan_no_worse_than_the_heuristic_start():
-    net = generate_network(30, seed=13)
-    jobs = generate_jobs(3, seed=13)
+@pytest.mark.slow
+def test_a_tiny_budget_still_gives_the_plain_search_plan_or_better():
+    # The heuristic start (the plain search) always finishes; the others are stopped or dropped.
+    net = generate_network(24, seed=13)
+    jobs = generate_jobs(2, seed=13)
     plan = plan_portfolio(jobs, net, budget_s=1e-3, workers=1)
     assert_valid(plan, net, jobs)
-    assert makespan(plan, net) <= _unrefined_heuristic_makespan(jobs, net) * (1 + 1e-12)
+    assert makespan(plan, net) <= makespan(plan_search(jobs, net), net) * (1 + 1e-12)
     assert any("budget ran out" in note for note in plan.notes)
 
 
