@@ -14,9 +14,10 @@ The starts, in this order (the index breaks ties between equal makespans):
 Each start is Algorithm 1 on its scores and then the search's refinement (plan_search with
 ``initial=scores``), run in worker processes (``workers``, default all cores). The number of
 starts is decided before anything runs, from ``budget_s`` and a size-based estimate of what one
-start costs (:func:`start_cost_s`), so the plan depends only on the inputs, ``seed`` and
-``budget_s`` (or ``starts``), never on ``workers`` or on how busy the machine is. The winner is
-the lowest (makespan by the reference cost model, start index).
+start costs (:func:`start_cost_s`), and every start is deterministic, so as long as the safety
+stop below does not fire the plan depends only on the inputs, ``seed`` and ``budget_s`` (or
+``starts``), never on ``workers``. The winner is the lowest (makespan by the reference cost
+model, start index).
 
 The wall clock is only a safety stop. The heuristic start is never stopped: it is the plain
 search, so the portfolio always returns a valid plan at least as good as ``plan_search``'s. At
