@@ -20,6 +20,7 @@ from planner.settings import PlannerSettings
 
 # method -> (module, function, extra keyword arguments). Seeded planners take seed=.
 METHODS: dict[str, tuple[str, str, dict]] = {
+    "portfolio": ("planner.search.portfolio", "plan_portfolio", {}),
     "search": ("planner.search", "plan_search", {}),
     "system-a": ("planner.baselines.systems", "plan_system_a", {}),
     "system-b": ("planner.baselines.systems", "plan_system_b", {}),
@@ -28,10 +29,12 @@ METHODS: dict[str, tuple[str, str, dict]] = {
     "gnn": ("planner.gnn.infer", "plan_gnn", {}),
     "gnn-raw": ("planner.gnn.infer", "plan_gnn", {"refine": False}),
 }
-SEEDED = {"search", "dtfm", "gnn", "gnn-raw"}
-DEFAULT_METHOD = "search"
+SEEDED = {"portfolio", "search", "dtfm", "gnn", "gnn-raw"}
+# method -> the options of `plan` it takes (flag value given as this keyword argument).
+OPTIONS: dict[str, frozenset[str]] = {"portfolio": frozenset({"budget_s", "workers", "starts"})}
+DEFAULT_METHOD = "portfolio"
 COMPARED = ("system-a", "system-b", "system-c", "dtfm")
-LABELS = {"search": "Hulk (search)", "system-a": "System A (data parallel)",
+LABELS = {"portfolio": "Hulk (portfolio)", "search": "Hulk (search)", "system-a": "System A (data parallel)",
           "system-b": "System B (GPipe)", "system-c": "System C (Megatron TP)",
           "dtfm": "DT-FM-style peer", "gnn": "Hulk (GNN + search)", "gnn-raw": "Hulk (GNN raw)"}
 MAX_LISTED_NODES = 8
@@ -51,6 +54,14 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     p.add_argument("--method", choices=list(METHODS), default=DEFAULT_METHOD,
                    help=f"planner to use (default {DEFAULT_METHOD})")
     p.add_argument("--seed", type=int, default=0, help="seed of the seeded planners (default 0)")
+    p.add_argument("--time-budget", type=_positive_float, metavar="S", dest="budget_s",
+                   help="seconds the portfolio may plan (default: scaled with the fleet and the "
+                        "jobs, at least 2 s); it sets the number of starts and is a safety stop")
+    p.add_argument("--workers", type=_positive_int, metavar="N",
+                   help="processes the portfolio refines its starts in (default: all cores; "
+                        "the plan does not depend on it)")
+    p.add_argument("--starts", type=_positive_int, metavar="N",
+                   help="number of portfolio starts (default: as many as the time budget fits)")
     p.add_argument("--out", metavar="PATH", help="write the plan as hulk-plan/1 JSON")
     p.add_argument("--plot", metavar="PATH", help="draw compute/communication bars per job and system")
     p.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
@@ -69,17 +80,40 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     p.set_defaults(func=run)
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
+
+
 # ----------------------------------------------------------------------------------- planners
 
 def planner_for(method: str) -> Callable:
-    """The planning function of ``method`` (its module is imported now)."""
+    """The planning function of ``method`` (its module is imported now). Options a method does
+    not take (``OPTIONS``), and those left at None, are not passed to it."""
     module_name, function, extra = METHODS[method]
     fn = getattr(importlib.import_module(module_name), function)
 
-    def run(jobs, net, *, seed=0, progress=None):
+    def run(jobs, net, *, seed=0, progress=None, **options):
         kwargs = dict(extra)
         if method in SEEDED:
             kwargs["seed"] = seed
+        kwargs.update({k: v for k, v in options.items()
+                       if v is not None and k in OPTIONS.get(method, ())})
         return fn(jobs, net, progress=progress, **kwargs)
 
     return run
@@ -193,14 +227,15 @@ class MethodResult:
     error: str | None = None
 
 
-def run_method(method, jobs, net, seed, progress: LazyProgress, *, required: bool) -> MethodResult:
+def run_method(method, jobs, net, seed, progress: LazyProgress, *, required: bool,
+               options: dict | None = None) -> MethodResult:
     from planner.files.plan import evaluate
 
     fn = planner_for(method)
     progress.begin(f"planning: {LABELS.get(method, method)}")
     t0 = time.perf_counter()
     try:
-        plan = fn(jobs, net, seed=seed, progress=progress)
+        plan = fn(jobs, net, seed=seed, progress=progress, **(options or {}))
     except HulkError as exc:
         if required:
             raise
@@ -228,7 +263,13 @@ def run(args) -> int:
     check_plannable(jobs, net)
     progress = LazyProgress(err_console)
 
-    chosen = run_method(args.method, jobs, net, args.seed, progress, required=True)
+    options = {"budget_s": args.budget_s, "workers": args.workers, "starts": args.starts}
+    for key, flag in (("budget_s", "--time-budget"), ("workers", "--workers"), ("starts", "--starts")):
+        if options[key] is not None and key not in OPTIONS.get(args.method, ()):
+            raise InputError(f"only --method portfolio takes it, not --method {args.method}",
+                             field=flag)
+    chosen = run_method(args.method, jobs, net, args.seed, progress, required=True,
+                        options=options)
     results = {args.method: chosen}
     if args.compare:
         for method in COMPARED:

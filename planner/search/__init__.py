@@ -31,6 +31,10 @@ Pipeline of the planner, one module per step, every step judged by the reference
    nodes of its clusters, plus those of the 1, 2 and 4 nearest clusters, or on a larger idle
    cluster; failing that, a job sharing its clusters moves to idle clusters and leaves it the
    nodes. Each step is kept only when the makespan drops.
+7. **A portfolio of starts** (:mod:`.portfolio`, :func:`plan_portfolio`, ``--method portfolio``,
+   the default of ``plan``): steps 3-6 from the heuristic scores, uniform scores, seeded random
+   ones and a caller's (the GNN's), refined in worker processes within a time budget; the
+   lowest makespan wins, so it is never worse than ``plan_search``.
 
 :mod:`.state` holds what the steps 5 and 6 share: each job's current solution and the run's
 context. The DT-FM-style peer (planner.baselines.dtfm) and the GNN (planner.gnn) reuse the
@@ -45,7 +49,8 @@ hit the plan is still valid but may differ between runs, and a note says so.
 from planner.search.clusters import CLUSTER_RTT_MS, cluster_labels, network_clusters
 from planner.search.groups import EFFORTS, Effort, best_placement
 from planner.search.heuristics import heuristic_scores
+from planner.search.portfolio import plan_portfolio
 from planner.search.refine import plan_search
 
 __all__ = ["CLUSTER_RTT_MS", "EFFORTS", "Effort", "best_placement", "cluster_labels",
-           "heuristic_scores", "network_clusters", "plan_search"]
+           "heuristic_scores", "network_clusters", "plan_portfolio", "plan_search"]

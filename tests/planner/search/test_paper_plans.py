@@ -29,7 +29,8 @@ def plans(paper):
     out = {}
     for method in METHODS:
         try:
-            out[method] = planner_for(method)(jobs, net, seed=0)
+            # workers=1: the portfolio refines its starts in this process (no worker processes)
+            out[method] = planner_for(method)(jobs, net, seed=0, workers=1)
         except InputError as exc:    # module not built in this checkout
             out[method] = exc
         except HulkError as exc:      # e.g. the GNN without a trained checkpoint
@@ -60,7 +61,7 @@ def test_plan_is_valid(paper, plans, method):
         parsed = parse_plan(doc, method, net.ids)
         for jd, p in zip(parsed.jobs, parsed.placements(jobs, net)):
             assert jd.estimate["job_s"] == pytest.approx(estimate(p, net).job_s, rel=1e-9, abs=5e-7)
-    if method in ("search", "dtfm", "gnn", "gnn-raw"):
+    if method in ("portfolio", "search", "dtfm", "gnn", "gnn-raw"):
         assert not plan.unplaced, f"{method} left jobs unplaced: {plan.unplaced}"
         assert report.makespan_s < float("inf")
 
@@ -68,3 +69,11 @@ def test_plan_is_valid(paper, plans, method):
 def test_system_a_cannot_place_opt_175b(plans):
     plan = plans["system-a"]
     assert [u.name for u in plan.unplaced] == ["opt-175b"]
+
+
+def test_the_portfolio_is_not_worse_than_the_search_on_the_paper_fleet(paper, plans):
+    net, _ = paper
+    if isinstance(plans["portfolio"], Exception):
+        pytest.fail(f"portfolio: {plans['portfolio']}")
+    assert (evaluate(plans["portfolio"], net).makespan_s
+            <= evaluate(plans["search"], net).makespan_s * (1 + 1e-12))

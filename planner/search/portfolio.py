@@ -1,0 +1,312 @@
+"""A portfolio of starts for the search (``--method portfolio``): where the refinement starts
+decides where it ends, so several starts are refined and the best plan wins.
+
+The starts, in this order (the index breaks ties between equal makespans):
+
+0. ``heuristic``: the search's own heuristic scores (planner.search.heuristics), so the
+   portfolio's plan is never worse than ``plan_search``'s;
+1. caller-supplied class scores (``extra_starts``, e.g. the GNN's), in the order given;
+2. ``uniform``: every class equal and "idle" winning the tie: Algorithm 1 grows every job from
+   nothing, hardest first, and the refinement spreads them out;
+3. ``random-1``, ``random-2`` ...: seeded random class scores, alternately per node and per
+   locality cluster (planner.search.clusters).
+
+Each start is Algorithm 1 on its scores and then the search's refinement (plan_search with
+``initial=scores``), run in worker processes (``workers``, default all cores). The number of
+starts is decided before anything runs, from ``budget_s`` and a size-based estimate of what one
+start costs (:func:`start_cost_s`), and every start is deterministic, so as long as the safety
+stop below does not fire the plan depends only on the inputs, ``seed`` and ``budget_s`` (or
+``starts``), never on ``workers``. The winner is the lowest (makespan by the reference cost
+model, start index).
+
+The wall clock is only a safety stop. The heuristic start is never stopped: it is the plain
+search, so the portfolio always returns a valid plan at least as good as ``plan_search``'s. At
+``budget_s`` the other starts still refining are dropped (in this process, with one worker, the
+one refining stops where it is: its best-so-far plan, valid) and a note says so; such a plan
+may differ between runs. With the default budget the stop moves to :data:`STRETCH` times the
+heuristic start's own seconds when that is later, so a busy machine still gets the other
+starts' gains, in a bounded multiple of the plain search's time.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from hulk.errors import HulkError, PlanningError
+from planner.core.costmodel import estimate_plan
+from planner.core.fleet import Network
+from planner.core.jobs import Job
+from planner.core.plan import Plan
+
+MIN_STARTS = 3       # heuristic, uniform, one random: below that it is just the search
+MAX_STARTS = 32
+REFERENCE_CORES = 2  # the start count assumes a planner host with this many cores
+DEFAULT_STARTS_IN_BUDGET = 8   # the default budget is what this many starts cost on those cores
+# With the default budget, a machine busier than the estimate assumes gets more time: the stop
+# moves to this many times the heuristic start's own seconds (the plain search's time).
+STRETCH = 3.0
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class Start:
+    """One start of the portfolio: its name and class scores (None: the heuristic's)."""
+
+    index: int
+    name: str
+    scores: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """What one refined start gave: its plan, that plan's makespan, the seconds it took and
+    whether the safety stop cut it short."""
+
+    index: int
+    name: str
+    makespan_s: float
+    plan: Plan | None
+    seconds: float
+    cut_short: bool
+    error: str | None = None
+
+
+def start_cost_s(n_nodes: int, n_jobs: int) -> float:
+    """A rough, size-based estimate of one start's seconds on one core of a 2-core development
+    machine: plan_search's times at 47-5,000 nodes, doubled because starts other than the
+    heuristic often take up to twice as long. Only the number of starts depends on it, never
+    the plan of a given start."""
+    jobs = max(1, n_jobs)
+    return 2 * (0.25 * math.sqrt(jobs) + 3.4e-4 * max(1, n_nodes) ** 1.31 * math.sqrt(jobs / 8))
+
+
+def default_budget_s(n_nodes: int, n_jobs: int) -> float:
+    """The default ``--time-budget``: what :data:`DEFAULT_STARTS_IN_BUDGET` starts cost on
+    :data:`REFERENCE_CORES` cores, at least 2 s."""
+    return max(2.0, start_cost_s(n_nodes, n_jobs) * DEFAULT_STARTS_IN_BUDGET / REFERENCE_CORES)
+
+
+def start_count(n_nodes: int, n_jobs: int, budget_s: float, extra: int = 0) -> int:
+    """How many starts fit ``budget_s`` on :data:`REFERENCE_CORES` cores (MIN_STARTS..MAX_STARTS,
+    plus the caller's extra starts)."""
+    fit = int(budget_s * REFERENCE_CORES / start_cost_s(n_nodes, n_jobs))
+    return extra + max(MIN_STARTS, min(MAX_STARTS, fit))
+
+
+def portfolio_starts(jobs: list[Job], net: Network, *, seed: int, count: int,
+                     extra_starts: Sequence[tuple[str, np.ndarray]] = (),
+                     labels: np.ndarray | None = None) -> list[Start]:
+    """The first ``count`` starts in portfolio order (see the module docstring)."""
+    from planner.search.clusters import network_clusters
+
+    n, width = net.n, len(jobs) + 1
+    starts = [Start(0, "heuristic", None)]
+    for name, scores in extra_starts:
+        scores = np.asarray(scores, dtype=float)
+        if scores.shape != (n, width):
+            raise PlanningError(f"start {name!r}: scores must have shape ({n}, {width}), "
+                                f"got {scores.shape}")
+        starts.append(Start(len(starts), name, scores))
+    uniform = np.zeros((n, width))
+    uniform[:, -1] = 1e-9   # idle wins the tie
+    starts.append(Start(len(starts), "uniform", uniform))
+    if labels is None and count > len(starts):
+        labels = network_clusters(net)
+    k = 0
+    while len(starts) < count:
+        k += 1
+        rng = np.random.default_rng([seed, k])
+        if k % 2:
+            scores = rng.random((n, width))
+        else:
+            scores = rng.random((int(labels.max()) + 1, width))[labels]
+        starts.append(Start(len(starts), f"random-{k}", scores))
+    return starts[:max(1, count)]
+
+
+# ----------------------------------------------------------------------------------- workers
+
+_WORKER: dict = {}
+
+
+def _init_worker(jobs: list[Job], net: Network, max_rounds: int | None) -> None:
+    """Pool initializer: the inputs every start shares (inherited, not copied, under fork)."""
+    _WORKER.update(jobs=jobs, net=net, max_rounds=max_rounds)
+
+
+def _run_start(start: Start, deadline: float | None) -> StartResult:
+    """Refine one start (in a worker, or in the caller's process when workers=1)."""
+    from planner.search.refine import plan_search
+
+    jobs, net = _WORKER["jobs"], _WORKER["net"]
+    t0 = time.monotonic()
+    # The heuristic start is the plain search and always runs to its end: the portfolio is
+    # never worse than `search`, however busy the machine.
+    budget = None if deadline is None or start.index == 0 else max(0.0, deadline - t0)
+    try:
+        plan = plan_search(jobs, net, budget_s=budget, max_rounds=_WORKER["max_rounds"],
+                           initial=start.scores)
+    except HulkError as exc:
+        return StartResult(start.index, start.name, math.inf, None, time.monotonic() - t0,
+                           False, str(exc))
+    makespan = estimate_plan(plan.placements, net).makespan_s if plan.placements else 0.0
+    cut = any("safety cap" in note for note in plan.notes)
+    return StartResult(start.index, start.name, makespan, plan, time.monotonic() - t0, cut)
+
+
+def _pool_context():
+    """fork where the platform has it (workers inherit the network without copying it; they
+    import nothing new, so torch is never loaded by them); spawn elsewhere."""
+    methods = mp.get_all_start_methods()
+    return mp.get_context("fork" if "fork" in methods else "spawn")
+
+
+def default_workers() -> int:
+    """All cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:   # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _run_all(starts: list[Start], jobs, net, max_rounds, workers: int, stop_at: float,
+             stretch: float | None, tick: Callable[[int], None]
+             ) -> tuple[list[StartResult], int]:
+    """Every start refined until ``stop_at`` (pushed to ``stretch`` times the heuristic start's
+    own seconds when that is later); returns the results that came back and how many starts
+    were dropped. In worker processes a start either finishes or is dropped; in this process
+    (one worker) a start still refining at the stop ends where it is (cut short)."""
+    results: list[StartResult] = []
+    t0 = time.monotonic()
+    if workers <= 1:
+        _init_worker(jobs, net, max_rounds)
+        try:
+            for st in starts:
+                if st.index > 0 and time.monotonic() >= stop_at:
+                    break
+                results.append(_run_start(st, stop_at))
+                if st.index == 0 and stretch is not None:
+                    stop_at = max(stop_at, t0 + stretch * results[-1].seconds)
+                tick(len(results))
+        finally:
+            _WORKER.clear()
+        return results, len(starts) - len(results)
+    ctx = _pool_context()
+    pool = ctx.Pool(processes=workers, initializer=_init_worker,
+                    initargs=(jobs, net, max_rounds))
+    try:
+        pending = {st.index: pool.apply_async(_run_start, (st, None)) for st in starts}
+        while pending:
+            for index in sorted(pending):
+                if pending[index].ready():
+                    results.append(pending.pop(index).get())
+                    if index == 0 and stretch is not None:
+                        stop_at = max(stop_at, t0 + stretch * results[-1].seconds)
+            tick(len(results))
+            # The heuristic start is always waited for; the others until the stop.
+            if not pending or (time.monotonic() >= stop_at and 0 not in pending):
+                break
+            pending[min(pending)].wait(POLL_S)
+        return results, len(pending)
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+@dataclass(frozen=True)
+class PortfolioRun:
+    """Every refined start's result (in start order), how many starts were dropped at the
+    safety stop, the budget and the seconds the run took."""
+
+    results: tuple[StartResult, ...]
+    dropped: int
+    budget_s: float
+    seconds: float
+
+    def best(self) -> StartResult:
+        """The winner: lowest (makespan, start index) among the starts that gave a plan."""
+        usable = [r for r in self.results if r.plan is not None]
+        if not usable:
+            raise PlanningError("no start of the portfolio produced a plan")
+        return min(usable, key=lambda r: (r.makespan_s, r.index))
+
+
+def refine_starts(jobs: list[Job], net: Network, *, seed: int = 0,
+                  budget_s: float | None = None, workers: int | None = None,
+                  starts: int | None = None, max_rounds: int | None = None,
+                  extra_starts: Sequence[tuple[str, np.ndarray]] = (),
+                  progress: Callable[[int, int], None] | None = None) -> PortfolioRun:
+    """Refine every start of the portfolio (arguments as :func:`plan_portfolio`)."""
+    default_budget = budget_s is None
+    if default_budget:
+        budget_s = default_budget_s(net.n, len(jobs))
+    if not budget_s > 0:
+        raise PlanningError(f"the time budget must be positive, got {budget_s}")
+    t0 = time.monotonic()
+    deadline = t0 + budget_s
+    count = starts if starts is not None else start_count(net.n, len(jobs), budget_s,
+                                                          extra=len(extra_starts))
+    plan_starts = portfolio_starts(jobs, net, seed=seed, count=max(1, count),
+                                   extra_starts=extra_starts)
+    workers = min(workers or default_workers(), len(plan_starts))
+    total = len(plan_starts)
+
+    def tick(done: int) -> None:
+        if progress is not None:
+            progress(done, total)
+
+    results, dropped = _run_all(plan_starts, jobs, net, max_rounds, workers, deadline,
+                                STRETCH if default_budget else None, tick)
+    heuristic = next((r for r in results if r.index == 0), None)
+    if heuristic is not None and heuristic.error is not None:
+        raise PlanningError(heuristic.error)
+    tick(total)
+    return PortfolioRun(tuple(sorted(results, key=lambda r: r.index)), dropped, budget_s,
+                        time.monotonic() - t0)
+
+
+def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
+                   budget_s: float | None = None, workers: int | None = None,
+                   starts: int | None = None, max_rounds: int | None = None,
+                   extra_starts: Sequence[tuple[str, np.ndarray]] = (),
+                   progress: Callable[[int, int], None] | None = None) -> Plan:
+    """Plan ``jobs`` on ``net`` with the best of a portfolio of refined starts (module docstring).
+
+    ``budget_s``: seconds the portfolio may take (default :func:`default_budget_s`); it sets the
+    number of starts (unless ``starts`` gives it) and is the safety stop. ``workers``: processes
+    (default all cores; the plan does not depend on it). ``extra_starts``: (name, class scores
+    n x (jobs + 1)) tried right after the heuristic, e.g. the GNN's. ``progress(done, total)``
+    is called as starts finish.
+    """
+    jobs = list(jobs)
+    if net.n == 0:
+        raise PlanningError("the fleet has no nodes")
+    if not jobs:
+        return Plan("portfolio", [])
+    run = refine_starts(jobs, net, seed=seed, budget_s=budget_s, workers=workers, starts=starts,
+                        max_rounds=max_rounds, extra_starts=extra_starts, progress=progress)
+    best = run.best()
+    heuristic = run.results[0] if run.results and run.results[0].index == 0 else None
+    # Algorithm 1's remarks on where a start's scores put nobody say nothing about the plan.
+    notes = [note for note in best.plan.notes
+             if best.index == 0 or "got no node by score" not in note]
+    usable = sum(r.plan is not None for r in run.results)
+    notes.append(f"portfolio: best of {usable} refined starts is {best.name!r}"
+                 + (f" ({heuristic.makespan_s / best.makespan_s:.2f}x shorter than the "
+                    f"heuristic start)" if heuristic is not None and best.index != 0
+                    and best.makespan_s > 0 else ""))
+    cut = sum(r.cut_short for r in run.results)
+    if run.dropped or cut:
+        notes.append(f"portfolio: the time budget ran out after {run.seconds:.1f} s (budget "
+                     f"{run.budget_s:.1f} s; {cut} start(s) cut short, {run.dropped} dropped); "
+                     "the plan is valid but may differ between runs: raise --time-budget or "
+                     "lower --starts")
+    return Plan("portfolio", best.plan.placements, list(best.plan.unplaced),
+                dict(best.plan.job_s_override), dict(best.plan.estimate_override), notes)

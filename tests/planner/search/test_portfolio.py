@@ -1,0 +1,134 @@
+"""The portfolio of starts (planner.search.portfolio): determinism, the anytime property, never
+worse than the plain search, the same plan on one or two workers, the caller's start."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+
+from hulk.errors import PlanningError
+from planner.core.costmodel import estimate_plan
+from planner.core.generate import generate_jobs, generate_network
+from planner.search import plan_search
+from planner.search.portfolio import (MAX_STARTS, MIN_STARTS, default_budget_s, plan_portfolio,
+                                      portfolio_starts, start_count)
+from tests.planner.search.test_search import assert_valid, same_plan
+
+GENEROUS_S = 600.0   # a budget no start comes near: only the start count decides the plan
+
+
+def makespan(plan, net) -> float:
+    return estimate_plan(plan.placements, net).makespan_s
+
+
+@pytest.fixture(scope="module")
+def small():
+    net = generate_network(24, seed=21)
+    return generate_jobs(2, seed=21), net
+
+
+def test_starts_are_decided_by_seed_and_count(small):
+    jobs, net = small
+    a = portfolio_starts(jobs, net, seed=4, count=6)
+    b = portfolio_starts(jobs, net, seed=4, count=6)
+    c = portfolio_starts(jobs, net, seed=5, count=6)
+    assert len(portfolio_starts(jobs, net, seed=4, count=1)) == 1
+    assert [s.name for s in a] == ["heuristic", "uniform", "random-1", "random-2", "random-3",
+                                   "random-4"]
+    assert a[0].scores is None
+    for x, y in zip(a[1:], b[1:]):
+        assert np.array_equal(x.scores, y.scores)
+    assert not np.array_equal(a[2].scores, c[2].scores)
+    # uniform: idle wins every node's tie, so Algorithm 1 grows each job from nothing
+    assert (a[1].scores.argmax(axis=1) == len(jobs)).all()
+
+
+def test_start_count_grows_with_the_budget_within_bounds():
+    assert start_count(50, 4, 1e-6) == MIN_STARTS
+    assert start_count(50, 4, 1e6) == MAX_STARTS
+    assert start_count(50, 4, 1e6, extra=2) == MAX_STARTS + 2
+    small_budget, big_budget = default_budget_s(50, 4), default_budget_s(2000, 20)
+    assert 2.0 <= small_budget < big_budget
+    assert start_count(2000, 20, big_budget) == start_count(50, 4, small_budget)
+
+
+@pytest.mark.slow
+def test_same_seed_and_budget_same_plan(small):
+    jobs, net = small
+    a = plan_portfolio(jobs, net, seed=3, budget_s=GENEROUS_S, starts=3, workers=1)
+    b = plan_portfolio(jobs, net, seed=3, budget_s=GENEROUS_S, starts=3, workers=1)
+    assert a.method == "portfolio"
+    assert_valid(a, net, jobs)
+    assert same_plan(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.process   # two worker processes
+def test_one_worker_and_two_workers_give_the_same_plan(small):
+    jobs, net = small
+    one = plan_portfolio(jobs, net, seed=1, budget_s=GENEROUS_S, starts=3, workers=1)
+    two = plan_portfolio(jobs, net, seed=1, budget_s=GENEROUS_S, starts=3, workers=2)
+    again = plan_portfolio(jobs, net, seed=1, budget_s=GENEROUS_S, starts=3, workers=2)
+    assert same_plan(one, two) and same_plan(two, again)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [2, 5])
+def test_never_worse_than_the_plain_search(seed):
+    net = generate_network(24, seed=seed)
+    jobs = generate_jobs(2, seed=seed)
+    plain = plan_search(jobs, net)
+    best = plan_portfolio(jobs, net, seed=seed, budget_s=GENEROUS_S, starts=MIN_STARTS, workers=1)
+    assert_valid(best, net, jobs)
+    assert makespan(best, net) <= makespan(plain, net) * (1 + 1e-12)
+
+
+@pytest.mark.slow
+def test_a_tiny_budget_still_gives_the_plain_search_plan_or_better():
+    # The heuristic start (the plain search) always finishes; the others are stopped or dropped.
+    net = generate_network(24, seed=13)
+    jobs = generate_jobs(2, seed=13)
+    plan = plan_portfolio(jobs, net, budget_s=1e-3, workers=1)
+    assert_valid(plan, net, jobs)
+    assert makespan(plan, net) <= makespan(plan_search(jobs, net), net) * (1 + 1e-12)
+    assert any("budget ran out" in note for note in plan.notes)
+
+
+@pytest.mark.slow
+def test_a_caller_start_is_refined_and_can_win(small):
+    jobs, net = small
+    plain = plan_search(jobs, net)
+    # The caller's start is the plain search's own plan written as class scores, so the
+    # portfolio with just the heuristic and it reaches at least that plan.
+    scores = np.zeros((net.n, len(jobs) + 1))
+    scores[:, -1] = 1.0
+    for p in plain.placements:
+        scores[list(p.nodes), [j.name for j in jobs].index(p.job.name)] = 2.0
+    plan = plan_portfolio(jobs, net, budget_s=GENEROUS_S, starts=2, workers=1,
+                          extra_starts=[("caller", scores)])
+    assert makespan(plan, net) <= makespan(plain, net) * (1 + 1e-12)
+    assert any("refined starts" in note for note in plan.notes)
+
+
+def test_a_caller_start_of_the_wrong_shape_is_refused(small):
+    jobs, net = small
+    with pytest.raises(PlanningError, match="gnn.*shape"):
+        plan_portfolio(jobs, net, budget_s=1.0, workers=1,
+                       extra_starts=[("gnn", np.ones((net.n, len(jobs))))])
+
+
+def test_plan_flags_parse_and_refuse_bad_values():
+    from planner.commands import plan as plan_command
+    from planner.settings import PlannerSettings
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    plan_command.register(parser.add_subparsers(), PlannerSettings())
+    args = parser.parse_args(["plan", "jobs.yaml", "--fleet", "f.json", "--time-budget", "2.5",
+                              "--workers", "2", "--starts", "5"])
+    assert (args.method, args.budget_s, args.workers, args.starts) == ("portfolio", 2.5, 2, 5)
+    assert plan_command.DEFAULT_METHOD == "portfolio" and "search" in plan_command.METHODS
+    for bad in (["--time-budget", "0"], ["--time-budget", "nan"], ["--workers", "0"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["plan", "jobs.yaml", "--fleet", "f.json", *bad])
