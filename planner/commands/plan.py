@@ -77,10 +77,13 @@ def planner_for(method: str) -> Callable:
     fn = getattr(importlib.import_module(module_name), function)
 
     def run(jobs, net, *, seed=0, progress=None):
+        from planner.search.scale import plan_at_scale
+
         kwargs = dict(extra)
         if method in SEEDED:
             kwargs["seed"] = seed
-        return fn(jobs, net, progress=progress, **kwargs)
+        # Above SCALE_NODE_LIMIT servers every method plans on the best sites (a note says so).
+        return plan_at_scale(fn, jobs, net, progress=progress, **kwargs)
 
     return run
 

@@ -260,3 +260,64 @@ def _finish(nodes, rtt: np.ndarray, measured: np.ndarray, pairs: MeasuredPairs,
     np.logical_not(measured, out=measured)
     np.fill_diagonal(measured, False)
     return Network(nodes, rtt, bw, measured)
+
+
+def roll_up_by_site(fleet: Fleet) -> Fleet:
+    """The fleet with its node links replaced by site links (what ``fleet export`` writes for a
+    large fleet): per pair of sites, and per site with itself, the median RTT and median
+    measured bandwidth of its measured node pairs, their mean loss and summed samples. Site
+    links the fleet already has are kept for site pairs no node link measured."""
+    from planner.core.fleet import Site, SiteLink
+
+    nodes = tuple(fleet.nodes)
+    n = len(nodes)
+    index = {node.id: i for i, node in enumerate(nodes)}
+    names, site = site_codes(fleet)
+    links = fleet.links
+    if isinstance(links, LinkTable) and links.ids == [node.id for node in nodes]:
+        src, dst, rtt, bw = links.src, links.dst, links.rtt_ms, links.bandwidth_gbps
+        loss, samples = links.loss, links.samples
+    else:
+        kept = [(index[k.src], index[k.dst], k) for k in links
+                if not k.imputed and k.src in index and k.dst in index and k.src != k.dst]
+        src = np.array([i for i, _, _ in kept], dtype=np.int64)
+        dst = np.array([j for _, j, _ in kept], dtype=np.int64)
+        rtt = np.array([float(k.rtt_ms) for _, _, k in kept])
+        bw = np.array([np.nan if k.bandwidth_gbps is None else float(k.bandwidth_gbps)
+                       for _, _, k in kept])
+        loss = np.array([float(k.loss) for _, _, k in kept])
+        samples = np.array([int(k.samples) for _, _, k in kept], dtype=np.int64)
+    keep = src != dst
+    s_a, s_b = site[src[keep]], site[dst[keep]]
+    lo, hi = np.minimum(s_a, s_b), np.maximum(s_a, s_b)
+    key = lo * len(names) + hi
+    order = np.argsort(key, kind="stable")
+    key, rtt, bw = key[order], rtt[keep][order], bw[keep][order]
+    loss, samples = loss[keep][order], samples[keep][order]
+    bounds = np.flatnonzero(np.diff(key)) + 1
+    rolled: dict[tuple[str, str], SiteLink] = {}
+    for chunk in np.split(np.arange(len(key)), bounds):
+        if not len(chunk):
+            continue
+        a, b = divmod(int(key[chunk[0]]), len(names))
+        if not names[a] or not names[b]:
+            continue   # a node with no site: nothing to roll up into
+        measured_bw = bw[chunk][np.isfinite(bw[chunk]) & (bw[chunk] > 0)]
+        rolled[(names[a], names[b])] = SiteLink(
+            names[a], names[b], rtt_ms=float(np.median(rtt[chunk])),
+            bandwidth_gbps=float(np.median(measured_bw)) if len(measured_bw) else None,
+            loss=float(np.mean(loss[chunk])), samples=int(samples[chunk].sum()))
+    for link in fleet.site_links:
+        pair = tuple(sorted((link.src, link.dst)))
+        if pair not in rolled and (link.src, link.dst) not in rolled:
+            rolled[(link.src, link.dst)] = link
+    declared = {s.id for s in fleet.sites}
+    sites = list(fleet.sites)
+    for i, node in enumerate(nodes):
+        key_name = node.site_key
+        if key_name and key_name not in declared:
+            declared.add(key_name)
+            where = node.coordinates
+            sites.append(Site(key_name, *(where if where else (None, None))))
+    return Fleet(nodes, (), name=fleet.name, sites=tuple(sites),
+                 site_links=tuple(rolled.values()))

@@ -82,17 +82,19 @@ def balance_layers(job: Job, stage_thr: np.ndarray, caps: np.ndarray) -> np.ndar
     if share.sum() <= job.layers:
         layers = share
     left = job.layers - int(layers.sum())
-    heap = [((layers[i] + 1) / stage_thr[i], i) for i in range(k) if layers[i] < caps[i]]
+    # Python scalars: this loop runs for every candidate grid, numpy scalars cost 10x here.
+    lay, thr, cap = layers.tolist(), stage_thr.tolist(), caps.tolist()
+    heap = [((lay[i] + 1) / thr[i], i) for i in range(k) if lay[i] < cap[i]]
     heapq.heapify(heap)
     while left > 0:
         if not heap:
             return None
         _, i = heapq.heappop(heap)
-        layers[i] += 1
+        lay[i] += 1
         left -= 1
-        if layers[i] < caps[i]:
-            heapq.heappush(heap, ((layers[i] + 1) / stage_thr[i], i))
-    return layers
+        if lay[i] < cap[i]:
+            heapq.heappush(heap, ((lay[i] + 1) / thr[i], i))
+    return np.array(lay, dtype=np.int64)
 
 
 def placement_from_grid(job: Job, net: Network, grid: np.ndarray, b: int) -> Placement | None:
@@ -131,9 +133,9 @@ def placement_from_grid(job: Job, net: Network, grid: np.ndarray, b: int) -> Pla
                     continue
         if d > 1:
             layers = _trade_allreduce(job, net, grid, b, m, stage_thr, caps, layers)
-        bounds = np.concatenate([[0], np.cumsum(layers)])
-        stages = tuple(Stage(int(bounds[s]), int(bounds[s + 1]), tuple(int(i) for i in grid[s]))
-                       for s in range(k))
+        bounds = [0] + np.cumsum(layers).tolist()
+        rows = grid.tolist()
+        stages = tuple(Stage(bounds[s], bounds[s + 1], tuple(rows[s])) for s in range(k))
         return Placement(job, stages, b)
     return None
 
@@ -144,7 +146,7 @@ def _trade_allreduce(job: Job, net: Network, grid: np.ndarray, b: int, m: int,
     (which grows with its layers) dominates. Try caps on every stage's all-reduce time and keep
     the split with the lowest approximate iteration time (pipeline + slowest all-reduce)."""
     k, d = grid.shape
-    ring_next = np.roll(grid, -1, axis=1)
+    ring_next = np.concatenate((grid[:, 1:], grid[:, :1]), axis=1)   # np.roll(grid, -1, 1)
     a_max = (net.rtt_ms[grid, ring_next] / 2000.0).max(axis=1)
     bw_min = net.bw[grid, ring_next].min(axis=1)
     per_layer_ar = 2.0 * (d - 1) * (2.0 * job.params / job.layers) / (d * bw_min)   # s per layer
