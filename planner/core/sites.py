@@ -220,11 +220,11 @@ def _complete_by_sites(fleet: Fleet, nodes, pairs: MeasuredPairs, names: list[st
     rtt[pairs.b, pairs.a] = pairs.rtt_ms
     measured[pairs.a, pairs.b] = measured[pairs.b, pairs.a] = True
 
-    # Sites no site link reaches: relay over measured node links, as without sites.
+    # Sites no site link reaches: relay over measured node links and the site figures.
     unreached = ~np.isfinite(rtt)
     if unreached.any() and len(pairs.a):
         sources = np.flatnonzero(unreached.any(axis=1))
-        relayed = _relay(pairs, n, sources)
+        relayed = _relay_with_sites(pairs, site, level, sources)
         rows = np.where(unreached[sources], relayed, rtt[sources])
         rtt[sources] = rows
         bw[sources] = np.where(unreached[sources], _tcp_bw(rows), bw[sources])
@@ -233,6 +233,27 @@ def _complete_by_sites(fleet: Fleet, nodes, pairs: MeasuredPairs, names: list[st
         bw[:, cols] = bw[cols].T
     del unreached
     return _finish(nodes, rtt, measured, pairs, default_bw=bw)
+
+
+def _relay_with_sites(pairs: MeasuredPairs, site: np.ndarray, level: np.ndarray,
+                      sources: np.ndarray) -> np.ndarray:
+    """Shortest-path RTTs from ``sources`` to every node over measured node links and the site
+    figures. Each site is two hub vertices: its servers reach its out-hub for free, its in-hub
+    reaches its servers for free, and out-hub s -> in-hub t costs ``level[s, t]`` (a site link,
+    a path over them, or the site's own figure when s == t), so a hub never gives two servers of
+    one site a free ride."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import dijkstra
+
+    n, s = len(site), level.shape[0]
+    out_hub, in_hub = n + np.arange(s), n + s + np.arange(s)
+    si, ti = np.nonzero(np.isfinite(level))
+    everyone = np.arange(n)
+    rows = np.concatenate([pairs.a, pairs.b, everyone, in_hub[site], out_hub[si]])
+    cols = np.concatenate([pairs.b, pairs.a, out_hub[site], everyone, in_hub[ti]])
+    weights = np.concatenate([pairs.rtt_ms, pairs.rtt_ms, np.zeros(2 * n), level[si, ti]])
+    graph = csr_matrix((weights, (rows, cols)), shape=(n + 2 * s, n + 2 * s))
+    return dijkstra(graph, directed=True, indices=sources)[:, :n]
 
 
 def _tcp_bw(rtt: np.ndarray) -> np.ndarray:

@@ -102,7 +102,7 @@ def read_sites(raw: Any, path: str, lines: LineFinder,
         where = f"sites[{i}]"
         if not isinstance(obj, dict):
             raise InputError(f"expected an object, got {json_type(obj)}", path=path,
-                             line=lines.line("sites"), field=where)
+                             line=lines.line(), field=where)
         note_unknown(obj, SITE_KEYS, "sites[]", "sites", i)
         f = Fields(obj, path, where, lambda i=i: lines.line("sites", i))
         site_id = f.string("id", required=True).strip()
