@@ -69,21 +69,28 @@ def match_rows(net: Network, grid: np.ndarray, act: float) -> np.ndarray:
 def balance_layers(job: Job, stage_thr: np.ndarray, caps: np.ndarray) -> np.ndarray | None:
     """Layers per stage minimising max(l_k / thr_k) with 1 <= l_k <= cap_k, sum = L (greedy
     water-filling, exact for this objective). None when memory cannot hold the model."""
+    # Python scalars throughout: this runs for every candidate grid, and numpy calls on arrays
+    # of a few elements cost more than the arithmetic; every step computes what numpy did.
     k = stage_thr.size
-    if k > job.layers or (caps < 1).any() or caps.sum() < job.layers:
+    n_layers = job.layers
+    cap = caps.tolist()
+    if k > n_layers or (k and min(cap) < 1) or sum(cap) < n_layers:
         return None
-    layers = np.ones(k, dtype=np.int64)
-    left = job.layers - k
-    if left == 0:
-        return layers
+    if n_layers == k:
+        return np.ones(k, dtype=np.int64)
+    thr = stage_thr.tolist()
+    total = float(stage_thr.sum())          # numpy's pairwise sum, as before
+    if not (math.isfinite(total) and total > 0 and all(0 < t < math.inf for t in thr)):
+        return _balance_layers_numpy(job, stage_thr, caps)
     # Start from the continuous optimum rounded down, then fill greedily.
-    share = np.minimum(caps, np.maximum(1, np.floor(job.layers * stage_thr / stage_thr.sum())))
-    share = share.astype(np.int64)
-    if share.sum() <= job.layers:
-        layers = share
-    left = job.layers - int(layers.sum())
-    # Python scalars: this loop runs for every candidate grid, numpy scalars cost 10x here.
-    lay, thr, cap = layers.tolist(), stage_thr.tolist(), caps.tolist()
+    share = [int(min(c, max(1, math.floor(n_layers * t / total)))) for t, c in zip(thr, cap)]
+    lay = share if sum(share) <= n_layers else [1] * k
+    return _fill_layers(lay, thr, cap, n_layers - sum(lay))
+
+
+def _fill_layers(lay: list[int], thr: list[float], cap: list[int], left: int) -> np.ndarray | None:
+    """Add ``left`` layers one by one to the stage whose time grows least (a heap)."""
+    k = len(lay)
     heap = [((lay[i] + 1) / thr[i], i) for i in range(k) if lay[i] < cap[i]]
     heapq.heapify(heap)
     while left > 0:
@@ -95,6 +102,19 @@ def balance_layers(job: Job, stage_thr: np.ndarray, caps: np.ndarray) -> np.ndar
         if lay[i] < cap[i]:
             heapq.heappush(heap, ((lay[i] + 1) / thr[i], i))
     return np.array(lay, dtype=np.int64)
+
+
+def _balance_layers_numpy(job: Job, stage_thr: np.ndarray, caps: np.ndarray) -> np.ndarray | None:
+    """balance_layers for throughputs that are not all finite and positive (numpy's semantics)."""
+    k = stage_thr.size
+    layers = np.ones(k, dtype=np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.minimum(caps, np.maximum(1, np.floor(job.layers * stage_thr / stage_thr.sum())))
+    share = share.astype(np.int64)
+    if share.sum() <= job.layers:
+        layers = share
+    return _fill_layers(layers.tolist(), stage_thr.tolist(), caps.tolist(),
+                        job.layers - int(layers.sum()))
 
 
 def placement_from_grid(job: Job, net: Network, grid: np.ndarray, b: int) -> Placement | None:

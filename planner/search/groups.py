@@ -110,7 +110,7 @@ def _trimmed_grids(job: Job, net: Network, grid: np.ndarray, b: int) -> list[np.
     row_thr = net.thr[grid].min(axis=1)
     row_mem = net.mem[grid].min(axis=1)
     if d > 1:
-        ring_next = np.roll(grid, -1, axis=1)
+        ring_next = np.concatenate((grid[:, 1:], grid[:, :1]), axis=1)   # np.roll(grid, -1, 1)
         with np.errstate(divide="ignore", invalid="ignore"):
             a_max = (net.rtt_ms[grid, ring_next] / 2000.0).max(axis=1)
             bw_min = net.bw[grid, ring_next].min(axis=1)
