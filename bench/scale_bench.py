@@ -7,7 +7,7 @@ Writes bench/results/scale.json. Scenarios (issue 13): a 1,000-server full-mesh 
 servers in 200 sites written with site links only, with 20 generated jobs; both `--no-compare`.
 For each: wall time of the whole command (reading, completion, search, output), its CPU time
 (user + system; less sensitive to a busy machine than the wall time), the child's peak RSS, and the plan's makespan against the compute bound (all jobs' FLOPs over the whole fleet's
-throughput), so that speed is not bought with quality. ``--quick`` uses 150 and 400 servers
+throughput), so that speed is not bought with quality. ``--quick`` uses 100 and 300 servers
 (under a minute). The machine's load average is recorded with the figures: on a shared machine
 they are upper bounds.
 """
@@ -45,7 +45,7 @@ class Scenario:
 
 def scenarios(quick: bool) -> list[Scenario]:
     if quick:
-        return [Scenario("mesh", 150, 12, 5), Scenario("regional", 400, 10, 5)]
+        return [Scenario("mesh", 100, 10, 5), Scenario("regional", 300, 8, 5)]
     return [Scenario("mesh", 1000, 45, 5), Scenario("regional", 10_000, 200, 20)]
 
 

@@ -197,6 +197,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     fleet, issues = load_fleet_with_report(args.path)
     for issue in issues:
         print(f"warning: {issue}")
+    if fleet.site_links:   # the store holds per-pair rollups of node links only
+        print(f"warning: {len(fleet.site_links)} site link(s) not imported (the store keeps "
+              "measured node links; plan with --fleet to use site links)")
     with Store(args.db) as store:
         result = store.import_fleet(fleet)
     print(f"imported {args.path}: {len(fleet.nodes)} nodes ({result['nodes_added']} new, "

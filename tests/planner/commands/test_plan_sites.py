@@ -43,3 +43,11 @@ def test_export_writes_site_links_for_a_store(tmp_path):
     plain = run_cli("fleet", "export", "--db", db, "--out", out)   # auto: small fleets as before
     assert plain.returncode == 0 and "site links" not in plain.stdout
     assert len(load_fleet(out).links) == 24 * 23 // 2
+
+
+def test_import_says_site_links_are_not_stored(tmp_path):
+    regional, db = tmp_path / "regional.json", tmp_path / "planner.sqlite"
+    save_fleet_json(generate_regional_fleet(20, 3, seed=1), regional)
+    result = run_cli("fleet", "import", regional, "--db", db)
+    assert result.returncode == 0, result.stderr
+    assert "warning: 6 site link(s) not imported" in result.stdout
