@@ -173,6 +173,10 @@ def cmd_show(args: argparse.Namespace) -> int:
           f"({100 * len(pairs) / total if total else 100:.0f} %), {imputed} completed "
           f"(docs/COSTMODEL.md section 2), {len(components)} connected component"
           f"{'s' if len(components) != 1 else ''}")
+    if fleet.site_links:
+        sites = {n.site_key for n in fleet.nodes if n.site_key} | {s.id for s in fleet.sites}
+        print(f"site links: {len(fleet.site_links)} between {len(sites)} sites (each stands for "
+              "every pair of their servers; node links override them)")
     return 0
 
 
