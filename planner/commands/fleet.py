@@ -13,6 +13,7 @@ from planner.core.fleet import Fleet, complete
 from planner.settings import PlannerSettings
 
 WINDOW_HELP = "rolling window in days (HULK_WINDOW_DAYS; default 90)"
+SITE_LINKS_FROM_NODES = 1000   # `fleet export --site-links auto` rolls node links up above this
 
 
 def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) -> None:
@@ -36,6 +37,9 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     export.add_argument("--db", required=True, help="the planner's SQLite store")
     export.add_argument("--out", type=Path, required=True, help="fleet JSON to write")
     export.add_argument("--window-days", type=int, default=settings.window_days, help=WINDOW_HELP)
+    export.add_argument("--site-links", choices=["auto", "yes", "no"], default="auto",
+                        help="write links between sites (median per site pair) instead of one "
+                             f"link per server pair; auto: above {SITE_LINKS_FROM_NODES} servers")
     export.set_defaults(func=cmd_export, fleet_name=settings.fleet)
 
     imp = sub.add_parser("import", help="load a fleet file (paper folder/zip or fleet JSON) "
@@ -130,6 +134,13 @@ def cmd_show(args: argparse.Namespace) -> int:
     if launch:
         for col in ("launch", "job", "exit"):
             table.add_column(col)
+    # Mean measured RTT per node, by rows (a Python loop over pairs is minutes at 10,000 nodes).
+    import numpy as np
+    measured = ~network.imputed & np.isfinite(network.rtt_ms)
+    np.fill_diagonal(measured, False)
+    rtt_sum = np.where(measured, network.rtt_ms, 0.0).sum(axis=1, dtype=float)
+    rtt_count = measured.sum(axis=1)
+    del measured
     for i, node in enumerate(network.nodes):
         if node.gpus and (node.gpu_name or node.compute_capability):
             gpus = f"{node.gpus} x {node.gpu_name or f'cc {node.compute_capability:g}'}"
@@ -140,12 +151,11 @@ def cmd_show(args: argparse.Namespace) -> int:
             reason = by_id.get(node.id, {}).get("gpu_unavailable_reason")
             if reason:
                 gpus += f" ({reason})"
-        finite = [network.rtt_ms[i, j] for j in range(n) if j != i
-                  and not network.imputed[i, j] and network.rtt_ms[i, j] < float("inf")]
         # A cloud region's code alone does not say where it is: show its place too.
-        cells = [node.id, geo.region_label(node.city) or node.city or "-", gpus, f"{round(node.memory_gb, 1):g}",
+        cells = [node.id, geo.region_label(node.city) or node.city or "-", gpus,
+                 f"{round(node.memory_gb, 1):g}",
                  f"{network.thr[i] / 1e12:,.0f}", f"{measured_peers[node.id]}/{n - 1}",
-                 f"{sum(finite) / len(finite):.1f}" if finite else "-"]
+                 f"{rtt_sum[i] / rtt_count[i]:.1f}" if rtt_count[i] else "-"]
         if rows is not None:
             r = by_id.get(node.id, {})
             cells += [_ago(r.get("last_seen_ms")), r.get("source") or "-",
@@ -166,14 +176,24 @@ def cmd_show(args: argparse.Namespace) -> int:
           f"({100 * len(pairs) / total if total else 100:.0f} %), {imputed} completed "
           f"(docs/COSTMODEL.md section 2), {len(components)} connected component"
           f"{'s' if len(components) != 1 else ''}")
+    if fleet.site_links:
+        sites = {n.site_key for n in fleet.nodes if n.site_key} | {s.id for s in fleet.sites}
+        print(f"site links: {len(fleet.site_links)} between {len(sites)} sites (each stands for "
+              "every pair of their servers; node links override them)")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from planner.files.fleet import save_fleet_json
     fleet, _ = _load(args)
+    by_site = args.site_links == "yes" or (args.site_links == "auto"
+                                           and len(fleet.nodes) > SITE_LINKS_FROM_NODES)
+    if by_site:
+        from planner.core.sites import roll_up_by_site
+        fleet = roll_up_by_site(fleet)
     save_fleet_json(fleet, args.out)
-    print(f"wrote {args.out}: {len(fleet.nodes)} nodes, {len(fleet.links)} links")
+    extra = (f", {len(fleet.sites)} sites, {len(fleet.site_links)} site links" if by_site else "")
+    print(f"wrote {args.out}: {len(fleet.nodes)} nodes, {len(fleet.links)} links{extra}")
     return 0
 
 
@@ -184,6 +204,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     fleet, issues = load_fleet_with_report(args.path)
     for issue in issues:
         print(f"warning: {issue}")
+    if fleet.site_links:   # the store holds per-pair rollups of node links only
+        print(f"warning: {len(fleet.site_links)} site link(s) not imported (the store keeps "
+              "measured node links; plan with --fleet to use site links)")
     with Store(args.db) as store:
         result = store.import_fleet(fleet)
     print(f"imported {args.path}: {len(fleet.nodes)} nodes ({result['nodes_added']} new, "

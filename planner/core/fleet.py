@@ -8,9 +8,9 @@ search, GNN) works on node indices into a ``Network``; ids appear again only at 
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from statistics import median
+from functools import cached_property
 
 import numpy as np
 
@@ -35,6 +35,7 @@ class Node:
     memory_gb: float = 0.0  # total GPU memory of the server, summed over its GPUs
     latitude: float | None = None
     longitude: float | None = None
+    site: str | None = None   # a city, cloud region or data centre; the city where absent
 
     @property
     def memory_bytes(self) -> float:
@@ -45,12 +46,19 @@ class Node:
         """thr_i in FLOP/s (docs/COSTMODEL.md section 1)."""
         return gpu_catalog.node_throughput(self.gpus, self.gpu_name, self.compute_capability)
 
-    @property
+    @cached_property
     def city_key(self) -> str | None:
         """The city used for 'same city' and geography: the gazetteer's name, else the trimmed name."""
         if not self.city or not self.city.strip():
             return None
         return geo.canonical_city(self.city) or self.city.strip()
+
+    @cached_property
+    def site_key(self) -> str | None:
+        """The node's site: its ``site`` when given, else its city (``city_key``)."""
+        if self.site and self.site.strip():
+            return self.site.strip()
+        return self.city_key
 
     @property
     def coordinates(self) -> tuple[float, float] | None:
@@ -72,11 +80,87 @@ class Link:
     imputed: bool = False
 
 
+class LinkTable(Sequence):
+    """Measured node links held as columns (what a large fleet file reads into).
+
+    Behaves as a sequence of :class:`Link` (built on access), so code written for a tuple of links
+    keeps working; ``complete`` reads the columns directly. ``src``/``dst`` index into ``ids``;
+    ``bandwidth_gbps`` is NaN where none was measured.
+    """
+
+    def __init__(self, ids: Sequence[str], src: np.ndarray, dst: np.ndarray, rtt_ms: np.ndarray,
+                 bandwidth_gbps: np.ndarray, loss: np.ndarray, samples: np.ndarray):
+        self.ids = list(ids)
+        self.src = np.asarray(src, dtype=np.int64)
+        self.dst = np.asarray(dst, dtype=np.int64)
+        self.rtt_ms = np.asarray(rtt_ms, dtype=float)
+        self.bandwidth_gbps = np.asarray(bandwidth_gbps, dtype=float)
+        self.loss = np.asarray(loss, dtype=float)
+        self.samples = np.asarray(samples, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def _link(self, k: int) -> Link:
+        bw = float(self.bandwidth_gbps[k])
+        return Link(self.ids[self.src[k]], self.ids[self.dst[k]], rtt_ms=float(self.rtt_ms[k]),
+                    bandwidth_gbps=None if bw != bw else bw, loss=float(self.loss[k]),
+                    samples=int(self.samples[k]))
+
+    def __getitem__(self, k):  # type: ignore[override]
+        if isinstance(k, slice):
+            return tuple(self._link(i) for i in range(*k.indices(len(self))))
+        if k < 0:
+            k += len(self)
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        return self._link(k)
+
+    def __iter__(self) -> Iterator[Link]:
+        return (self._link(k) for k in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (LinkTable, tuple)):
+            return len(self) == len(other) and tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"LinkTable({len(self)} links)"
+
+
+@dataclass(frozen=True)
+class Site:
+    """A place servers sit in (a city, a cloud region, a data centre), optionally located."""
+
+    id: str
+    latitude: float | None = None
+    longitude: float | None = None
+
+
+@dataclass(frozen=True)
+class SiteLink:
+    """Measured figures between two sites, standing for every pair of their servers.
+
+    A site link from a site to itself gives the RTT between two servers of that site."""
+
+    src: str
+    dst: str
+    rtt_ms: float
+    bandwidth_gbps: float | None = None
+    loss: float = 0.0
+    samples: int = 0
+
+
 @dataclass(frozen=True)
 class Fleet:
     nodes: tuple[Node, ...]
-    links: tuple[Link, ...] = ()
+    links: tuple[Link, ...] | LinkTable = ()
     name: str = "default"
+    sites: tuple[Site, ...] = ()
+    site_links: tuple[SiteLink, ...] = ()
 
     def node_ids(self) -> list[str]:
         return [n.id for n in self.nodes]
@@ -157,71 +241,9 @@ class Network:
 
 
 def complete(fleet: Fleet) -> Network:
-    """docs/COSTMODEL.md section 2: average duplicates, drop self-loops, fill same-city pairs with
-    the city's median, everything else with the shortest path over measured links."""
-    nodes = tuple(fleet.nodes)
-    n = len(nodes)
-    index = {node.id: i for i, node in enumerate(nodes)}
-    rtts: dict[tuple[int, int], list[float]] = defaultdict(list)
-    bws: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for link in fleet.links:
-        if link.imputed or link.src == link.dst:
-            continue
-        i, j = index.get(link.src), index.get(link.dst)
-        if i is None or j is None:
-            continue
-        key = (min(i, j), max(i, j))
-        rtts[key].append(float(link.rtt_ms))
-        if link.bandwidth_gbps is not None and link.bandwidth_gbps > 0:
-            bws[key].append(float(link.bandwidth_gbps))
+    """docs/COSTMODEL.md section 2: average duplicates, drop self-loops, give pairs between two
+    sites with a site link that link's figures, fill same-site pairs with the site's median and
+    everything else with the shortest path (planner/core/sites.py does the work)."""
+    from planner.core.sites import complete_fleet
 
-    rtt = np.full((n, n), np.inf)
-    np.fill_diagonal(rtt, 0.0)
-    measured = np.zeros((n, n), dtype=bool)
-    for (i, j), values in rtts.items():
-        rtt[i, j] = rtt[j, i] = float(np.mean(values))
-        measured[i, j] = measured[j, i] = True
-
-    # Shortest paths over measured links only (before same-city filling), as the rule says.
-    missing = ~measured
-    np.fill_diagonal(missing, False)
-    if missing.any() and rtts:
-        from scipy.sparse import csr_matrix
-        from scipy.sparse.csgraph import dijkstra
-
-        keys = np.array(list(rtts.keys()))
-        weights = rtt[keys[:, 0], keys[:, 1]]
-        graph = csr_matrix((weights, (keys[:, 0], keys[:, 1])), shape=(n, n))
-        sources = np.flatnonzero(missing.any(axis=1))
-        relayed = dijkstra(graph, directed=False, indices=sources)
-        for row, src in enumerate(sources):
-            cols = missing[src]
-            rtt[src, cols] = relayed[row, cols]
-
-    # Same-city pairs without a measurement: the city's median, else the fleet's, else 1 ms.
-    city = [node.city_key for node in nodes]
-    by_city: dict[str, list[float]] = defaultdict(list)
-    for (i, j), _ in rtts.items():
-        if city[i] is not None and city[i] == city[j]:
-            by_city[city[i]].append(rtt[i, j])
-    all_same_city = [v for values in by_city.values() for v in values]
-    fleet_median = median(all_same_city) if all_same_city else DEFAULT_SAME_CITY_RTT_MS
-    members: dict[str, list[int]] = defaultdict(list)
-    for i, c in enumerate(city):
-        if c is not None:
-            members[c].append(i)
-    for c, idx in members.items():
-        value = median(by_city[c]) if by_city.get(c) else fleet_median
-        for a in idx:
-            for b in idx:
-                if a != b and not measured[a, b]:
-                    rtt[a, b] = value
-
-    bw = bandwidth_from_rtt(np.where(np.isfinite(rtt), rtt, 1e18))
-    bw = np.where(np.isfinite(rtt), bw, 0.0)
-    for (i, j), values in bws.items():
-        bw[i, j] = bw[j, i] = float(np.mean(values)) * GBIT
-    np.fill_diagonal(bw, np.inf)
-    imputed = ~measured
-    np.fill_diagonal(imputed, False)
-    return Network(nodes, rtt, bw, imputed)
+    return complete_fleet(fleet)

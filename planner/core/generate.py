@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hulk import geo
-from planner.core.fleet import Fleet, Link, Network, Node
+from planner.core.fleet import Fleet, Link, Network, Node, Site, SiteLink
 from planner.core.jobs import MODEL_CATALOG, Job, catalog_job
 
 # (NVML-style name, relative frequency in the mix). Memory per GPU comes from gpus.GPU_CATALOG.
@@ -190,6 +190,89 @@ def generate_network(n_nodes: int, *, seed: int, cities: list[str] | None = None
     imputed = ~gen.measured
     np.fill_diagonal(imputed, False)
     return Network.from_matrix(gen.nodes, gen.rtt_ms, imputed=imputed)
+
+
+SAME_METRO_RTT_MS = (0.8, 3.0)      # between two data centres of one city
+
+
+def _great_circle_km(coords_deg: np.ndarray) -> np.ndarray:
+    coords = np.radians(coords_deg)
+    lat, lon = coords[:, 0], coords[:, 1]
+    dlat = lat[:, None] - lat[None, :]
+    dlon = lon[:, None] - lon[None, :]
+    h = np.sin(dlat / 2) ** 2 + np.cos(lat)[:, None] * np.cos(lat)[None, :] * np.sin(dlon / 2) ** 2
+    return 2 * geo.EARTH_RADIUS_KM * np.arcsin(np.minimum(1.0, np.sqrt(h)))
+
+
+def generate_regional_fleet(n_nodes: int, n_sites: int, *, seed: int,
+                            zipf_exponent: float = 0.8, samples: int = 1000,
+                            name: str | None = None) -> Fleet:
+    """A regional fleet: ``n_nodes`` servers in ``n_sites`` sites (data centres in real cities,
+    several per city when there are more sites than cities), measured as site links only.
+
+    Every pair of sites has a site link (great circle / 100 km per ms times a per-pair route
+    inflation, never below light speed; 0.8-3 ms between two sites of one city), and every site a
+    link to itself (0.2-2 ms between its own servers). No node links: the file stays
+    ``n_sites^2`` links long however many servers there are. Same seed, same fleet.
+    """
+    if n_sites < 1 or n_nodes < n_sites:
+        raise ValueError("need at least one site and at least one server per site")
+    rng = np.random.default_rng(seed)
+    pool = sorted(geo.CITIES)
+    city_idx = rng.permutation(len(pool))[np.arange(n_sites) % len(pool)]
+    site_city = [pool[i] for i in city_idx]
+    per_city: dict[str, int] = {}
+    site_ids, coords = [], []
+    for city in site_city:
+        per_city[city] = per_city.get(city, 0) + 1
+        site_ids.append(f"{_slug(city)}-dc{per_city[city]}")
+        lat, lon, _ = geo.CITIES[city]
+        coords.append((lat, lon))
+    coords_arr = np.array(coords)
+    km = _great_circle_km(coords_arr)
+    inflation = rng.uniform(*INFLATION_RANGE, size=(n_sites, n_sites))
+    inflation = np.triu(inflation, 1) + np.triu(inflation, 1).T
+    rtt = np.maximum(km / geo.KM_PER_MS_RTT * inflation, km / geo.KM_PER_MS_RTT * 1.01)
+    same_city = (city_idx[:, None] == city_idx[None, :])
+    metro = rng.uniform(*SAME_METRO_RTT_MS, size=(n_sites, n_sites))
+    rtt = np.where(same_city, np.triu(metro, 1) + np.triu(metro, 1).T, rtt)
+    np.fill_diagonal(rtt, rng.uniform(*SAME_CITY_RTT_MS, size=n_sites))
+    rtt = np.round(rtt, 3)
+
+    weights = 1.0 / np.arange(1, n_sites + 1) ** zipf_exponent
+    weights /= weights.sum()
+    per_site = np.ones(n_sites, dtype=int) + rng.multinomial(n_nodes - n_sites, weights)
+    names = [g for g, _ in GPU_MIX]
+    mix = np.array([w for _, w in GPU_MIX])
+    mix /= mix.sum()
+    counts = np.array([g for g, _ in GPUS_PER_NODE])
+    count_p = np.array([w for _, w in GPUS_PER_NODE])
+    count_p /= count_p.sum()
+    favoured = np.array([rng.choice(len(names), size=2, replace=False, p=mix)
+                         for _ in range(n_sites)])
+    site_of = np.repeat(np.arange(n_sites), per_site)
+    roll = rng.random(n_nodes)
+    anywhere = rng.choice(len(names), size=n_nodes, p=mix)
+    gpu_idx = np.where(roll < 0.5, favoured[site_of, 0],
+                       np.where(roll < 0.75, favoured[site_of, 1], anywhere))
+    gpu_count = rng.choice(counts, size=n_nodes, p=count_p)
+    facts = [_memory_per_gpu(g) for g in names]
+    nodes = []
+    serial = np.zeros(n_sites, dtype=int)
+    for s, gi, g in zip(site_of.tolist(), gpu_idx.tolist(), gpu_count.tolist()):
+        serial[s] += 1
+        cc, mem = facts[gi]
+        lat, lon = coords[s]
+        nodes.append(Node(id=f"{site_ids[s]}-{serial[s]}", city=site_city[s], gpus=g,
+                          gpu_name=names[gi], compute_capability=cc, memory_gb=g * mem,
+                          latitude=lat, longitude=lon, site=site_ids[s]))
+    ii, jj = np.triu_indices(n_sites)
+    site_links = tuple(SiteLink(site_ids[i], site_ids[j], rtt_ms=float(rtt[i, j]), samples=samples)
+                       for i, j in zip(ii.tolist(), jj.tolist()))
+    sites = tuple(Site(site_ids[k], float(coords_arr[k, 0]), float(coords_arr[k, 1]))
+                  for k in range(n_sites))
+    return Fleet(tuple(nodes), (), name=name or f"regional-{n_nodes}-{n_sites}-s{seed}",
+                 sites=sites, site_links=site_links)
 
 
 # Relative frequency of catalog models in generated job sets: small and mid-size models are the

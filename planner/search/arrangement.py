@@ -69,30 +69,52 @@ def match_rows(net: Network, grid: np.ndarray, act: float) -> np.ndarray:
 def balance_layers(job: Job, stage_thr: np.ndarray, caps: np.ndarray) -> np.ndarray | None:
     """Layers per stage minimising max(l_k / thr_k) with 1 <= l_k <= cap_k, sum = L (greedy
     water-filling, exact for this objective). None when memory cannot hold the model."""
+    # Python scalars throughout: this runs for every candidate grid, and numpy calls on arrays
+    # of a few elements cost more than the arithmetic; every step computes what numpy did.
     k = stage_thr.size
-    if k > job.layers or (caps < 1).any() or caps.sum() < job.layers:
+    n_layers = job.layers
+    cap = caps.tolist()
+    if k > n_layers or (k and min(cap) < 1) or sum(cap) < n_layers:
         return None
-    layers = np.ones(k, dtype=np.int64)
-    left = job.layers - k
-    if left == 0:
-        return layers
+    if n_layers == k:
+        return np.ones(k, dtype=np.int64)
+    thr = stage_thr.tolist()
+    total = float(stage_thr.sum())          # numpy's pairwise sum, as before
+    if not (math.isfinite(total) and total > 0 and all(0 < t < math.inf for t in thr)):
+        return _balance_layers_numpy(job, stage_thr, caps)
     # Start from the continuous optimum rounded down, then fill greedily.
-    share = np.minimum(caps, np.maximum(1, np.floor(job.layers * stage_thr / stage_thr.sum())))
-    share = share.astype(np.int64)
-    if share.sum() <= job.layers:
-        layers = share
-    left = job.layers - int(layers.sum())
-    heap = [((layers[i] + 1) / stage_thr[i], i) for i in range(k) if layers[i] < caps[i]]
+    share = [int(min(c, max(1, math.floor(n_layers * t / total)))) for t, c in zip(thr, cap)]
+    lay = share if sum(share) <= n_layers else [1] * k
+    return _fill_layers(lay, thr, cap, n_layers - sum(lay))
+
+
+def _fill_layers(lay: list[int], thr: list[float], cap: list[int], left: int) -> np.ndarray | None:
+    """Add ``left`` layers one by one to the stage whose time grows least (a heap)."""
+    k = len(lay)
+    heap = [((lay[i] + 1) / thr[i], i) for i in range(k) if lay[i] < cap[i]]
     heapq.heapify(heap)
     while left > 0:
         if not heap:
             return None
         _, i = heapq.heappop(heap)
-        layers[i] += 1
+        lay[i] += 1
         left -= 1
-        if layers[i] < caps[i]:
-            heapq.heappush(heap, ((layers[i] + 1) / stage_thr[i], i))
-    return layers
+        if lay[i] < cap[i]:
+            heapq.heappush(heap, ((lay[i] + 1) / thr[i], i))
+    return np.array(lay, dtype=np.int64)
+
+
+def _balance_layers_numpy(job: Job, stage_thr: np.ndarray, caps: np.ndarray) -> np.ndarray | None:
+    """balance_layers for throughputs that are not all finite and positive (numpy's semantics)."""
+    k = stage_thr.size
+    layers = np.ones(k, dtype=np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.minimum(caps, np.maximum(1, np.floor(job.layers * stage_thr / stage_thr.sum())))
+    share = share.astype(np.int64)
+    if share.sum() <= job.layers:
+        layers = share
+    return _fill_layers(layers.tolist(), stage_thr.tolist(), caps.tolist(),
+                        job.layers - int(layers.sum()))
 
 
 def placement_from_grid(job: Job, net: Network, grid: np.ndarray, b: int) -> Placement | None:
@@ -131,9 +153,9 @@ def placement_from_grid(job: Job, net: Network, grid: np.ndarray, b: int) -> Pla
                     continue
         if d > 1:
             layers = _trade_allreduce(job, net, grid, b, m, stage_thr, caps, layers)
-        bounds = np.concatenate([[0], np.cumsum(layers)])
-        stages = tuple(Stage(int(bounds[s]), int(bounds[s + 1]), tuple(int(i) for i in grid[s]))
-                       for s in range(k))
+        bounds = [0] + np.cumsum(layers).tolist()
+        rows = grid.tolist()
+        stages = tuple(Stage(bounds[s], bounds[s + 1], tuple(rows[s])) for s in range(k))
         return Placement(job, stages, b)
     return None
 
@@ -144,7 +166,7 @@ def _trade_allreduce(job: Job, net: Network, grid: np.ndarray, b: int, m: int,
     (which grows with its layers) dominates. Try caps on every stage's all-reduce time and keep
     the split with the lowest approximate iteration time (pipeline + slowest all-reduce)."""
     k, d = grid.shape
-    ring_next = np.roll(grid, -1, axis=1)
+    ring_next = np.concatenate((grid[:, 1:], grid[:, :1]), axis=1)   # np.roll(grid, -1, 1)
     a_max = (net.rtt_ms[grid, ring_next] / 2000.0).max(axis=1)
     bw_min = net.bw[grid, ring_next].min(axis=1)
     per_layer_ar = 2.0 * (d - 1) * (2.0 * job.params / job.layers) / (d * bw_min)   # s per layer

@@ -25,6 +25,7 @@ from planner.search.arrangement import balance_layers, match_rows, placement_fro
 from planner.search.clusters import cluster_distance, cluster_labels, open_path, ordered_clusters
 
 MICRO_BATCH_CANDIDATES = (1, 2, 4, 8)
+EVALUATED_GRIDS_KEPT = 100_000   # evaluate_grid's answers kept per network (then started afresh)
 TRIM_FRACTIONS = (0.85, 0.7, 0.55, 0.4, 0.25, 0.12)   # shares of a grid's rows tried as trims
 CITY_SPLIT_MIN_NODES = 64   # smaller pools: rings are short, the latency term is small
 DEEP_REPLICAS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128,
@@ -81,7 +82,25 @@ def _replica_candidates(job: Job, net: Network, nodes: np.ndarray, clusters: lis
 
 def evaluate_grid(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool = False
                   ) -> tuple[Placement | None, Estimate]:
-    """Match, balance and judge a grid; ``trim``: also try keeping only its fastest rows."""
+    """Match, balance and judge a grid; ``trim``: also try keeping only its fastest rows.
+
+    A pure function of its arguments, and the search asks for the same grid again and again
+    (half of all calls on a 1,000-server fleet): answers are kept on the network object, so a
+    repeat costs a dictionary look-up and gives the very same placement and estimate."""
+    cache = net.__dict__.setdefault("_evaluated_grids", {})
+    key = (job, b, trim, grid.dtype.str, grid.shape, grid.tobytes())
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    best = _evaluate_grid(job, net, grid, b, trim)
+    if len(cache) >= EVALUATED_GRIDS_KEPT:
+        cache.clear()
+    cache[key] = best
+    return best
+
+
+def _evaluate_grid(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool
+                   ) -> tuple[Placement | None, Estimate]:
     best: tuple[Placement | None, Estimate] = (None, INFEASIBLE)
     for g in (_trimmed_grids(job, net, grid, b) if trim else [grid]):
         g = match_rows(net, g, job.activation_bytes(b))
@@ -110,7 +129,7 @@ def _trimmed_grids(job: Job, net: Network, grid: np.ndarray, b: int) -> list[np.
     row_thr = net.thr[grid].min(axis=1)
     row_mem = net.mem[grid].min(axis=1)
     if d > 1:
-        ring_next = np.roll(grid, -1, axis=1)
+        ring_next = np.concatenate((grid[:, 1:], grid[:, :1]), axis=1)   # np.roll(grid, -1, 1)
         with np.errstate(divide="ignore", invalid="ignore"):
             a_max = (net.rtt_ms[grid, ring_next] / 2000.0).max(axis=1)
             bw_min = net.bw[grid, ring_next].min(axis=1)

@@ -1,0 +1,202 @@
+"""The link sections of a fleet JSON: node ``links``, ``sites`` and ``site_links``.
+
+A large file's links are checked column by column with numpy (a full mesh of 1,000 servers is
+half a million links): the fast path accepts only links that are plainly well formed (known
+ends, numbers in range, no self-loop, no duplicate, no imputed flag, no unknown field) and hands
+anything else to the per-link reader, which names the file, line and field of the first problem
+and reports each flaw once, exactly as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from hulk.errors import InputError
+from planner.core.fleet import Link, LinkTable, Site, SiteLink
+from planner.files.jsonfields import MAX_JSON_INT, Fields, LineFinder, json_type
+from planner.files.paper import ImportIssue
+
+LINK_KEYS = {"src", "dst", "rtt_ms", "bandwidth_gbps", "loss", "samples", "imputed"}
+SITE_KEYS = {"id", "lat", "lon"}
+SITE_LINK_KEYS = {"src", "dst", "rtt_ms", "bandwidth_gbps", "loss", "samples"}
+NUMBER = frozenset({int, float})
+NUMBER_OR_NULL = frozenset({int, float, type(None)})
+
+NoteUnknown = Callable[..., None]
+
+
+def _numbers(values: list, allowed: frozenset, default: float) -> np.ndarray | None:
+    """``values`` as floats (null -> ``default``), or None when one is of another type, not
+    finite or an integer too large to be a count."""
+    if not set(map(type, values)) <= allowed:
+        return None
+    try:
+        arr = np.array([0.0 if v is None else v for v in values], dtype=float)
+    except (OverflowError, ValueError):
+        return None
+    if not np.isfinite(arr).all() or (np.abs(arr) > MAX_JSON_INT).any():
+        return None
+    if default != 0.0:
+        arr[np.array([v is None for v in values], dtype=bool)] = default
+    return arr
+
+
+def fast_columns(raw: list, allowed: set[str], index: dict[str, int],
+                 self_loops: bool) -> tuple[np.ndarray, ...] | None:
+    """(src, dst, rtt, bw with NaN for null, loss, samples) of plainly well-formed links, in file
+    order; None when any link needs the careful reader (which then finds and names the flaw)."""
+    if not all(type(o) is dict for o in raw):
+        return None
+    keys = set(chain.from_iterable(raw))
+    if not keys <= allowed or "imputed" in keys:
+        return None
+    try:
+        src = np.array([index[o["src"]] for o in raw], dtype=np.int64)
+        dst = np.array([index[o["dst"]] for o in raw], dtype=np.int64)
+        rtt = _numbers([o["rtt_ms"] for o in raw], NUMBER, 0.0)
+    except (KeyError, TypeError):
+        return None
+    bw = _numbers([o.get("bandwidth_gbps") for o in raw], NUMBER_OR_NULL, np.nan)
+    loss = _numbers([o.get("loss") for o in raw], NUMBER_OR_NULL, 0.0)
+    samples = _numbers([o.get("samples") for o in raw], NUMBER_OR_NULL, 0.0)
+    if rtt is None or bw is None or loss is None or samples is None:
+        return None
+    if (rtt < 0).any() or (bw < 0).any() or (loss < 0).any() or (loss > 1).any() \
+            or (samples < 0).any() or (samples != np.floor(samples)).any():
+        return None
+    if not self_loops and (src == dst).any():
+        return None
+    key = np.sort(src * max(1, len(index)) + dst)
+    if (key[1:] == key[:-1]).any():
+        return None   # a duplicate: the careful reader averages it and says so
+    return src, dst, rtt, bw, loss, samples.astype(np.int64)
+
+
+def read_links(raw: list, ids: list[str], seen: dict[str, int], path: str, lines: LineFinder,
+               issues: list[ImportIssue], note_unknown: NoteUnknown) -> LinkTable | tuple[Link, ...]:
+    """The node links of a fleet JSON (measured, merged, in file order)."""
+    columns = fast_columns(raw, LINK_KEYS, seen, self_loops=False)
+    if columns is not None:
+        return LinkTable(ids, *columns)
+    merged = _careful_links(raw, "links", LINK_KEYS, seen, "node", "nodes", path, lines, issues,
+                            note_unknown, self_loops=False)
+    return tuple(Link(src, dst, rtt_ms=m["rtt"], bandwidth_gbps=m["bw"], loss=m["loss"],
+                      samples=m["samples"]) for (src, dst), m in merged.items())
+
+
+def read_sites(raw: Any, path: str, lines: LineFinder,
+               note_unknown: NoteUnknown) -> tuple[Site, ...]:
+    """The optional ``sites`` array: ``{"id", "lat", "lon"}`` each, ids unique."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise InputError(f"expected an array of site objects, got {json_type(raw)}", path=path,
+                         line=lines.line(), field="sites")
+    sites: list[Site] = []
+    first: dict[str, int] = {}
+    for i, obj in enumerate(raw):
+        where = f"sites[{i}]"
+        if not isinstance(obj, dict):
+            raise InputError(f"expected an object, got {json_type(obj)}", path=path,
+                             line=lines.line(), field=where)
+        note_unknown(obj, SITE_KEYS, "sites[]", "sites", i)
+        f = Fields(obj, path, where, lambda i=i: lines.line("sites", i))
+        site_id = f.string("id", required=True).strip()
+        if site_id in first:
+            raise InputError(f"site id {site_id!r} is used twice (first on line "
+                             f"{lines.line('sites', first[site_id])})", path=path,
+                             line=f.line(), field=f"{where}.id")
+        first[site_id] = i
+        lat = f.number("lat", low=-90, high=90)
+        lon = f.number("lon", low=-180, high=180)
+        if (lat is None) != (lon is None):
+            raise f.fail("lon" if lon is None else "lat", "both lat and lon, or neither")
+        sites.append(Site(site_id, lat, lon))
+    return tuple(sites)
+
+
+def read_site_links(raw: Any, known: dict[str, str], path: str, lines: LineFinder,
+                    issues: list[ImportIssue], note_unknown: NoteUnknown) -> tuple[SiteLink, ...]:
+    """The optional ``site_links`` array; ``known`` maps every name a site may be called by
+    (declared ids, nodes' sites and cities) to the site's key. A link from a site to itself is
+    the RTT between two servers of that site."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise InputError(f"expected an array of site link objects, got {json_type(raw)}",
+                         path=path, line=lines.line(), field="site_links")
+    keys = sorted(set(known.values()))
+    code = {name: keys.index(key) for name, key in known.items()}
+    columns = fast_columns(raw, SITE_LINK_KEYS, code, self_loops=True)
+    if columns is not None:
+        src, dst, rtt, bw, loss, samples = columns
+        return tuple(SiteLink(keys[a], keys[b], rtt_ms=float(r),
+                              bandwidth_gbps=None if w != w else float(w), loss=float(q),
+                              samples=int(c))
+                     for a, b, r, w, q, c in zip(src.tolist(), dst.tolist(), rtt.tolist(),
+                                                 bw.tolist(), loss.tolist(), samples.tolist()))
+    merged = _careful_links(raw, "site_links", SITE_LINK_KEYS, known, "site", "sites or any "
+                            "node's site or city", path, lines, issues, note_unknown,
+                            self_loops=True)
+    return tuple(SiteLink(known[src], known[dst], rtt_ms=m["rtt"], bandwidth_gbps=m["bw"],
+                          loss=m["loss"], samples=m["samples"])
+                 for (src, dst), m in merged.items())
+
+
+def _careful_links(raw: list, section: str, allowed: set[str], known, what: str, known_in: str,
+                   path: str, lines: LineFinder, issues: list[ImportIssue],
+                   note_unknown: NoteUnknown, *, self_loops: bool) -> dict[tuple[str, str], dict]:
+    """Link by link: the first problem raises InputError with file, line and field; duplicates
+    are averaged, self-loops (of node links) and imputed links dropped, each reported once."""
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for i, obj in enumerate(raw):
+        where = f"{section}[{i}]"
+        if not isinstance(obj, dict):
+            raise InputError(f"expected an object, got {json_type(obj)}", path=path,
+                             line=lines.line(), field=where)
+        note_unknown(obj, allowed, f"{section}[]", section, i)
+        f = Fields(obj, path, where, lambda i=i: lines.line(section, i))
+        src = f.string("src", required=True)
+        dst = f.string("dst", required=True)
+        for key, end in (("src", src), ("dst", dst)):
+            if end not in known:
+                raise InputError(f"unknown {what} {end!r} (not in {known_in})", path=path,
+                                 line=f.line(), field=f"{where}.{key}")
+        rtt = f.number("rtt_ms", required=True, low=0)
+        bw = f.number("bandwidth_gbps", low=0)
+        loss = f.number("loss", default=0.0, low=0, high=1)
+        samples = int(f.number("samples", default=0, low=0, integer=True))
+        if "imputed" in allowed:
+            imputed = obj.get("imputed", False)
+            if not isinstance(imputed, bool):
+                raise f.fail("imputed", "true or false")
+            if imputed:
+                issues.append(ImportIssue(path, f.line(), f"imputed link {src} -> {dst} ignored "
+                                          "(completion is recomputed from measured links)"))
+                continue
+        if src == dst and not self_loops:
+            issues.append(ImportIssue(path, f.line(), f"self-loop {src} -> {dst} dropped"))
+            continue
+        key = (src, dst)
+        if key in merged:
+            first = merged[key]
+            conflicting = "conflicting " if rtt != first["rtts"][0] else ""
+            kind = "link" if what == "node" else "site link"
+            issues.append(ImportIssue(path, f.line(), f"{conflicting}duplicate of the {kind} "
+                                      f"{src} -> {dst} on line "
+                                      f"{lines.line(section, first['index'])}; RTTs averaged"))
+            first["rtts"].append(rtt)
+            first["samples"] += samples
+            if bw is not None:
+                first["bws"].append(bw)
+            continue
+        merged[key] = {"index": i, "rtts": [rtt], "bws": [] if bw is None else [bw],
+                       "loss": loss, "samples": samples}
+    for m in merged.values():
+        m["rtt"] = sum(m["rtts"]) / len(m["rtts"])
+        m["bw"] = (sum(m["bws"]) / len(m["bws"])) if m["bws"] else None
+    return merged

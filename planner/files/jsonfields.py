@@ -1,0 +1,128 @@
+"""Typed, located access to the fields of a JSON document (fleet files).
+
+The document is parsed with the C parser; the line an object starts on is found only when a
+message needs it (a second, pure-Python parse of the text, paid only by a file with an error or a
+flaw to report).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import json.decoder
+import json.scanner
+import math
+from collections.abc import Callable
+from typing import Any
+
+from hulk.errors import InputError
+
+MAX_JSON_INT = 2 ** 53          # beyond this a JSON integer is no count, memory or RTT we can use
+
+
+class _Located(dict):
+    """A JSON object that remembers the line it starts on."""
+
+    line: int = 0
+
+
+def _locating_loads(text: str) -> Any:
+    newlines = [i for i, ch in enumerate(text) if ch == "\n"]
+    decoder = json.JSONDecoder()
+
+    def parse_object(s_and_end, *args, **kwargs):
+        _, start = s_and_end
+        obj, end = json.decoder.JSONObject(s_and_end, *args, **kwargs)
+        located = _Located(obj)
+        located.line = bisect.bisect_left(newlines, start) + 1
+        return located, end
+
+    decoder.parse_object = parse_object
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)
+    return decoder.decode(text)
+
+
+class LineFinder:
+    """Line numbers of a JSON document's objects, found only when a message needs one.
+
+    The document is read with the C parser; only a file with an error or a flaw to report pays
+    for the second, pure-Python parse that records where each object starts.
+    """
+
+    def __init__(self, text: str):
+        self.text = text
+        self._located: Any = None
+
+    def line(self, *keys: str | int) -> int | None:
+        if self._located is None:
+            try:
+                self._located = _locating_loads(self.text)
+            except (RecursionError, ValueError):
+                return None
+        node = self._located
+        for key in keys:
+            try:
+                node = node[key]
+            except (KeyError, IndexError, TypeError):
+                return None
+        return getattr(node, "line", None)
+
+
+def is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # "\ud800" is valid JSON but no text a terminal or file can hold
+        return False
+    return True
+
+
+def json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "number", float: "number", str: "string", list: "array",
+            dict: "object", _Located: "object"}.get(type(value), type(value).__name__)
+
+
+class Fields:
+    """Typed access to one JSON object's fields, with errors naming file, line and field."""
+
+    def __init__(self, obj: dict[str, Any], path: str, where: str, line: Callable[[], int | None]):
+        self.obj, self.path, self.where, self.line = obj, path, where, line
+
+    def fail(self, key: str, expected: str) -> InputError:
+        got = self.obj.get(key, None)
+        shown = json.dumps(got)[:80] if key in self.obj else "nothing"
+        return InputError(f"expected {expected}, got {shown}", path=self.path,
+                          line=self.line(), field=f"{self.where}.{key}")
+
+    def string(self, key: str, *, required: bool = False) -> str | None:
+        value = self.obj.get(key)
+        if value is None and not required:
+            return None
+        if not isinstance(value, str) or (required and not value.strip()):
+            raise self.fail(key, "a non-empty string" if required else "a string or null")
+        if not is_unicode(value):
+            raise self.fail(key, "valid Unicode text (no lone surrogate escapes)")
+        return value
+
+    def number(self, key: str, *, required: bool = False, default: float | None = None,
+               low: float | None = None, high: float | None = None,
+               integer: bool = False) -> float | None:
+        value = self.obj.get(key)
+        kind = "an integer" if integer else "a number"
+        bounds = ""
+        if low is not None:
+            bounds += f" >= {low:g}"
+        if high is not None:
+            bounds += f"{' and' if low is not None else ''} <= {high:g}"
+        if value is None:
+            if required:
+                raise self.fail(key, kind + bounds)
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or (isinstance(value, int) and not -MAX_JSON_INT <= value <= MAX_JSON_INT) \
+                or not math.isfinite(value) or (integer and not float(value).is_integer()):
+            raise self.fail(key, kind + bounds + ("" if required else " or null"))
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise self.fail(key, kind + bounds)
+        return int(value) if integer else float(value)
