@@ -35,6 +35,7 @@ class Node:
     memory_gb: float = 0.0  # total GPU memory of the server, summed over its GPUs
     latitude: float | None = None
     longitude: float | None = None
+    site: str | None = None   # a city, cloud region or data centre; the city where absent
 
     @property
     def memory_bytes(self) -> float:
@@ -51,6 +52,13 @@ class Node:
         if not self.city or not self.city.strip():
             return None
         return geo.canonical_city(self.city) or self.city.strip()
+
+    @property
+    def site_key(self) -> str | None:
+        """The node's site: its ``site`` when given, else its city (``city_key``)."""
+        if self.site and self.site.strip():
+            return self.site.strip()
+        return self.city_key
 
     @property
     def coordinates(self) -> tuple[float, float] | None:
@@ -73,10 +81,33 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Site:
+    """A place servers sit in (a city, a cloud region, a data centre), optionally located."""
+
+    id: str
+    latitude: float | None = None
+    longitude: float | None = None
+
+
+@dataclass(frozen=True)
+class SiteLink:
+    """Measured figures between two sites, standing for every pair of their servers."""
+
+    src: str
+    dst: str
+    rtt_ms: float
+    bandwidth_gbps: float | None = None
+    loss: float = 0.0
+    samples: int = 0
+
+
+@dataclass(frozen=True)
 class Fleet:
     nodes: tuple[Node, ...]
     links: tuple[Link, ...] = ()
     name: str = "default"
+    sites: tuple[Site, ...] = ()
+    site_links: tuple[SiteLink, ...] = ()
 
     def node_ids(self) -> list[str]:
         return [n.id for n in self.nodes]

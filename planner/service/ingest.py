@@ -16,7 +16,9 @@ It validates every sample before anything is stored:
   that horizon a retried batch could no longer be recognised, and it would count twice.
 
 Registrations are checked field by field (``admission.check_registration``) before anything is
-stored.
+stored. A registration's peers, and Heartbeat's ``peers_changed``, come from the probe plan
+(``planner.service.peer_plan``): the node's own site and a few representatives of every other
+site, at most ``probe.peer_bound``, rotated every ``probe.epoch_s``.
 
 The gRPC servicer (``planner.service.servicer``) only converts protos and calls this.
 """
@@ -30,11 +32,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hulk import errors, geo
-from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, ProbeSample, ProbeSettings,
-                               RegisterAnswer, RegisterRequest, ReportRequest, ReportResult)
+from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, Peer, ProbeSample,
+                               ProbeSettings, RegisterAnswer, RegisterRequest, ReportRequest,
+                               ReportResult)
+from planner.core.probe_plan import site_key
 from planner.core.rollup import bucket_index
 from planner.service.admission import (KNOWN_KINDS, MAX_PAYLOAD_BYTES, MAX_TIMEOUT_MS,
                                        bounded_launch, check_registration, corrected_times)
+from planner.service.peer_plan import PeerPlanner, ProbePlanSettings
 from planner.service.store import DAY_MS, NodeRef, SampleRow, Store
 
 log = logging.getLogger(__name__)
@@ -66,8 +71,12 @@ class IngestService:
     light_bound: Callable[[tuple[float, float] | None, tuple[float, float] | None], float] = \
         geo.min_rtt_ms
     clock: Callable[[], int] = lambda: int(time.time() * 1000)
+    probe: ProbePlanSettings = field(default_factory=ProbePlanSettings)
 
     def __post_init__(self) -> None:
+        self.peer_plan = PeerPlanner(((peer, site_key(city))
+                                      for peer, city in self.store.probe_members()),
+                                     self.probe, clock=self.clock)
         self._nodes: dict[str, NodeRef] = self.store.node_refs()
         self._bounds: dict[tuple[int, int], float] = {}
         self._skew_ms: dict[str, int] = self.store.clock_skews()
@@ -101,7 +110,9 @@ class IngestService:
         log.info("registered %s (%s, %s, %d GPUs%s)", request.node_id,
                  request.address or "no address", node.city or "no city",
                  request.inventory.count, f": {reason}" if reason else "")
-        return RegisterAnswer(self.store.peers(request.node_id), self.settings, self.fleet,
+        self.peer_plan.update(Peer(node.id, request.address, request.probe_port),
+                              site_key(node.city))
+        return RegisterAnswer(self.peer_plan.answer(node.id), self.settings, self.fleet,
                               self.clock())
 
     def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResult:
@@ -112,15 +123,16 @@ class IngestService:
         # skew plus half a round trip, close enough to read sample times on our clock.
         skew = request.time_ms - now if request.time_ms > 0 else None
         try:
-            changed = self.store.heartbeat(request.node_id, spool_depth=request.spool_depth,
-                                           spool_dropped=request.spool_dropped,
-                                           launch=bounded_launch(request.launch),
-                                           clock_skew_ms=skew)
+            self.store.heartbeat(request.node_id, spool_depth=request.spool_depth,
+                                 spool_dropped=request.spool_dropped,
+                                 launch=bounded_launch(request.launch), clock_skew_ms=skew)
         except errors.NotFoundError:
             return HeartbeatResult(now, reregister=True, peers_changed=False)
         if skew is not None:
             self._skew_ms[request.node_id] = skew
-        return HeartbeatResult(now, reregister=False, peers_changed=changed)
+        # The probe plan, not the store's peers version: a new node changes a few lists.
+        return HeartbeatResult(now, reregister=False,
+                               peers_changed=self.peer_plan.changed(request.node_id))
 
     # ------------------------------------------------------------------------------ reports
 

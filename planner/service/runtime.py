@@ -20,6 +20,7 @@ from grpc_health.v1._async import HealthServicer
 from hulk import errors
 from hulk.wire.records import ProbeSettings
 from planner.service.ingest import IngestService, ServerLimits
+from planner.service.peer_plan import ProbePlanSettings
 from planner.service.servicer import StoreHealth, create_server
 from planner.service.store import Store
 
@@ -50,7 +51,8 @@ class PlannerRuntime:
                  raw_days: int = 7, window_days: int = 90,
                  settings: ProbeSettings | None = None, limits: ServerLimits | None = None,
                  rollup_interval_s: float = 30.0, prune_interval_s: float = 3600.0,
-                 store_factory: Callable[..., Store] = Store):
+                 store_factory: Callable[..., Store] = Store,
+                 probe: ProbePlanSettings | None = None):
         self.db_path, self.listen, self.fleet = db_path, listen, fleet
         self.credentials = credentials
         self.interceptors = list(interceptors)
@@ -62,7 +64,8 @@ class PlannerRuntime:
             rollup_days=max(window_days, 90)).result()
         self.service = IngestService(self.store, fleet=fleet,
                                      settings=settings or ProbeSettings(),
-                                     limits=limits or ServerLimits())
+                                     limits=limits or ServerLimits(),
+                                     probe=probe or ProbePlanSettings())
         self.tasks: list[BackgroundTask] = [
             BackgroundTask("rollup", self.store.rollup_pending, rollup_interval_s),
             BackgroundTask("prune", self.store.prune, prune_interval_s, run_at_start=True),
