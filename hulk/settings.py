@@ -43,6 +43,7 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_PROBE_TIMEOUT", "agent", "seconds to wait for each probe's reply"),
     EnvVar("HULK_PAYLOAD_BYTES", "agent", "ICMP payload bytes (56 gives a 64-byte ICMP message)"),
     EnvVar("HULK_MAX_CONCURRENCY", "agent", "most probe rounds in flight at once"),
+    EnvVar("HULK_MAX_PROBE_RATE", "agent", "most probe packets per second (default 10); a longer peer list stretches the interval"),
     EnvVar("HULK_TORCHRUN", "agent", "torchrun executable that launches placed jobs (default: beside python)"),
     EnvVar("HULK_PLACEMENT_KEY", "agent", "pinned placement-signing public key (ed25519:... or .pub file)"),
     EnvVar("HULK_ALLOWED_COMMANDS", "agent", "commands placements may run: argv prefixes, separated by ';'"),

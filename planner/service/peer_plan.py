@@ -2,8 +2,10 @@
 agents, per epoch, with what each agent was last given.
 
 - The plan is recomputed lazily: when a node's epoch moves on, or when agents joined or changed
-  site (at most once every ``min_replan_s``, so a fleet rolling out does not recompute it per
-  registration; an agent that registers in between gets its own site's nodes until then).
+  site. A change recomputes it only once the last computation is ``replan_gap`` times its own
+  duration ago (at most a tenth of the store thread by default: immediate for a small fleet,
+  every few seconds at 10,000 agents), so a fleet rolling out does not recompute it per
+  registration; an agent that registers in between gets its own site's nodes until then.
 - Epochs are staggered: node X enters epoch e at ``e * epoch_s + phase(X)`` (phase from a hash
   of its id), so a fleet's re-registrations at a new epoch spread over the whole epoch instead
   of arriving in one heartbeat interval. A node uses the plan of its own epoch; every plan
@@ -47,19 +49,20 @@ class PeerPlanner:
 
     def __init__(self, members: Iterable[tuple[Peer, str | None]],
                  settings: ProbePlanSettings = ProbePlanSettings(), *,
-                 clock: Callable[[], int], min_replan_s: float = 30.0,
+                 clock: Callable[[], int], replan_gap: float = 10.0,
                  monotonic: Callable[[], float] = time.monotonic):
         self.settings = settings
         self._clock = clock
         self._monotonic = monotonic
-        self.min_replan_s = min_replan_s
+        self.replan_gap = replan_gap
+        self._last_compute_s = 0.0
         self._peers: dict[str, Peer] = {}
         self._site: dict[str, str | None] = {}
         for peer, site in members:
             self._peers[peer.node_id] = peer
             self._site[peer.node_id] = site
         self._version = 0                 # goes up when the nodes or their sites change
-        self._shape: tuple[int, PlanShape] | None = None
+        self._shape: tuple[int, PlanShape, int | None] | None = None  # version, shape, period
         # epoch -> (membership version, computed at (monotonic), {node: peer ids})
         self._plans: dict[int, tuple[int, float, dict[str, tuple[str, ...]]]] = {}
         self._given: dict[str, int] = {}  # node -> hash of the list its registration answered
@@ -89,24 +92,25 @@ class PeerPlanner:
         cached = self._plans.get(epoch)
         if cached is not None:
             version, at, plan = cached
-            if version == self._version or self._monotonic() - at < self.min_replan_s:
+            if version == self._version or \
+                    self._monotonic() - at < self.replan_gap * self._last_compute_s:
                 return plan  # a node missing from a recent plan gets a provisional list
         started = time.perf_counter()
         if self._shape is None or self._shape[0] != self._version:
-            self._shape = (self._version, plan_shape(self._site, self.settings.peer_bound,
-                                                     self.settings.site_reps))
-        shape = self._shape[1]
+            shape = plan_shape(self._site, self.settings.peer_bound, self.settings.site_reps)
+            self._shape = (self._version, shape, shape.rotation_period)
+        _, shape, period = self._shape
         plan = probe_plan(self._site, epoch, shape=shape)
         self._plans[epoch] = (self._version, self._monotonic(), plan)
         for old in [e for e in self._plans if e < epoch - 1]:
             del self._plans[old]  # nodes are at most one epoch apart
         self.replans += 1
-        period = shape.rotation_period
+        self._last_compute_s = time.perf_counter() - started
         log.info("probe plan for epoch %d: %d agents in %d sites, at most %d peers each, every "
                  "server probed from every other site within %s (%.2f s to compute)", epoch,
                  len(self._site), len(shape.sites), max(map(len, plan.values()), default=0),
                  f"{period} epochs ({period * self.settings.epoch_s / 3600:.1f} h)"
-                 if period else "no bound (peer bound too small)", time.perf_counter() - started)
+                 if period else "no bound (peer bound too small)", self._last_compute_s)
         return plan
 
     # ------------------------------------------------------------------------------- peers
