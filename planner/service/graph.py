@@ -61,20 +61,20 @@ def fleet_from_store(store: Store, window_days: int = 90, name: str = "default",
         folded = fold_site_pairs(pairs, {n.id: n.site_key for n in nodes})
         pairs = folded.node_pairs
         for (a, b), rollup in sorted(folded.site_pairs.items()):
-            stats = rollup.stats()
-            if stats.mean_ms is not None:
-                site_link_list.append(SiteLink(a, b, rtt_ms=stats.mean_ms, loss=stats.loss,
-                                               samples=stats.samples))
+            if rollup.received:
+                site_link_list.append(SiteLink(a, b, rtt_ms=rollup.sum / rollup.received,
+                                               loss=rollup.lost / rollup.count,
+                                               samples=rollup.count))
         located = site_locations((n.site_key, n.coordinates) for n in nodes)
         sites = tuple(Site(s, *(where or (None, None))) for s, where in sorted(located.items()))
     links: list[Link] = []
     measured: set[frozenset[str]] = set()
     for src, dst, rollup in pairs:
-        stats = rollup.stats()
-        if stats.mean_ms is None:
+        if not rollup.received:
             continue  # every probe lost: no RTT to speak of (loss shows in the graph stats)
-        links.append(Link(src, dst, rtt_ms=stats.mean_ms, loss=stats.loss,
-                          samples=stats.samples))
+        # The window's exact mean and loss (what stats() gives, without its percentiles).
+        links.append(Link(src, dst, rtt_ms=rollup.sum / rollup.received,
+                          loss=rollup.lost / rollup.count, samples=rollup.count))
         measured.add(frozenset((src, dst)))
     for row in store.imported_links():
         if frozenset((row["src"], row["dst"])) in measured:
