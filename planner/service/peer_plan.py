@@ -63,15 +63,19 @@ class PeerPlanner:
             self._site[peer.node_id] = site
         self._version = 0                 # goes up when the nodes or their sites change
         self._shape: tuple[int, PlanShape, int | None] | None = None  # version, shape, period
-        # epoch -> (membership version, computed at (monotonic), {node: peer ids})
-        self._plans: dict[int, tuple[int, float, dict[str, tuple[str, ...]]]] = {}
+        # epoch -> (membership version, computed at (monotonic), serial, {node: peer ids})
+        self._plans: dict[int, tuple[int, float, int, dict[str, tuple[str, ...]]]] = {}
         self._given: dict[str, int] = {}  # node -> hash of the list its registration answered
+        self._addresses = 0               # goes up when a node's address or port changes
+        self._digests: dict[str, tuple[tuple[int, int, int, int], int]] = {}
         self.replans = 0
 
     # ------------------------------------------------------------------------- membership
     def update(self, peer: Peer, site: str | None) -> None:
         """A node registered (new, or perhaps moved address, port or site)."""
         known = self._site.get(peer.node_id, object())
+        if self._peers.get(peer.node_id, peer) != peer:
+            self._addresses += 1
         self._peers[peer.node_id] = peer
         if known != site:
             self._site[peer.node_id] = site
@@ -88,20 +92,21 @@ class PeerPlanner:
         phase = zlib.crc32(node_id.encode()) % period_ms
         return max(0, (self._clock() - phase) // period_ms)
 
-    def _plan(self, epoch: int) -> dict[str, tuple[str, ...]]:
+    def _plan(self, epoch: int) -> tuple[int, dict[str, tuple[str, ...]]]:
+        """(serial, plan) of ``epoch``, recomputed when stale and not too recently made."""
         cached = self._plans.get(epoch)
         if cached is not None:
-            version, at, plan = cached
+            version, at, serial, plan = cached
             if version == self._version or \
                     self._monotonic() - at < self.replan_gap * self._last_compute_s:
-                return plan  # a node missing from a recent plan gets a provisional list
+                return serial, plan  # a node missing from a recent plan gets a provisional list
         started = time.perf_counter()
         if self._shape is None or self._shape[0] != self._version:
             shape = plan_shape(self._site, self.settings.peer_bound, self.settings.site_reps)
             self._shape = (self._version, shape, shape.rotation_period)
         _, shape, period = self._shape
         plan = probe_plan(self._site, epoch, shape=shape)
-        self._plans[epoch] = (self._version, self._monotonic(), plan)
+        self._plans[epoch] = (self._version, self._monotonic(), self.replans, plan)
         for old in [e for e in self._plans if e < epoch - 1]:
             del self._plans[old]  # nodes are at most one epoch apart
         self.replans += 1
@@ -111,14 +116,16 @@ class PeerPlanner:
                  len(self._site), len(shape.sites), max(map(len, plan.values()), default=0),
                  f"{period} epochs ({period * self.settings.epoch_s / 3600:.1f} h)"
                  if period else "no bound (peer bound too small)", self._last_compute_s)
-        return plan
+        return self.replans - 1, plan
 
     # ------------------------------------------------------------------------------- peers
     def peers_for(self, node_id: str) -> tuple[Peer, ...]:
         """The node's peers now (empty for a node that never registered)."""
         if node_id not in self._peers:
             return ()
-        plan = self._plan(self.epoch_of(node_id))
+        return self._list(node_id, self._plan(self.epoch_of(node_id))[1])
+
+    def _list(self, node_id: str, plan: dict[str, tuple[str, ...]]) -> tuple[Peer, ...]:
         ids = plan.get(node_id)
         if ids is None:  # joined since the plan was made: its own site until the next one
             site = self._site[node_id]
@@ -136,6 +143,13 @@ class PeerPlanner:
         """Whether the node's list differs from what its last registration answered."""
         if node_id not in self._peers:
             return False
-        digest = hash(self.peers_for(node_id))
+        serial, plan = self._plan(self.epoch_of(node_id))
+        key = (serial, self._version, self._addresses, len(self._peers))
+        cached = self._digests.get(node_id)
+        if cached is not None and cached[0] == key:
+            digest = cached[1]
+        else:  # hashing 64 peers costs more than a heartbeat should: once per plan and change
+            digest = hash(self._list(node_id, plan))
+            self._digests[node_id] = (key, digest)
         given = self._given.setdefault(node_id, digest)
         return given != digest
