@@ -13,6 +13,7 @@ their GPU features and computed throughput, edges the window statistics, and pai
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Iterable
 
@@ -52,9 +53,27 @@ def fleet_from_store(store: Store, window_days: int = 90, name: str = "default",
     of nodes in two different sites become one ``SiteLink`` per ordered site pair (the merged
     rollup's mean RTT, loss and samples) and the Fleet lists its ``sites``; pairs inside a site,
     and pairs with a node of no known site, stay node links."""
+    # Hundreds of thousands of rollups and links stay alive: the cyclic collector would scan
+    # them again and again while they are built (none of them forms a cycle).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _fleet_from_store(store, window_days, name, site_links)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _fleet_from_store(store: Store, window_days: int, name: str,
+                      site_links: bool | None) -> Fleet:
     nodes = nodes_from_store(store)
     fold = len(nodes) > SITE_LINKS_ABOVE if site_links is None else site_links
-    pairs = [(p.src, p.dst, p.rollup) for p in store.window_rollups(window_days)]
+    window = store.window_rollups(window_days)
+    imported = store.imported_links()
+    # Only imported links need to know which pairs were measured (a large set at scale).
+    measured = {frozenset((p.src, p.dst)) for p in window if p.rollup.received} \
+        if imported else set()
+    pairs: Iterable[tuple[str, str, DailyRollup]] = ((p.src, p.dst, p.rollup) for p in window)
     sites: tuple[Site, ...] = ()
     site_link_list: list[SiteLink] = []
     if fold:
@@ -67,16 +86,12 @@ def fleet_from_store(store: Store, window_days: int = 90, name: str = "default",
                                                samples=rollup.count))
         located = site_locations((n.site_key, n.coordinates) for n in nodes)
         sites = tuple(Site(s, *(where or (None, None))) for s, where in sorted(located.items()))
-    links: list[Link] = []
-    measured: set[frozenset[str]] = set()
-    for src, dst, rollup in pairs:
-        if not rollup.received:
-            continue  # every probe lost: no RTT to speak of (loss shows in the graph stats)
-        # The window's exact mean and loss (what stats() gives, without its percentiles).
-        links.append(Link(src, dst, rtt_ms=rollup.sum / rollup.received,
-                          loss=rollup.lost / rollup.count, samples=rollup.count))
-        measured.add(frozenset((src, dst)))
-    for row in store.imported_links():
+    # The window's exact mean and loss (what stats() gives, without its percentiles); a pair
+    # whose every probe was lost has no RTT to speak of (its loss shows in the graph stats).
+    links = [Link(src, dst, rtt_ms=rollup.sum / rollup.received,
+                  loss=rollup.lost / rollup.count, samples=rollup.count)
+             for src, dst, rollup in pairs if rollup.received]
+    for row in imported:
         if frozenset((row["src"], row["dst"])) in measured:
             continue
         links.append(Link(row["src"], row["dst"], rtt_ms=row["rtt_ms"],
