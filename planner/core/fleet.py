@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 from statistics import median
 
 import numpy as np
@@ -46,14 +47,14 @@ class Node:
         """thr_i in FLOP/s (docs/COSTMODEL.md section 1)."""
         return gpu_catalog.node_throughput(self.gpus, self.gpu_name, self.compute_capability)
 
-    @property
+    @cached_property
     def city_key(self) -> str | None:
         """The city used for 'same city' and geography: the gazetteer's name, else the trimmed name."""
         if not self.city or not self.city.strip():
             return None
         return geo.canonical_city(self.city) or self.city.strip()
 
-    @property
+    @cached_property
     def site_key(self) -> str | None:
         """The node's site: its ``site`` when given, else its city (``city_key``)."""
         if self.site and self.site.strip():
@@ -91,7 +92,9 @@ class Site:
 
 @dataclass(frozen=True)
 class SiteLink:
-    """Measured figures between two sites, standing for every pair of their servers."""
+    """Measured figures between two sites, standing for every pair of their servers.
+
+    A site link from a site to itself gives the RTT between two servers of that site."""
 
     src: str
     dst: str
