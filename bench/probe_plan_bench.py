@@ -88,7 +88,7 @@ def probe_plan_figures(nodes: dict[str, str], peer_bound: int, reps: int) -> dic
     for n in nodes:
         planner.answer(n)
     t5 = time.perf_counter()
-    changed = sum(planner.changed(n) for n in nodes)
+    changed = sum(planner.changed(n) for n in nodes)  # a heartbeat from every agent
     t6 = time.perf_counter()
     return {
         "servers": len(nodes), "sites": len(shape.sites), "peer_bound": peer_bound,

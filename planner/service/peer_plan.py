@@ -135,21 +135,29 @@ class PeerPlanner:
 
     def answer(self, node_id: str) -> tuple[Peer, ...]:
         """The peers a registration answers, remembered for ``changed``."""
-        peers = self.peers_for(node_id)
-        self._given[node_id] = hash(peers)
+        if node_id not in self._peers:
+            return ()
+        peers, digest = self._current(node_id, listed=True)
+        self._given[node_id] = digest
         return peers
 
     def changed(self, node_id: str) -> bool:
         """Whether the node's list differs from what its last registration answered."""
         if node_id not in self._peers:
             return False
+        _, digest = self._current(node_id, listed=False)
+        given = self._given.setdefault(node_id, digest)
+        return given != digest
+
+    def _current(self, node_id: str, listed: bool) -> tuple[tuple[Peer, ...], int]:
+        """(the node's list, when ``listed`` or not cached, and its digest). Hashing 64 peers
+        costs more than a heartbeat should: the digest is kept until the plan or a peer changes."""
         serial, plan = self._plan(self.epoch_of(node_id))
         key = (serial, self._version, self._addresses, len(self._peers))
         cached = self._digests.get(node_id)
-        if cached is not None and cached[0] == key:
-            digest = cached[1]
-        else:  # hashing 64 peers costs more than a heartbeat should: once per plan and change
-            digest = hash(self._list(node_id, plan))
-            self._digests[node_id] = (key, digest)
-        given = self._given.setdefault(node_id, digest)
-        return given != digest
+        if cached is not None and cached[0] == key and not listed:
+            return (), cached[1]
+        peers = self._list(node_id, plan)
+        digest = hash(peers)
+        self._digests[node_id] = (key, digest)
+        return peers, digest
