@@ -258,7 +258,10 @@ def summarize(result: dict) -> str:
         f"(target < {result['target_plan_db_s']:.0f} s: "
         f"{'met' if cli['meets_target'] else 'NOT met'}); fleet from store "
         f"{split['fleet_from_store_s']} s ({split['fleet_node_links']:,} node links, "
-        f"{split['fleet_site_links']:,} site links), completion {split['complete_s']} s",
+        f"{split['fleet_site_links']:,} site links), completion {split['complete_s']} s into "
+        f"{split['components']} connected part(s)"
+        + (" (the completion does not use site links here: the plan is confined to one part)"
+           if split["components"] > 1 else ""),
     ]) + "\n"
 
 
