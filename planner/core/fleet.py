@@ -81,6 +81,8 @@ class Link:
     imputed: bool = False
 
 
+# Site and SiteLink are also defined by the `sites` branch, in the same shape: a merge of both
+# branches keeps two copies without a conflict (checked), so keep only that branch's copy.
 @dataclass(frozen=True)
 class Site:
     """A place servers sit in (a city, a cloud region, a data centre), optionally located."""
