@@ -48,6 +48,9 @@ class AgentConfig:
     timeout_s: float = PROBE_DEFAULTS.timeout_s
     payload_bytes: int = PROBE_DEFAULTS.payload_bytes
     max_concurrency: int = PROBE_DEFAULTS.max_concurrency
+    # Most probe packets per second, whatever the planner asks: a long peer list stretches the
+    # interval instead (agent.peers.paced_interval_s).
+    max_probe_rate: float = 10.0
     log_level: str = "INFO"
     probe_port: int = 0               # TCP port peers connect-probe us on (0: no listener)
     # Placements (agent/placement.py, agent/launcher.py; docs/PLACEMENTS.md):
@@ -84,6 +87,7 @@ SOURCES: dict[str, tuple[str | None, str | None]] = {
     "timeout_s": ("HULK_PROBE_TIMEOUT", "--timeout"),
     "payload_bytes": ("HULK_PAYLOAD_BYTES", None),
     "max_concurrency": ("HULK_MAX_CONCURRENCY", "--max-concurrency"),
+    "max_probe_rate": ("HULK_MAX_PROBE_RATE", None),
     "log_level": ("HULK_LOG_LEVEL", "--log-level"),
     "probe_port": ("HULK_PROBE_PORT", "--probe-port"),
     "placement_key": ("HULK_PLACEMENT_KEY", None),
@@ -292,6 +296,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "timeout_s": _number(0.01, 60.0, "seconds"),
     "payload_bytes": _integer(0, 1472, "bytes"),
     "max_concurrency": _integer(1, 4096, "rounds"),
+    "max_probe_rate": _number(0.01, 10_000.0, "packets per second"),
     "log_level": _log_level,
     "probe_port": _integer(0, 65535, "port"),
     "placement_key": _placement_key,

@@ -4,6 +4,8 @@ the event loop.
 - peer_problem(): why a peer cannot be probed (a port outside 0-65535, no address, an address
   that is neither an IP address nor a host name, an unusable node id), or None. The prober
   skips such a peer with one warning, not a traceback a round.
+- paced_interval_s(): the probe interval that keeps an agent under its probe-rate cap
+  (``max_probe_rate`` packets per second) however many peers the planner names.
 - PeerResolver: an IP address is used as it is; a host name is looked up on a thread of its
   own, waited for at most ``timeout_s`` and cached (answers for ``ttl_s``, failures for
   ``negative_ttl_s``). One lookup per name at a time and at most ``max_lookups`` at once, so a
@@ -55,6 +57,16 @@ def peer_problem(peer: Peer) -> str | None:
     if not is_ip_address(address) and not HOSTNAME_RE.match(address):
         return f"address {_shown(address)} is neither an IP address nor a host name"
     return None
+
+
+def paced_interval_s(interval_s: float, peers: int, packets_per_round: int,
+                     max_probe_rate: float) -> float:
+    """Seconds between rounds to each peer so that ``peers`` peers at ``packets_per_round``
+    packets a round stay under ``max_probe_rate`` packets per second: ``interval_s``, or
+    longer when the list is too long for it."""
+    if peers <= 0 or max_probe_rate <= 0:
+        return interval_s
+    return max(interval_s, peers * packets_per_round / max_probe_rate)
 
 
 def lookup_address(name: str) -> str | None:

@@ -27,6 +27,7 @@ from agent.config import PROBE_DEFAULTS, AgentConfig
 from agent.icmp import IcmpPinger, detect_icmp_mode
 from agent.inventory import NvmlInventoryReader
 from agent.metrics import NO_EVENTS, AgentEvents
+from agent.peers import paced_interval_s
 from agent.prober import Connector, Pinger, Prober, ProbeListener, TcpConnector
 from agent.reporter import Backoff, GrpcPlannerClient, PlannerClient, Reporter
 from agent.spool import Spool
@@ -321,6 +322,13 @@ class AgentRuntime:
                 log.warning("ignoring the planner's %s: %s; using %r", name, why,
                             getattr(effective_settings(self.config, None), name))
         settings = effective_settings(self.config, registration.settings)
+        paced = paced_interval_s(settings.interval_s, len(registration.peers),
+                                 settings.packets_per_round, self.config.max_probe_rate)
+        if paced > settings.interval_s:
+            log.info("%d peers at %d packets a round: a round every %.0f s keeps probing under "
+                     "%g packets/s (max_probe_rate)", len(registration.peers),
+                     settings.packets_per_round, paced, self.config.max_probe_rate)
+            settings = replace(settings, interval_s=paced)
         self.prober.set_settings(settings)
         self.prober.set_peers(registration.peers)
         self.reporter.max_batch = settings.max_batch

@@ -43,6 +43,7 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_PROBE_TIMEOUT", "agent", "seconds to wait for each probe's reply"),
     EnvVar("HULK_PAYLOAD_BYTES", "agent", "ICMP payload bytes (56 gives a 64-byte ICMP message)"),
     EnvVar("HULK_MAX_CONCURRENCY", "agent", "most probe rounds in flight at once"),
+    EnvVar("HULK_MAX_PROBE_RATE", "agent", "most probe packets per second (default 10); a longer peer list stretches the interval"),
     EnvVar("HULK_TORCHRUN", "agent", "torchrun executable that launches placed jobs (default: beside python)"),
     EnvVar("HULK_PLACEMENT_KEY", "agent", "pinned placement-signing public key (ed25519:... or .pub file)"),
     EnvVar("HULK_ALLOWED_COMMANDS", "agent", "commands placements may run: argv prefixes, separated by ';'"),
@@ -56,6 +57,9 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_WINDOW_DAYS", "planner", "rolling window in days (default 90)"),
     EnvVar("HULK_MODEL", "planner", "GNN checkpoint to use instead of the shipped one"),
     EnvVar("HULK_SIGNING_KEY", "planner", "Ed25519 key that signs placements (from enroll --init-ca)"),
+    EnvVar("HULK_PROBE_PEERS", "planner", "most peers each agent probes (default 64; the probe plan)"),
+    EnvVar("HULK_PROBE_SITE_REPS", "planner", "probes per ordered site pair per epoch (default 2)"),
+    EnvVar("HULK_PROBE_EPOCH", "planner", "seconds between rotations of each agent's peers (default 600)"),
     # the training process an agent launches
     EnvVar("HULK_PLAN_ID", "launched job", "plan id of the placement"),
     EnvVar("HULK_JOB", "launched job", "job name"),

@@ -29,6 +29,9 @@ class PlannerSettings:
     window_days: int = 90              # rolling window of the fleet's links
     log_level: str = "INFO"
     signing_key: str | None = None     # Ed25519 key that signs placements (`plan --push`, `serve`)
+    probe_peers: int = 64              # most peers each agent probes (`serve`'s probe plan)
+    probe_site_reps: int = 2           # probes per ordered site pair per epoch
+    probe_epoch_s: float = 600.0       # seconds between rotations of each agent's peers
 
 
 # field -> the HULK_* variable it is read from (every one is listed in hulk.settings.ENV_VARS).
@@ -42,6 +45,9 @@ VARIABLES: dict[str, str] = {
     "window_days": "HULK_WINDOW_DAYS",
     "log_level": "HULK_LOG_LEVEL",
     "signing_key": "HULK_SIGNING_KEY",
+    "probe_peers": "HULK_PROBE_PEERS",
+    "probe_site_reps": "HULK_PROBE_SITE_REPS",
+    "probe_epoch_s": "HULK_PROBE_EPOCH",
 }
 
 
@@ -81,6 +87,32 @@ def _days(text: str) -> int:
     return int(text)
 
 
+def _count(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not re.fullmatch(r"\s*[0-9]+\s*", text) or not low <= int(text) <= high:
+            raise _Bad(f"expected a whole number from {low} to {high}, got {text!r}")
+        return int(text)
+    return parse
+
+
+def _seconds(low: float, high: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not low <= value <= high:  # also NaN
+            raise _Bad(f"expected seconds from {low:g} to {high:g}, got {text!r}")
+        return value
+    return parse
+
+
+# Bounds of the probe plan's settings (serve's flags check the same).
+PROBE_PEERS_RANGE = (2, 10_000)        # 2: room for one peer in the site and one outside
+PROBE_SITE_REPS_RANGE = (1, 100)
+PROBE_EPOCH_RANGE = (10.0, 7 * 86400.0)
+
+
 def _log_level(text: str) -> str:
     level = text.strip().upper()
     if level not in LOG_LEVELS:
@@ -98,6 +130,9 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "window_days": _days,
     "log_level": _log_level,
     "signing_key": str,
+    "probe_peers": _count(*PROBE_PEERS_RANGE),
+    "probe_site_reps": _count(*PROBE_SITE_REPS_RANGE),
+    "probe_epoch_s": _seconds(*PROBE_EPOCH_RANGE),
 }
 
 

@@ -21,7 +21,9 @@ from planner.security.guard import NodeGuard, RateLimit
 from planner.security.tls import server_credentials
 from planner.service.metrics import NO_EVENTS, PlannerMetrics, ServeEvents, StoreReader
 from planner.service.runtime import BackgroundTask, PlannerRuntime
-from planner.settings import PlannerSettings
+from planner.service.peer_plan import ProbePlanSettings
+from planner.settings import (PROBE_EPOCH_RANGE, PROBE_PEERS_RANGE, PROBE_SITE_REPS_RANGE,
+                              PlannerSettings)
 
 log = logging.getLogger(__name__)
 DASHBOARD_REFRESH_S = 2.0   # how often the dashboard's documents are rebuilt from the store
@@ -49,6 +51,16 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
                    help="rolling window in days (HULK_WINDOW_DAYS; default 90)")
     p.add_argument("--fleet-name", default=settings.fleet,
                    help="fleet name used in MQTT topics (HULK_FLEET)")
+    # The probe plan: whom each agent probes (planner/core/probe_plan.py).
+    p.add_argument("--probe-peers", type=int, default=settings.probe_peers, metavar="N",
+                   help="most peers each agent probes: its site's nodes and a few of every other "
+                        f"site (HULK_PROBE_PEERS; default {settings.probe_peers})")
+    p.add_argument("--probe-site-reps", type=int, default=settings.probe_site_reps, metavar="K",
+                   help="probes per ordered pair of sites per epoch (HULK_PROBE_SITE_REPS; "
+                        f"default {settings.probe_site_reps})")
+    p.add_argument("--probe-epoch", type=float, default=settings.probe_epoch_s, metavar="SECONDS",
+                   help="how often each agent's peers rotate (HULK_PROBE_EPOCH; default "
+                        f"{settings.probe_epoch_s:g})")
     p.add_argument("--rollup-seconds", type=float, default=30.0,
                    help="how often raw samples are folded into the daily rollups (default 30)")
     p.add_argument("--metrics", metavar="HOST:PORT",
@@ -116,6 +128,12 @@ def check_flags(args: argparse.Namespace) -> None:
     if not (args.report_seconds == 0 or 0.1 <= args.report_seconds <= 3600):
         raise ConfigError(f"expected 0 or 0.1-3600 seconds, got {args.report_seconds}",
                           field="--report-seconds")
+    for flag, value, (low, high) in (("--probe-peers", args.probe_peers, PROBE_PEERS_RANGE),
+                                     ("--probe-site-reps", args.probe_site_reps,
+                                      PROBE_SITE_REPS_RANGE),
+                                     ("--probe-epoch", args.probe_epoch, PROBE_EPOCH_RANGE)):
+        if not low <= value <= high:  # also NaN
+            raise ConfigError(f"expected {low:g} to {high:g}, got {value:g}", field=flag)
     if not args.rollup_seconds > 0:
         raise ConfigError(f"expected seconds > 0, got {args.rollup_seconds}",
                           field="--rollup-seconds")
@@ -182,7 +200,9 @@ def build_runtime(args: argparse.Namespace, events: ServeEvents = NO_EVENTS) -> 
                           interceptors=guards, raw_days=args.raw_days,
                           window_days=args.window_days, rollup_interval_s=args.rollup_seconds,
                           settings=ProbeSettings(report_interval_s=args.report_seconds),
-                          events=events)
+                          events=events,
+                          probe=ProbePlanSettings(args.probe_peers, args.probe_site_reps,
+                                                  args.probe_epoch))
 
 
 def add_gnn(runtime: PlannerRuntime, args: argparse.Namespace) -> Path | None:

@@ -2,6 +2,10 @@
 
 ``fleet_from_store`` turns the store's nodes and window statistics into a ``Fleet`` (one link per
 measured ordered pair, RTT = the window's exact mean; imported links where nothing was measured).
+A large fleet (more than ``SITE_LINKS_ABOVE`` nodes) is probed by plan (``planner.core.probe_plan``):
+there, measurements between two sites are folded into one site link per ordered site pair
+(``planner.core.site_pairs``) and only pairs inside a site stay node links, so the Fleet grows
+with sites and sites' sizes, not with the square of the servers.
 ``fleet_graph`` draws a Fleet or a completed Network as an undirected ``nx.Graph``: nodes carry
 their GPU features and computed throughput, edges the window statistics, and pairs completed by
 ``planner.core.fleet.complete`` (docs/COSTMODEL.md section 2) are present with ``imputed=True``.
@@ -9,14 +13,16 @@ their GPU features and computed throughput, edges the window statistics, and pai
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Iterable
 
 import networkx as nx
 import numpy as np
 
-from planner.core.fleet import Fleet, Link, Network, Node, complete
+from planner.core.fleet import Fleet, Link, Network, Node, Site, SiteLink, complete
 from planner.core.rollup import DailyRollup, WindowStats
+from planner.core.site_pairs import fold_site_pairs, site_locations
 from planner.service.store import PairRollup, Store
 
 
@@ -28,30 +34,73 @@ def nodes_from_store(store: Store) -> list[Node]:
             gpus=int(row["gpu_count"] if row.get("gpu_count") is not None else 0),
             gpu_name=row.get("gpu_name"), compute_capability=row.get("compute_capability"),
             memory_gb=float(row.get("memory_gb") or 0.0),
-            latitude=row.get("latitude"), longitude=row.get("longitude")))
+            latitude=row.get("latitude"), longitude=row.get("longitude"),
+            site=row.get("site")))
     return nodes
 
 
-def fleet_from_store(store: Store, window_days: int = 90, name: str = "default") -> Fleet:
+# Above this many nodes the fleet is read with site links (planner.core.probe_plan probes in
+# full up to its peer bound, 64 by default; the dense completion handles a thousand nodes).
+SITE_LINKS_ABOVE = 1000
+
+
+def fleet_from_store(store: Store, window_days: int = 90, name: str = "default",
+                     site_links: bool | None = None) -> Fleet:
     """The fleet of the store's last ``window_days``: measured ordered pairs with their mean RTT,
-    loss and sample count; links of an imported fleet file fill pairs never measured."""
+    loss and sample count; links of an imported fleet file fill pairs never measured.
+
+    With ``site_links`` (default: when the fleet has more than ``SITE_LINKS_ABOVE`` nodes), pairs
+    of nodes in two different sites become one ``SiteLink`` per ordered site pair (the merged
+    rollup's mean RTT, loss and samples) and the Fleet lists its ``sites``; pairs inside a site,
+    and pairs with a node of no known site, stay node links."""
+    # Hundreds of thousands of rollups and links stay alive: the cyclic collector would scan
+    # them again and again while they are built (none of them forms a cycle).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _fleet_from_store(store, window_days, name, site_links)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _fleet_from_store(store: Store, window_days: int, name: str,
+                      site_links: bool | None) -> Fleet:
     nodes = nodes_from_store(store)
-    links: list[Link] = []
-    measured: set[frozenset[str]] = set()
-    for pair in store.window_rollups(window_days):
-        stats = pair.rollup.stats()
-        if stats.mean_ms is None:
-            continue  # every probe lost: no RTT to speak of (loss shows in the graph stats)
-        links.append(Link(pair.src, pair.dst, rtt_ms=stats.mean_ms, loss=stats.loss,
-                          samples=stats.samples))
-        measured.add(frozenset((pair.src, pair.dst)))
-    for row in store.imported_links():
+    fold = len(nodes) > SITE_LINKS_ABOVE if site_links is None else site_links
+    window = store.window_rollups(window_days)
+    imported = store.imported_links()
+    # Only imported links need to know which pairs were measured (a large set at scale).
+    measured = {frozenset((p.src, p.dst)) for p in window if p.rollup.received} \
+        if imported else set()
+    pairs: Iterable[tuple[str, str, DailyRollup]] = ((p.src, p.dst, p.rollup) for p in window)
+    sites: tuple[Site, ...] = ()
+    site_link_list: list[SiteLink] = []
+    if fold:
+        folded = fold_site_pairs(pairs, {n.id: n.site_key for n in nodes})
+        pairs = folded.node_pairs
+        for (a, b), rollup in sorted(folded.site_pairs.items()):
+            if rollup.received:
+                site_link_list.append(SiteLink(a, b, rtt_ms=rollup.sum / rollup.received,
+                                               loss=rollup.lost / rollup.count,
+                                               samples=rollup.count))
+        located = site_locations((n.site_key, n.coordinates) for n in nodes)
+        sites = tuple(Site(s, *(where or (None, None))) for s, where in sorted(located.items()))
+    # The window's exact mean and loss (what stats() gives, without its percentiles); a pair
+    # whose every probe was lost has no RTT to speak of (its loss shows in the graph stats).
+    links = [Link(src, dst, rtt_ms=rollup.sum / rollup.received,
+                  loss=rollup.lost / rollup.count, samples=rollup.count)
+             for src, dst, rollup in pairs if rollup.received]
+    for row in imported:
         if frozenset((row["src"], row["dst"])) in measured:
             continue
         links.append(Link(row["src"], row["dst"], rtt_ms=row["rtt_ms"],
                           bandwidth_gbps=row["bandwidth_gbps"], loss=row["loss"] or 0.0,
                           samples=row["samples"] or 0))
-    return Fleet(tuple(nodes), tuple(links), name=name)
+    if not fold:
+        return Fleet(tuple(nodes), tuple(links), name=name)
+    return Fleet(tuple(nodes), tuple(links), name=name, sites=sites,
+                 site_links=tuple(site_link_list))
 
 
 def pair_stats(pairs: Iterable[PairRollup]) -> dict[frozenset[str], WindowStats]:

@@ -22,7 +22,9 @@ unknown peer, below the light-speed bound (its fastest RTT) or too old is reject
 alone. A batch may mix raw samples and summaries; records are counted, a summary as one.
 
 Registrations are checked field by field (``admission.check_registration``) before anything is
-stored.
+stored. A registration's peers, and Heartbeat's ``peers_changed``, come from the probe plan
+(``planner.service.peer_plan``): the node's own site and a few representatives of every other
+site, at most ``probe.peer_bound``, rotated every ``probe.epoch_s``.
 
 The gRPC servicer (``planner.service.servicer``) only converts protos and calls this.
 """
@@ -37,14 +39,16 @@ from dataclasses import dataclass, field
 
 from hulk import errors, geo
 from hulk.wire import histogram
-from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, PeerSummary, ProbeSample,
+from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, Peer, PeerSummary, ProbeSample,
                                ProbeSettings, RegisterAnswer, RegisterRequest, ReportRequest,
                                ReportResult)
+from planner.core.probe_plan import site_key
 from planner.core.rollup import bucket_index
 from planner.service.metrics import NO_EVENTS, ServeEvents
 from planner.service.admission import (KNOWN_KINDS, MAX_PAYLOAD_BYTES, MAX_TIMEOUT_MS,
                                        bounded_launch, check_registration, check_summary,
                                        corrected_times)
+from planner.service.peer_plan import PeerPlanner, ProbePlanSettings
 from planner.service.store import DAY_MS, NodeRef, SampleRow, Store, SummaryRow, micros
 
 log = logging.getLogger(__name__)
@@ -77,8 +81,12 @@ class IngestService:
         geo.min_rtt_ms
     clock: Callable[[], int] = lambda: int(time.time() * 1000)
     events: ServeEvents = NO_EVENTS       # metrics (planner.service.metrics); no-op by default
+    probe: ProbePlanSettings = field(default_factory=ProbePlanSettings)
 
     def __post_init__(self) -> None:
+        self.peer_plan = PeerPlanner(((peer, site_key(city))
+                                      for peer, city in self.store.probe_members()),
+                                     self.probe, clock=self.clock)
         self._nodes: dict[str, NodeRef] = self.store.node_refs()
         self._bounds: dict[tuple[int, int], float] = {}
         self._skew_ms: dict[str, int] = self.store.clock_skews()
@@ -114,7 +122,9 @@ class IngestService:
         log.info("registered %s (%s, %s, %d GPUs%s)", request.node_id,
                  request.address or "no address", node.city or "no city",
                  request.inventory.count, f": {reason}" if reason else "")
-        return RegisterAnswer(self.store.peers(request.node_id), self.settings, self.fleet,
+        self.peer_plan.update(Peer(node.id, request.address, request.probe_port),
+                              site_key(node.city))
+        return RegisterAnswer(self.peer_plan.answer(node.id), self.settings, self.fleet,
                               self.clock())
 
     def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResult:
@@ -125,16 +135,17 @@ class IngestService:
         # skew plus half a round trip, close enough to read sample times on our clock.
         skew = request.time_ms - now if request.time_ms > 0 else None
         try:
-            changed = self.store.heartbeat(request.node_id, spool_depth=request.spool_depth,
-                                           spool_dropped=request.spool_dropped,
-                                           launch=bounded_launch(request.launch),
-                                           clock_skew_ms=skew)
+            self.store.heartbeat(request.node_id, spool_depth=request.spool_depth,
+                                 spool_dropped=request.spool_dropped,
+                                 launch=bounded_launch(request.launch), clock_skew_ms=skew)
         except errors.NotFoundError:
             return HeartbeatResult(now, reregister=True, peers_changed=False)
         if skew is not None:
             self._skew_ms[request.node_id] = skew
         self.events.heartbeat(request.node_id)
-        return HeartbeatResult(now, reregister=False, peers_changed=changed)
+        # The probe plan, not the store's peers version: a new node changes a few lists.
+        return HeartbeatResult(now, reregister=False,
+                               peers_changed=self.peer_plan.changed(request.node_id))
 
     # ------------------------------------------------------------------------------ reports
 

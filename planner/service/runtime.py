@@ -21,6 +21,7 @@ from hulk import errors
 from hulk.wire.records import ProbeSettings
 from planner.service.ingest import IngestService, ServerLimits
 from planner.service.metrics import NO_EVENTS, ServeEvents
+from planner.service.peer_plan import ProbePlanSettings
 from planner.service.servicer import StoreHealth, create_server
 from planner.service.store import Store
 
@@ -51,7 +52,8 @@ class PlannerRuntime:
                  raw_days: int = 7, window_days: int = 90,
                  settings: ProbeSettings | None = None, limits: ServerLimits | None = None,
                  rollup_interval_s: float = 30.0, prune_interval_s: float = 3600.0,
-                 store_factory: Callable[..., Store] = Store, events: ServeEvents = NO_EVENTS):
+                 store_factory: Callable[..., Store] = Store, events: ServeEvents = NO_EVENTS,
+                 probe: ProbePlanSettings | None = None):
         self.db_path, self.listen, self.fleet = db_path, listen, fleet
         self.credentials = credentials
         self.interceptors = list(interceptors)
@@ -64,7 +66,8 @@ class PlannerRuntime:
         self.events = events   # metrics (planner.service.metrics): ingest, recovery, jobs report here
         self.service = IngestService(self.store, fleet=fleet,
                                      settings=settings or ProbeSettings(),
-                                     limits=limits or ServerLimits(), events=events)
+                                     limits=limits or ServerLimits(), events=events,
+                                     probe=probe or ProbePlanSettings())
         self.tasks: list[BackgroundTask] = [
             BackgroundTask("rollup", self.store.rollup_pending, rollup_interval_s),
             BackgroundTask("prune", self.store.prune, prune_interval_s, run_at_start=True),

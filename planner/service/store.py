@@ -151,6 +151,15 @@ class Store(JobRecords, Database):
                 "ORDER BY id", (node_id,)).fetchall()
         return tuple(Peer(r[0], r[1] or "", r[2] or 0) for r in rows)
 
+    def probe_members(self) -> list[tuple[Peer, str | None]]:
+        """Every node registered by an agent, as a peer with its city (the probe plan's
+        input), by id."""
+        with self._lock, self._errors("read peers"):
+            rows = self.conn.execute(
+                "SELECT id, address, probe_port, city FROM nodes WHERE source = 'agent' "
+                "ORDER BY id").fetchall()
+        return [(Peer(r[0], r[1] or "", r[2] or 0), r[3]) for r in rows]
+
     def heartbeat(self, node_id: str, *, spool_depth: int = 0, spool_dropped: int = 0,
                   launch: LaunchStatus | None = None, clock_skew_ms: int | None = None) -> bool:
         """Record liveness and the launch status (unless its state is unspecified); returns

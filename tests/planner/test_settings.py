@@ -36,6 +36,8 @@ def test_every_variable_is_read_and_parsed():
                                        mqtt="mqtts://planner:pw@broker:8883", raw_days=3,
                                        window_days=30, log_level="DEBUG")
     assert load(HULK_INSECURE="0").insecure is False
+    probe = load(HULK_PROBE_PEERS="32", HULK_PROBE_SITE_REPS="3", HULK_PROBE_EPOCH="300")
+    assert (probe.probe_peers, probe.probe_site_reps, probe.probe_epoch_s) == (32, 3, 300.0)
 
 
 def test_every_setting_has_a_listed_variable():
@@ -55,6 +57,11 @@ def test_every_setting_has_a_listed_variable():
     ("HULK_LISTEN", "host:99999", "expected HOST:PORT"),
     ("HULK_FLEET", "a/b", "expected 1-128 letters"),
     ("HULK_MQTT", "tcp://broker:1883", "expected mqtt://"),
+    ("HULK_PROBE_PEERS", "1", "expected a whole number from 2 to 10000, got '1'"),
+    ("HULK_PROBE_PEERS", "64.5", "whole number"),
+    ("HULK_PROBE_SITE_REPS", "0", "from 1 to 100"),
+    ("HULK_PROBE_EPOCH", "nan", "expected seconds from 10 to 604800"),
+    ("HULK_PROBE_EPOCH", "ten", "expected seconds"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable(variable, value, expected):
     with pytest.raises(ConfigError) as err:
