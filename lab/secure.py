@@ -113,6 +113,15 @@ def prepare(work: Path, db: Path, nodes: list[str], python: str, env: dict[str, 
     # mosquitto reads its files as user mosquitto after it starts, and a work dir under a private
     # parent (pytest's, mkdtemp's 0700) would lock it out: the broker's folder lives in /tmp.
     broker_dir = Path(tempfile.mkdtemp(prefix="hulk-lab-mosquitto-"))
+    try:
+        return _prepare(work, tls, broker_dir, db, nodes, python, env)
+    except BaseException:
+        shutil.rmtree(broker_dir, ignore_errors=True)
+        raise
+
+
+def _prepare(work: Path, tls: Path, broker_dir: Path, db: Path, nodes: list[str], python: str,
+             env: dict[str, str]) -> SecureHub:
     (broker_dir / "tls").mkdir(parents=True, exist_ok=True)
     _planner_cli(python, "enroll", "--init-ca", str(tls), "--host", HUB_ADDRESS, env=env)
     for name in ("ca.pem", "server.pem", "server.key"):

@@ -169,7 +169,8 @@ class Host:
             + [f"mkdir -p {scratch}/netns && mount --rbind /run/netns {scratch}/netns",
                "mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/netns",
                f"mount --move {scratch}/netns /run/netns", f"touch {scratch}/ready",
-               "exec sleep infinity"])
+               # Held while the test runs; ends by itself if pytest is killed.
+               f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done"])
         self.holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash",
                                         "-euc", setup], start_new_session=True)
         deadline = time.monotonic() + 20
