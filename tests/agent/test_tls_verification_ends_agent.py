@@ -45,13 +45,15 @@ def fleet(tmp_path_factory):
 
 
 def agent(fleet, tmp_path, *, ca, planner=None, broker_ca=None) -> subprocess.Popen:
+    """``broker_ca``: None for no broker, "" for an mqtts URL without ?ca=."""
     argv = [*agent_command(), "--planner", planner or fleet["planner"], "--node-id", "n1",
             "--state-dir", str(tmp_path / "state"), "--address", "127.0.0.1"]
     if ca is not None:
         argv += ["--ca", str(ca)]
     if broker_ca is not None:
         port = fleet["broker"].tls_port
-        argv += ["--mqtt", f"mqtts://n1:{fleet['password']}@127.0.0.1:{port}?ca={broker_ca}"]
+        query = f"?ca={broker_ca}" if broker_ca else ""
+        argv += ["--mqtt", f"mqtts://n1:{fleet['password']}@127.0.0.1:{port}{query}"]
     return subprocess.Popen(argv, env={**worktree_env(), "HULK_TOKEN": fleet["token"]},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -80,13 +82,18 @@ def test_a_planner_certificate_that_does_not_verify_ends_the_agent_with_exit_2(f
     assert "Traceback" not in err
 
 
-def test_a_broker_certificate_that_does_not_verify_ends_the_agent_with_exit_2(fleet, tmp_path):
-    """The planner verifies (right CA), the broker URL's ?ca= is another CA."""
-    code, err = ended(agent(fleet, tmp_path, ca=fleet["ca"], broker_ca=fleet["other_ca"]))
+@pytest.mark.parametrize("which", ["none", "other"])
+def test_a_broker_certificate_that_does_not_verify_ends_the_agent_with_exit_2(fleet, tmp_path,
+                                                                              which):
+    """The planner verifies (right CA); the broker URL has no ?ca=, or another CA."""
+    broker_ca = "" if which == "none" else fleet["other_ca"]
+    code, err = ended(agent(fleet, tmp_path, ca=fleet["ca"], broker_ca=broker_ca))
     last = err.strip().splitlines()[-1]
     assert code == 2, err[-2000:]
     assert "TLS: the certificate of the broker 127.0.0.1:" in last, last
-    assert f"the CA in {fleet['other_ca']}" in last and "?ca= in the broker URL" in last
+    assert ("the system's CAs (no CA is configured)" if which == "none"
+            else f"the CA in {fleet['other_ca']}") in last
+    assert "?ca= in the broker URL (HULK_MQTT, --mqtt)" in last
     assert "Traceback" not in err
 
 
