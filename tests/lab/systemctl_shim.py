@@ -10,11 +10,13 @@ needs from systemd, from the installed unit files, and nothing more:
   process that exits within 2 s fails the call, as a failed start does. ``restart`` stops a
   running one first (SIGTERM, then SIGKILL).
 - ``reload UNIT``: runs ExecReload= with ``$MAINPID``; a unit without one fails, as in systemd.
-- ``stop UNIT``; ``daemon-reload`` and plain ``enable`` do nothing.
+- ``stop UNIT``; ``is-active UNIT`` (exit 3 when not running); ``daemon-reload`` and plain
+  ``enable`` do nothing.
 
 Units are read from /etc/systemd/system, then /lib/systemd/system, with drop-ins from
 ``/etc/systemd/system/UNIT.d/*.conf``. Hardening (ProtectSystem=, capabilities, seccomp,
-watchdog, notify) is NOT applied. Main pids and logs go to ``$HULK_SHIM_STATE/UNIT.pid|log``.
+watchdog, notify) is NOT applied. Each main process has a small supervisor (a fork of the shim)
+that records its exit code: ``$HULK_SHIM_STATE/UNIT.pid|exit|log``.
 """
 
 from __future__ import annotations
@@ -128,12 +130,12 @@ def prepare(unit: str, keys: dict[str, list[str]], env: dict[str, str]) -> tuple
 
 
 def main_pid(unit: str) -> int | None:
+    """The running main process (None once its supervisor recorded an exit code)."""
     try:
         pid = int((STATE / f"{unit}.pid").read_text())
-        os.kill(pid, 0)
-        return pid
     except (OSError, ValueError):
         return None
+    return None if (STATE / f"{unit}.exit").exists() else pid
 
 
 def stop(unit: str) -> None:
@@ -142,18 +144,10 @@ def stop(unit: str) -> None:
         return
     os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and main_pid(unit) is not None:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        if Path(f"/proc/{pid}/stat").exists() and \
-                Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            break
+    while time.monotonic() < deadline and not (STATE / f"{unit}.exit").exists():
         time.sleep(0.1)
-    else:
-        if main_pid(unit) is not None:
-            os.killpg(pid, signal.SIGKILL)
+    if not (STATE / f"{unit}.exit").exists():
+        os.killpg(pid, signal.SIGKILL)
     (STATE / f"{unit}.pid").unlink(missing_ok=True)
 
 
@@ -177,14 +171,24 @@ def start(unit: str) -> None:
         return
     log.write(f"--- start {' '.join(argv)}\n".encode())
     log.flush()
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, user=uid, group=gid,
-                            extra_groups=[] if uid is not None else None)
-    (STATE / f"{unit}.pid").write_text(str(proc.pid))
+    (STATE / f"{unit}.exit").unlink(missing_ok=True)
+    (STATE / f"{unit}.pid").unlink(missing_ok=True)
+    if os.fork() == 0:   # the supervisor: starts the main process, records its exit code
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):   # let go of the caller's pipes
+            os.dup2(null, fd)
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, user=uid,
+                                group=gid, extra_groups=[] if uid is not None else None)
+        (STATE / f"{unit}.pid").write_text(str(proc.pid))
+        code = proc.wait()
+        (STATE / f"{unit}.exit").write_text(f"{code}\n")
+        os._exit(0)
     time.sleep(2)
-    if proc.poll() is not None:
-        (STATE / f"{unit}.pid").unlink(missing_ok=True)
-        fail(f"Job for {unit} failed: exit {proc.returncode} (see {STATE / unit}.log)")
+    if (STATE / f"{unit}.exit").exists():
+        code = (STATE / f"{unit}.exit").read_text().strip()
+        fail(f"Job for {unit} failed: exit {code} (see {STATE / unit}.log)")
 
 
 def reload(unit: str) -> None:
@@ -220,6 +224,11 @@ def main(argv: list[str]) -> int:
             reload(unit)
         elif verb == "stop":
             stop(unit)
+        elif verb == "is-active":
+            active = main_pid(unit) is not None
+            print("active" if active else "inactive")
+            if not active:
+                return 3
         else:
             fail(f"systemctl shim: {verb} is not supported (test scaffolding)")
     return 0

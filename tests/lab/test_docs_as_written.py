@@ -19,13 +19,14 @@ The only changes to the text are those in SUBSTITUTIONS and NOT_RUN below, each 
 the test checks the outcome: serve answers over TLS and runs with the broker account written
 after its first start; the agent registered with its token over TLS and subscribed with its own
 mqtts account; a placement pushed with the planner's account and signing key reaches the agent,
-which accepts it under the pinned placement_key. The README's real-fleet example is checked
+which accepts it under the pinned placement_key. Then "Revoking a node" runs as written: the
+broker refuses the node's account, and the agent, restarted, ends with exit 2 and one line. The README's real-fleet example is checked
 against the result: the files it names exist, its broker account exists, mqtts URLs carry ?ca=.
 
 Not covered: the broker's nftables rules are checked as loaded (in the hub's own network
 namespace), not exercised with 257 connections; mosquitto's fd limit drop-in is not applied; systemd's hardening of the units (tests/deploy run
 `systemd-analyze verify` on them); the jobs venv with torch and a job actually running;
-optional mutual TLS; revoking.
+optional mutual TLS.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ PLACEHOLDERS = {
 NOT_RUN = {
     "/opt/hulk-jobs": "the jobs' venv with torch (pip, no network); no job runs in this test",
     "Client certificates": "optional mutual TLS (tests/agent/test_client_tls.py covers the agent's side)",
-    "Revoking a node": "revocation (tests/planner/security/test_broker_acl.py covers it)",
 }
+# Sections run after the checks (they undo what the checks need), in their order in the guide.
+RUN_LAST = ("Revoking a node",)
 
 
 @dataclass
@@ -207,6 +209,8 @@ class Host:
 
     def stop(self) -> None:
         for pid_file in self.state.glob("*.pid"):
+            if pid_file.with_suffix(".exit").exists():   # ended already: the pid may be reused
+                continue
             try:
                 os.killpg(int(pid_file.read_text()), signal.SIGKILL)
             except (ProcessLookupError, ValueError):
@@ -246,14 +250,15 @@ def hosts(lab_available, tmp_path):
         lab.stop()
 
 
-def run_install_md(planner: Host, gpu: Host, markdown: str) -> dict[str, dict[str, str]]:
-    """Every ``sh`` block in order; returns enroll's printed values by account."""
-    accounts: dict[str, dict[str, str]] = {}
+def run_install_md(planner: Host, gpu: Host, markdown: str, accounts: dict[str, dict[str, str]],
+                   *, last: bool = False) -> dict[str, dict[str, str]]:
+    """Every ``sh`` block in order (``last``: only the RUN_LAST sections, else all others);
+    ``accounts`` collects enroll's printed values by account."""
     blocks = sh_blocks(markdown)
     assert len(blocks) >= 6, "INSTALL.md lost its command blocks?"
     for block in blocks:
         where = f"INSTALL.md line {block.line} ({block.section})"
-        if not_run(block):
+        if not_run(block) or (block.section in RUN_LAST) != last:
             continue
         host = gpu if runs_on_gpu_server(block) else planner
         if host is gpu and not (gpu.cwd / "ca.pem").exists():   # "copied from the planner host"
@@ -275,7 +280,7 @@ def run_install_md(planner: Host, gpu: Host, markdown: str) -> dict[str, dict[st
 @pytest.mark.slow
 def test_install_md_as_written_gives_a_fleet_that_works_over_tls(hosts, tmp_path):
     planner, gpu = hosts
-    accounts = run_install_md(planner, gpu, INSTALL.read_text())
+    accounts = run_install_md(planner, gpu, INSTALL.read_text(), {})
     assert {"hulk-planner", NODE} <= set(accounts), accounts.keys()
 
     # Secrets: only in root's 0600 files that systemd reads, never in agent.yaml.
@@ -340,6 +345,25 @@ def test_install_md_as_written_gives_a_fleet_that_works_over_tls(hosts, tmp_path
     assert placement["node"] == NODE and [r["job"] for r in placement["roles"]] == ["bert"]
 
     check_readme_example(planner, gpu, accounts)
+
+    # The node's broker account works from a plain client too (the retained placement) ...
+    password = accounts[NODE]["mqtt_password"]
+    subscribe = (f"mosquitto_sub -h {PLANNER_NAME} -p 8883 --cafile /etc/hulk/tls/ca.pem -u {NODE} "
+                 f"-P {password} -t hulk/v1/default/nodes/{NODE}/placement -C 1 -W 5")
+    before = gpu.bash(subscribe)
+    assert before.returncode == 0 and '"node":' in before.stdout, before.stderr[-1000:]
+    # ... until "Revoking a node": then the broker refuses it, and the planner its token: the
+    # agent, restarted, ends with exit 2 and its one line.
+    run_install_md(planner, gpu, INSTALL.read_text(), accounts, last=True)
+    after = gpu.bash(subscribe)
+    assert after.returncode != 0 and "not authori" in (after.stdout + after.stderr).lower(), \
+        after.stdout[-500:] + after.stderr[-500:]
+    gpu.bash("systemctl restart hulk-agent")   # may return before the refusal
+    wait_for(lambda: gpu.bash("systemctl is-active hulk-agent").returncode != 0, 60,
+             "the revoked agent to end", detail=lambda: gpu.log("hulk-agent")[-2000:])
+    last_line = gpu.log("hulk-agent").strip().splitlines()[-1]
+    assert last_line.startswith("hulk-agent: the planner refuses this node's credentials"), last_line
+    assert (gpu.state / "hulk-agent.service.exit").read_text().strip() == "2"
 
 
 def readme_fleet_block() -> str:
