@@ -17,16 +17,20 @@ User=, EnvironmentFile= and LoadCredential=, without systemd's sandboxing.
 
 The only changes to the text are those in SUBSTITUTIONS and NOT_RUN below, each with why. Then
 the test checks the outcome: serve answers over TLS and runs with the broker account written
-after its first start; the agent registered with its token over TLS and subscribed with its own
-mqtts account; a placement pushed with the planner's account and signing key reaches the agent,
-which accepts it under the pinned placement_key. Then "Revoking a node" runs as written: the
-broker refuses the node's account, and the agent, restarted, ends with exit 2 and one line. The README's real-fleet example is checked
-against the result: the files it names exist, its broker account exists, mqtts URLs carry ?ca=.
+after its first start; planner.env and agent.env are root's 0600 and agent.yaml holds no secret;
+the agent registered with its token over TLS and subscribed with its own mqtts account; a
+placement pushed with the planner's account and signing key reaches the agent, which accepts it
+under the pinned placement_key. Then "Revoking a node" runs as written: the broker refuses the
+node's account, and the agent, restarted, ends with exit 2 and one line. The README's real-fleet
+example (a summary with serve in the foreground, not run) is checked against the result: the
+files it names exist, its broker account exists, every mqtts URL carries ?ca=.
 
 Not covered: the broker's nftables rules are checked as loaded (in the hub's own network
-namespace), not exercised with 257 connections; mosquitto's fd limit drop-in is not applied; systemd's hardening of the units (tests/deploy run
-`systemd-analyze verify` on them); the jobs venv with torch and a job actually running;
-optional mutual TLS.
+namespace), not exercised with 257 connections; mosquitto's fd-limit drop-in and systemd's
+hardening of the units are not applied (tests/deploy run `systemd-analyze verify` on the units);
+the agent runs without CAP_NET_RAW (one agent: nothing to probe); the jobs venv with torch and a
+job actually running; optional mutual TLS. The enrolment's "copy ca.pem to the GPU server" is
+done by the test.
 """
 
 from __future__ import annotations
@@ -319,8 +323,8 @@ def test_install_md_as_written_gives_a_fleet_that_works_over_tls(hosts, tmp_path
     try:
         shared.chmod(0o755)
         exported = planner.bash(
-            f"runuser -u hulk-planner -- hulk-planner fleet export "
-            f"--db /var/lib/hulk-planner/planner.sqlite --out /var/lib/hulk-planner/fleet.json")
+            "runuser -u hulk-planner -- hulk-planner fleet export "
+            "--db /var/lib/hulk-planner/planner.sqlite --out /var/lib/hulk-planner/fleet.json")
         assert exported.returncode == 0, exported.stderr[-2000:]
         fleet = json.loads(planner.path("/var/lib/hulk-planner/fleet.json").read_text())
         fleet["nodes"] = [dict(n, gpus=8, gpu_name="NVIDIA A100-SXM4-40GB", memory_gb=320.0)
