@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 PYTHON  := $(BIN)/python
 SHARED  ?= ../shared
 
-.PHONY: install test test-fast demo bench model lab protos check-protos clean agent-requirements
+.PHONY: install test test-fast demo bench model lab lab-secure protos check-protos clean agent-requirements
 
 install: $(VENV)/.installed
 
@@ -48,6 +48,10 @@ model: install
 
 lab: install
 	$(PYTHON) -m lab.run
+
+# The lab set up as deploy/INSTALL.md sets up a fleet: private CA, TLS, broker accounts, tokens.
+lab-secure: install
+	$(PYTHON) -m lab.run --secure
 
 protos:
 	$(PYTHON) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. protos/hulk/v1/hulk.proto

@@ -3,7 +3,9 @@
 - Subscribes to ``hulk/v1/<fleet>/nodes/<node_id>/placement`` only (QoS 1). The message is
   retained, so after a reconnect the broker sends it again; an unchanged placement is a no-op.
 - Reconnects with exponential backoff (with jitter) when the broker goes away; the backoff starts
-  over after a connection that worked.
+  over after a connection that worked. A broker whose certificate fails verification several
+  times in a row (a wrong or missing ``?ca=``) is a configuration error: ``run`` raises
+  ConfigError, and the component ends the agent with it (exit 2).
 - A placement is acted on only when it is signed by the pinned ``placement_key`` (the planner's
   Ed25519 key), addressed to this node and fleet, not expired, and not older than the newest one
   accepted (its issue time and plan id; kept in state_dir/placement-accepted.json across
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.metrics import NO_EVENTS, AgentEvents
+from hulk import errors
 from hulk.errors import InputError
 from hulk.wire.broker import BrokerAddress, client_tls_kwargs, placement_topic
 from hulk.wire.placement import NodePlacement, parse_placement
@@ -172,6 +175,7 @@ class PlacementSubscriber:
         import aiomqtt
 
         delay = self.backoff_initial_s
+        certificate_failures = 0
         while True:
             try:
                 async with self._client() as client:
@@ -179,6 +183,7 @@ class PlacementSubscriber:
                     self.connects += 1
                     self.connected.set()
                     delay = self.backoff_initial_s
+                    certificate_failures = 0
                     log.info("subscribed to %s on %s:%s", self.topic, self.broker.host, self.broker.port)
                     stale = (asyncio.create_task(self._drop_stale_file())
                              if self.connects == 1 and self.file.path.exists() else None)
@@ -188,10 +193,14 @@ class PlacementSubscriber:
                     finally:
                         if stale is not None:
                             stale.cancel()
-            except aiomqtt.MqttError as exc:
-                log.warning("MQTT broker %s:%s: %s; reconnecting in %.1f s", self.broker.host,
-                            self.broker.port, exc, delay)
-            except OSError as exc:
+            except (aiomqtt.MqttError, OSError) as exc:
+                if errors.is_certificate_failure(str(exc)):
+                    certificate_failures += 1
+                    if certificate_failures >= errors.CERTIFICATE_FAILURES_FATAL:
+                        raise errors.certificate_config_error(
+                            f"the broker {self.broker.host}:{self.broker.port}", self.broker.ca,
+                            "?ca= in the broker URL (HULK_MQTT, --mqtt)",
+                            errors.CertificateError(str(exc)), certificate_failures) from None
                 log.warning("MQTT broker %s:%s: %s; reconnecting in %.1f s", self.broker.host,
                             self.broker.port, exc, delay)
             self.connected.clear()
@@ -334,5 +343,7 @@ class PlacementComponent:
                                               **kwargs)
         try:
             await self.subscriber.run()
+        except errors.ConfigError as err:  # no retry can fix it: the agent ends (exit 2)
+            runtime.fail(err)
         finally:
             await self.launcher.stop()  # the agent stops: its training process goes with it

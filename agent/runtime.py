@@ -340,8 +340,16 @@ class AgentRuntime:
                  settings.interval_s)
         return registration
 
+    def fail(self, error: errors.HulkError) -> None:
+        """End the agent with ``error`` (a permanent configuration error: exit 2, which the
+        unit does not restart, so systemd shows it failed with this one line)."""
+        self.fatal = error
+        log.error("%s", error)
+        self.request_stop()
+
     async def _registrar_loop(self) -> None:
         _, registered, reregister = self._events()
+        certificate_failures = 0
         while True:
             try:
                 await self._register_once()
@@ -354,11 +362,24 @@ class AgentRuntime:
                 log.error("%s", self.fatal)
                 self.request_stop()
                 return
+            except errors.CertificateError as err:
+                # Several in a row: one odd handshake (a middlebox) is not a wrong CA.
+                certificate_failures += 1
+                if certificate_failures >= errors.CERTIFICATE_FAILURES_FATAL:
+                    self.fail(errors.certificate_config_error(
+                        f"the planner {self.config.planner}", self.config.ca,
+                        "ca (HULK_CA, --ca)", err, certificate_failures))
+                    return
+                delay = self._register_backoff.next_delay()
+                log.warning("register failed (%s); retrying in %.1f s", err, delay)
+                await self.clock.sleep(delay)
+                continue
             except errors.HulkError as err:
                 delay = self._register_backoff.next_delay()
                 log.warning("register failed (%s); retrying in %.1f s", err, delay)
                 await self.clock.sleep(delay)
                 continue
+            certificate_failures = 0
             self._register_backoff.reset()
             registered.set()
             reregister.clear()

@@ -16,6 +16,7 @@ The tree (exit code of a command that fails with it; gRPC status the planner ans
     +-- UnauthenticatedError           exit 1   UNAUTHENTICATED
     +-- RateLimitedError               exit 1   RESOURCE_EXHAUSTED
     +-- UnavailableError               exit 1   UNAVAILABLE
+    |   +-- CertificateError           exit 1   UNAVAILABLE
     +-- StoreError                     exit 1   UNAVAILABLE
 
 The planner turns an error into a status with :func:`grpc_status` (servicer and interceptors
@@ -86,6 +87,54 @@ class UnavailableError(HulkError):
     """A service (planner, broker) cannot be reached right now; retry later."""
 
 
+class CertificateError(UnavailableError):
+    """The TLS peer's certificate did not verify (wrong or missing CA, a name the certificate
+    does not hold). Retried like any outage; the agent ends after a few in a row (exit 2)."""
+
+
+# What TLS stacks say when *this side* could not verify the peer's certificate: BoringSSL inside
+# gRPC, gRPC's own hostname check, and OpenSSL under Python's ssl (aiomqtt). An outage (refused,
+# reset, timed out) or the peer refusing *our* certificate reads otherwise.
+CERTIFICATE_FAILURE_MARKERS = (
+    "CERTIFICATE_VERIFY_FAILED",          # no CA / unknown issuer / expired / name mismatch (ssl)
+    "certificate signature failure",      # a CA with the same name but another key (BoringSSL)
+    "Hostname Verification Check failed", # the address is not among the certificate's names
+)
+
+
+def is_certificate_failure(message: str) -> bool:
+    """Whether ``message`` (a gRPC status detail, an ssl/MQTT error) says that the peer's
+    certificate failed verification here."""
+    return any(marker in message for marker in CERTIFICATE_FAILURE_MARKERS)
+
+
+def certificate_reason(message: str) -> str:
+    """The part of a TLS error that says why verification failed (from the first marker on)."""
+    for marker in CERTIFICATE_FAILURE_MARKERS:
+        at = message.find(marker)
+        if at >= 0:
+            reason = message[at:].split(" (_ssl.c")[0].strip()
+            return reason[:-len(": OK")] if reason.endswith(": OK") else reason
+    return message
+
+
+# Consecutive certificate-verification failures after which an agent ends: a wrong or missing CA
+# fails every time; an outage never reads like one, and one odd handshake (a middlebox) is not enough.
+CERTIFICATE_FAILURES_FATAL = 3
+
+
+def certificate_config_error(peer: str, ca: object, setting: str, err: Exception,
+                             attempts: int) -> ConfigError:
+    """The one-line error an agent ends with when ``peer``'s certificate never verifies;
+    ``setting`` names where the CA is configured."""
+    against = f"the CA in {ca}" if ca else "the system's CAs (no CA is configured)"
+    return ConfigError(
+        f"TLS: the certificate of {peer} does not verify against {against}, {attempts} times in "
+        f"a row ({certificate_reason(str(err))}); set {setting} to the fleet's ca.pem (made by "
+        "`hulk-planner enroll --init-ca`) and use an address the certificate names (its "
+        "--host), then restart")
+
+
 class StoreError(HulkError):
     """The SQLite store failed (disk full, locked past the timeout, corrupt)."""
 
@@ -136,4 +185,7 @@ def from_grpc(code: grpc.StatusCode | None, message: str) -> HulkError:
     """The error a client raises for a call that ended with status ``code`` (HulkError when the
     status means nothing more specific, or is unknown)."""
     name = getattr(code, "name", None)
-    return FROM_GRPC_STATUS.get(name or "", HulkError)(message)
+    kind = FROM_GRPC_STATUS.get(name or "", HulkError)
+    if kind is UnavailableError and is_certificate_failure(message):
+        kind = CertificateError
+    return kind(message)

@@ -1,6 +1,6 @@
 """``make lab``: a whole Hulk fleet on one machine, over a WAN with the paper's latencies.
 
-    python -m lab.run [--hosts N] [--scale S] [--matrix FILE] [--jobs FILE] [--interval S] [--keep]
+    python -m lab.run [--secure] [--hosts N] [--scale S] [--matrix FILE] [--jobs FILE] [--interval S] [--keep]
 
 1. builds one namespace per host (default: the paper's Table 1 cities) and the ``hub`` namespace,
    joined by the delaying switch (:mod:`lab.wan`);
@@ -13,6 +13,11 @@
 4. plans the jobs file and pushes the placements (``hulk-planner plan JOBS --db DB --push --mqtt
    URL`` when the planner supports it), then shows each agent's ``placement.json`` as it arrives;
 5. tears everything down on exit or Ctrl-C (``--keep``: stays up until Ctrl-C).
+
+``--secure`` sets the hub up as deploy/INSTALL.md sets up a planner host (:mod:`lab.secure`): a
+private CA from ``enroll --init-ca``, the shipped mosquitto configuration (TLS, passwords, ACL),
+serve over TLS, enrolled agents with their tokens and ``mqtts://`` accounts. Without it the lab
+is plaintext with an anonymous broker.
 
 Lab hosts have no GPUs. When the store's fleet cannot hold the jobs (every node reports zero GPU
 memory), the lab plans on the learned fleet exported from the store with each host declared as
@@ -37,6 +42,7 @@ from typing import Sequence
 from hulk import geo
 from hulk.errors import HulkError
 from lab import matrix as lab_matrix
+from lab import secure as lab_secure
 from lab.netns import HUB_ADDRESS, LabError
 from lab.wan import HUB, REPO, WanLab
 
@@ -82,10 +88,13 @@ class Services:
         self.env.pop("HULK_TOKEN", None)
         self.env.update(placement_security_env(work))
 
-    def start(self, name: str, host: str, argv: Sequence[str]) -> subprocess.Popen:
+    def start(self, name: str, host: str, argv: Sequence[str],
+              env: dict[str, str] | None = None) -> subprocess.Popen:
+        """``argv`` in ``host``'s namespace, with the lab's environment plus ``env``."""
         out = open(self.work / f"{name}.log", "wb")
-        proc = self.lab.popen(host, argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                              cwd=str(REPO), start_new_session=True)
+        proc = self.lab.popen(host, argv, stdout=out, stderr=subprocess.STDOUT,
+                              env={**self.env, **(env or {})}, cwd=str(REPO),
+                              start_new_session=True)
         self.procs.append((name, proc))
         return proc
 
@@ -245,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", type=int, default=8, help="GPUs each lab host is declared to have")
     p.add_argument("--gpu-name", default="NVIDIA A100-SXM4-40GB")
     p.add_argument("--keep", action="store_true", help="stay up until Ctrl-C")
+    p.add_argument("--secure", action="store_true",
+                   help="as deploy/INSTALL.md: private CA, TLS gRPC, the shipped mosquitto "
+                        "configuration (TLS, passwords, ACL), enrolled agents")
     p.add_argument("--work-dir", help="logs, store and state directories (default: a temp dir)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="lab: %(message)s")
@@ -290,24 +302,34 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     lab = WanLab(matrix, hub=True, work_dir=work / "lab")
     services = Services(lab, work, python)
+    hub: lab_secure.SecureHub | None = None
     try:
         lab.start()
         print(f"lab: {matrix.n} hosts + hub, RTTs x{args.scale:g}; logs in {work}")
         for name, m in zip(matrix.names, lab.namespaces.members):
             print(f"  {name:16s} {m.address:12s} {m.netns}")
-        mqtt_url = f"mqtt://{HUB_ADDRESS}:{MQTT_PORT}"
-        conf = work / "mosquitto.conf"
-        conf.write_text(f"listener {MQTT_PORT} {HUB_ADDRESS}\nallow_anonymous true\n"
-                        "persistence false\n")
-        services.start("mosquitto", HUB, ["mosquitto", "-c", str(conf)])
-        wait_port(lab, HUB, HUB_ADDRESS, MQTT_PORT)
-
         db = work / "planner.db"
-        serve = [python, "-m", "planner.cli", "serve", "--db", str(db),
-                 "--listen", f"{HUB_ADDRESS}:{PLANNER_PORT}", "--insecure"]
-        serve_mqtt = supports(python, ["-m", "planner.cli", "serve"], "--mqtt")
-        if serve_mqtt:
-            serve += ["--mqtt", mqtt_url]
+        state_root = work / "agents"
+        if args.secure:
+            hub = lab_secure.prepare(work, db, matrix.names, python, services.env)
+            services.env.update(hub.planner_env(), HULK_PLACEMENT_KEY=hub.placement_key)
+            services.start("mosquitto", HUB, ["mosquitto", "-c", str(hub.broker_conf)])
+            wait_port(lab, HUB, HUB_ADDRESS, lab_secure.TLS_PORT)
+            mqtt_url = ""   # HULK_MQTT in the environment: no password on a command line
+            shown_url = f"mqtts://NODE:***@{HUB_ADDRESS}:{lab_secure.TLS_PORT}?ca={hub.ca}"
+            serve = [python, "-m", "planner.cli", "serve", "--db", str(db),
+                     "--listen", f"{HUB_ADDRESS}:{PLANNER_PORT}", *hub.serve_flags()]
+        else:
+            mqtt_url = shown_url = f"mqtt://{HUB_ADDRESS}:{MQTT_PORT}"
+            conf = work / "mosquitto.conf"
+            conf.write_text(f"listener {MQTT_PORT} {HUB_ADDRESS}\nallow_anonymous true\n"
+                            "persistence false\n")
+            services.start("mosquitto", HUB, ["mosquitto", "-c", str(conf)])
+            wait_port(lab, HUB, HUB_ADDRESS, MQTT_PORT)
+            serve = [python, "-m", "planner.cli", "serve", "--db", str(db),
+                     "--listen", f"{HUB_ADDRESS}:{PLANNER_PORT}", "--insecure"]
+            if supports(python, ["-m", "planner.cli", "serve"], "--mqtt"):
+                serve += ["--mqtt", mqtt_url]
         services.start("planner", HUB, serve)
         wait_port(lab, HUB, HUB_ADDRESS, PLANNER_PORT, timeout_s=60)
 
@@ -316,18 +338,20 @@ def run(args: argparse.Namespace) -> int:
         if not send_cities:
             print(f"lab: at x{args.scale:g} some RTTs are below the speed-of-light bound of their "
                   "cities, which the planner rejects as errors; agents run without --city")
-        state_root = work / "agents"
         for host in matrix.hosts:
             argv = [python, "-m", "agent", "--planner", f"{HUB_ADDRESS}:{PLANNER_PORT}",
                     "--node-id", host.name, "--address", lab.address(host.name),
                     "--interval", f"{args.interval:g}", "--state-dir", str(state_root / host.name),
-                    "--insecure", "--log-level", "WARNING"]
+                    "--log-level", "WARNING"]
             if host.city and send_cities:
                 argv += ["--city", host.city]
-            if agent_mqtt:
-                argv += ["--mqtt", mqtt_url]
-            services.start(f"agent-{host.name}", host.name, argv)
-        print(f"lab: broker {mqtt_url}, planner {HUB_ADDRESS}:{PLANNER_PORT}, {matrix.n} agents; "
+            if hub is not None:
+                argv += ["--ca", str(hub.ca)]
+            else:
+                argv += ["--insecure"] + (["--mqtt", mqtt_url] if agent_mqtt else [])
+            services.start(f"agent-{host.name}", host.name, argv,
+                           env=hub.agent_env(host.name) if hub is not None else None)
+        print(f"lab: broker {shown_url}, planner {HUB_ADDRESS}:{PLANNER_PORT}, {matrix.n} agents; "
               "waiting for every pair's RTT ...")
 
         fleet = wait_for_measurements(services, python, db, work, matrix, args.measure_timeout,
@@ -341,6 +365,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         services.stop()
+        lab_secure.remove(hub)
         lab.stop()
         print("lab: torn down")
 
@@ -368,8 +393,8 @@ def wait_for_measurements(services: Services, python: str, db: Path, work: Path,
 def plan_and_show(args, lab, python, db, work, jobs, matrix, fleet, mqtt_url, state_root, services) -> None:
     plan_cmd = [python, "-m", "planner.cli", "plan", str(jobs), "--out", str(work / "plan.json")]
     push = supports(python, ["-m", "planner.cli", "plan"], "--push")
-    if push:
-        plan_cmd += ["--push", "--mqtt", mqtt_url]
+    if push:  # secure: no URL here, the planner account's HULK_MQTT is in the environment
+        plan_cmd += ["--push"] + (["--mqtt", mqtt_url] if mqtt_url else [])
     env = dict(services.env, PYTHONPATH=str(REPO))
 
     def plan(source: list[str]) -> subprocess.CompletedProcess:

@@ -107,7 +107,7 @@ def test_example_agent_config_is_accepted_by_the_agent(tmp_path):
     assert "BROKER-PASSWORD" not in re.sub(r"#.*", "", text), "passwords belong in agent.env"
     # agent.env, as INSTALL.md writes it, gives the broker URL with its password.
     install = (DEPLOY / "INSTALL.md").read_text()
-    url = re.search(r"echo 'HULK_MQTT=([^']+)'", install).group(1)
+    url = re.search(r"echo 'HULK_MQTT=(mqtts://[^']+)'", install).group(1)   # the agent's, not the planner's
     url = url.replace("<broker password>", "secret").replace("/etc/hulk/tls/ca.pem", str(ca))
     config = load_config({"config": str(config_file)},
                          env_reader=lambda name: url if name == "HULK_MQTT" else None)
