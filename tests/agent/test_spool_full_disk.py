@@ -186,7 +186,8 @@ async def test_the_agent_on_a_full_disk_accounts_for_every_sample_through_sigter
                                                      timeout_s=0.5, max_batch=2000))
     server, port = await start_server(planner)
     config = load_config({"planner": f"127.0.0.1:{port}", "node_id": "full", "insecure": "1",
-                          "address": "127.0.0.1", "state_dir": str(where)},
+                          "address": "127.0.0.1", "state_dir": str(where),
+                          "max_probe_rate": "10000"},   # unpaced: fill the disk fast
                          env_reader=lambda name: None)
     pinger = CountingPinger()
     runtime = AgentRuntime(
