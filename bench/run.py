@@ -25,7 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # In the order they run; each writes bench/results/<its name>.json.
-MODULES = ["plan_bench", "gnn_bench", "ingest", "agent_cost", "flood_bench", "lab_bench",
+MODULES = ["plan_bench", "gnn_bench", "gnn_ablation", "ingest", "agent_cost", "flood_bench", "lab_bench",
            "lab_jobs_bench"]
 
 
