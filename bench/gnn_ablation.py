@@ -263,7 +263,7 @@ def run(out_dir: Path, shared: Path, quick: bool = False, log=print) -> dict:
 
     torch.set_num_threads(1)
     model = ckpt.load()
-    specs = held_out_fleets(20) + [{"key": "azure-25-regions", "seed": 0}]
+    specs = held_out_fleets(20) + [{"key": "azure-25-regions", "seed": 0, "jobs": 8}]
     specs += [{"key": "paper-4-jobs"}, {"key": "paper-6-jobs"}]
     started = time.perf_counter()
     rows = [fleet_row(spec, Path(shared), model, log) for spec in specs]
@@ -313,7 +313,7 @@ if __name__ == "__main__":
 
 def warm_cache(shared: Path, log=print) -> None:
     """Compute and cache the non-learned starts' results (they do not depend on the model)."""
-    specs = held_out_fleets(20) + [{"key": "azure-25-regions", "seed": 0},
+    specs = held_out_fleets(20) + [{"key": "azure-25-regions", "seed": 0, "jobs": 8},
                                    {"key": "paper-4-jobs"}, {"key": "paper-6-jobs"}]
     for spec in specs:
         jobs, net = build(spec, Path(shared))
