@@ -4,13 +4,16 @@
 
 On held-out fleets (generated ones with seeds the training never used, of varied size, city count,
 missing links and job count; one fleet built from Azure's published inter-region latencies,
-bench/data/azure_rtt_p95_2026.csv, CC BY 4.0; the paper's fleet with its 4- and 6-job sets) every
-start is decoded the same way (``gnn-raw``'s decoder, planner.gnn.starts.decode: *raw*) and then
-refined by the search from that grouping (*refined*). Starts: the GNN's probabilities, uniform
-scores, three seeded random groupings, the hand heuristic. Makespans are the cost model's
-(planner.core.costmodel, the reference implementation of docs/COSTMODEL.md), times are wall
-seconds on this machine. The GNN's balanced pair accuracy against the best refined plan is
-reported next to always-idle's (0.5 by construction).
+bench/data/azure_rtt_p95_2026.csv, CC BY 4.0; the paper's fleet with its 4- and 6-job sets)
+every start is measured three ways: *raw*, Algorithm 1 on its scores with each group's best
+placement (exactly the grouping the search's refinement starts from); *refined*, the search
+refined from it (``plan_search(initial=scores)``); *decoded*, the same scores through
+``gnn-raw``'s decoder (planner.gnn.starts.decode: cluster-coherent groups). Starts: the GNN's
+probabilities, uniform scores, three seeded random groupings, the hand heuristic. Makespans are
+the cost model's (planner.core.costmodel, the reference implementation of docs/COSTMODEL.md;
+/work/shared holds no second implementation), times are wall seconds on this machine. The
+GNN's balanced same-group pair accuracy against the best refined plan is reported next to
+always-idle's (0.5 by construction).
 
 Writes bench/results/gnn_ablation.json and bench/results/gnn_ablation.png. Results of the
 non-learned starts are cached (~/.cache/hulk/gnn-ablation, keyed by fleet and start) because
@@ -30,7 +33,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 AZURE_CSV = REPO / "bench" / "data" / "azure_rtt_p95_2026.csv"
-CACHE_VERSION = 1
+CACHE_VERSION = 2           # 2: raw = Algorithm 1 on the scores (v1: the gnn-raw decoder only)
 HELD_OUT_BASE_SEED = 910_000      # generated fleets: seeds 910000 + i (training: data seed 7)
 RANDOM_SEEDS = (1, 2, 3)
 NON_LEARNED = ("uniform", "random-1", "random-2", "random-3", "heuristic")
@@ -137,28 +140,40 @@ def start_scores(name: str, jobs, net, model):
     return random_scores(jobs, net, int(name.split("-")[1]))
 
 
-def run_start(name: str, jobs, net, model) -> dict:
-    """Raw (decoded) and refined makespans and wall times of one start."""
+def run_start(name: str, jobs, net, model, decoded: dict | None = None) -> dict:
+    """One start: *raw* is Algorithm 1 on its scores with each group's best placement (what the
+    search's refinement starts from), *refined* is the search refined from it; *decoded* is the
+    same scores through ``gnn-raw``'s decoder (cluster-coherent groups; taken from ``decoded``
+    when given, since it does not depend on the model for non-learned starts)."""
     from planner.core.costmodel import estimate_plan
+    from planner.gnn.infer import grouping_plan
     from planner.gnn.starts import decode
     from planner.search import plan_search
 
     t = time.perf_counter()
     scores = start_scores(name, jobs, net, model)
-    raw, grouping = decode(jobs, net, scores)
+    raw, _ = grouping_plan(jobs, net, scores, method="raw")
     raw_s = time.perf_counter() - t
-    raw_makespan = float(estimate_plan(raw.placements, net).makespan_s)
     t = time.perf_counter()
-    refined = plan_search(jobs, net, initial=grouping)
+    refined = plan_search(jobs, net, initial=scores)
     refine_s = time.perf_counter() - t
-    return {"raw_h": raw_makespan / 3600, "refined_h": float(estimate_plan(refined.placements,
-                                                                         net).makespan_s) / 3600,
-            "raw_s": raw_s, "refine_s": refine_s, "scores": scores, "refined_plan": refined}
+    out = {"raw_h": float(estimate_plan(raw.placements, net).makespan_s) / 3600,
+           "refined_h": float(estimate_plan(refined.placements, net).makespan_s) / 3600,
+           "raw_s": raw_s, "refine_s": refine_s}
+    if decoded is not None:
+        out["decoded_h"], out["decoded_s"] = decoded["raw_h"], decoded["raw_s"]
+    else:
+        t = time.perf_counter()
+        plan, _ = decode(jobs, net, scores)
+        out["decoded_s"] = time.perf_counter() - t
+        out["decoded_h"] = float(estimate_plan(plan.placements, net).makespan_s) / 3600
+    out["scores"], out["refined_plan"] = scores, refined
+    return out
 
 
-def _cache_file(key: str, start: str) -> Path:
+def _cache_file(key: str, start: str, version: int = CACHE_VERSION) -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "hulk" / "gnn-ablation" / f"v{CACHE_VERSION}" / f"{key}-{start}.json"
+    return base / "hulk" / "gnn-ablation" / f"v{version}" / f"{key}-{start}.json"
 
 
 def fleet_row(spec: dict, shared: Path, model, log=print) -> dict:
@@ -180,12 +195,15 @@ def fleet_row(spec: dict, shared: Path, model, log=print) -> dict:
         if start != "gnn" and cached.is_file():
             row["starts"][start] = json.loads(cached.read_text())
             continue
-        result = run_start(start, jobs, net, model)
+        old = _cache_file(spec["key"], start, version=1)
+        decoded = json.loads(old.read_text()) if start != "gnn" and old.is_file() else None
+        result = run_start(start, jobs, net, model, decoded)
         if start == "gnn":
             gnn_scores = result["scores"]
         if result["refined_h"] < best_h:
             best_h, best_plan = result["refined_h"], result["refined_plan"]
-        entry = {k: result[k] for k in ("raw_h", "refined_h", "raw_s", "refine_s")}
+        entry = {k: result[k] for k in ("raw_h", "refined_h", "raw_s", "refine_s", "decoded_h",
+                                         "decoded_s")}
         row["starts"][start] = entry
         if start != "gnn":
             cached.parent.mkdir(parents=True, exist_ok=True)
@@ -213,16 +231,23 @@ def summarize_rows(rows: list[dict]) -> dict:
     out = {"held_out_fleets": len(held),
            "gnn_raw_beats_best_non_learned_raw": int(sum(r["gnn_raw_beats_best_non_learned"]
                                                          for r in held)),
+           "gnn_raw_ties_best_non_learned_raw": int(sum(
+               abs(r["starts"]["gnn"]["raw_h"] - r["starts"][r["best_non_learned_raw"]]["raw_h"])
+               <= 1e-9 * r["starts"]["gnn"]["raw_h"] for r in held)),
+           "gnn_decoded_beats_best_non_learned_decoded": int(sum(
+               r["starts"]["gnn"]["decoded_h"] < min(r["starts"][k]["decoded_h"]
+                                                     for k in NON_LEARNED) * (1 - 1e-9)
+               for r in held)),
            "mean_ratio_vs_search": {f"{s}/{k}": float(np.mean(ratio(s, k)))
                                     for s in ("gnn",) + NON_LEARNED
-                                    for k in ("raw_h", "refined_h")},
+                                    for k in ("raw_h", "refined_h", "decoded_h")},
            "wins_raw": {}, "mean_seconds": {}}
     for r in held:
         best = min(r["starts"], key=lambda k: r["starts"][k]["raw_h"])
         out["wins_raw"][best] = out["wins_raw"].get(best, 0) + 1
     for s in ("gnn",) + NON_LEARNED:
         out["mean_seconds"][s] = {k: float(np.mean([r["starts"][s][k] for r in rows]))
-                                  for k in ("raw_s", "refine_s")}
+                                  for k in ("raw_s", "refine_s", "decoded_s")}
     out["mean_seconds"]["search"] = float(np.mean([r["search"]["seconds"] for r in rows]))
     out["gnn_pair_accuracy_mean"] = float(np.mean([r["gnn_pair_accuracy"] for r in rows]))
     out["always_idle_pair_accuracy"] = 0.5
@@ -283,12 +308,13 @@ def run(out_dir: Path, shared: Path, quick: bool = False, log=print) -> dict:
 
 def summarize(result: dict) -> str:
     s = result["summary"]
-    lines = ["| start | raw / search (mean) | refined / search (mean) | raw s | refine s |",
-             "|---|---|---|---|---|"]
+    lines = ["| start | raw / search | refined / search | decoded / search | raw s | refine s "
+             "| decoded s |", "|---|---|---|---|---|---|---|"]
     for k in ("gnn",) + NON_LEARNED:
-        lines.append(f"| {k} | {s['mean_ratio_vs_search'][k + '/raw_h']:.3f} | "
-                     f"{s['mean_ratio_vs_search'][k + '/refined_h']:.3f} | "
-                     f"{s['mean_seconds'][k]['raw_s']:.2f} | {s['mean_seconds'][k]['refine_s']:.2f} |")
+        r, t = s["mean_ratio_vs_search"], s["mean_seconds"][k]
+        lines.append(f"| {k} | {r[k + '/raw_h']:.3f} | {r[k + '/refined_h']:.3f} | "
+                     f"{r[k + '/decoded_h']:.3f} | {t['raw_s']:.2f} | {t['refine_s']:.2f} | "
+                     f"{t['decoded_s']:.2f} |")
     t = s["target_gnn_raw_beats_best_non_learned_on_80pct"]
     lines.append(f"\n`gnn-raw` beats the best non-learned start (raw) on "
                  f"{s['gnn_raw_beats_best_non_learned_raw']}/{s['held_out_fleets']} held-out fleets "
@@ -297,12 +323,63 @@ def summarize(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def scale_row(n: int, jobs_count: int = 20, seed: int = 3) -> dict:
+    """At ``n`` servers (plan_bench's 5,000-node fleet for n=5000): the search against the GNN's
+    start, raw (Algorithm 1 on its scores, and gnn-raw's decoder), wall times and makespans."""
+    import torch
+
+    from planner.core.costmodel import estimate_plan
+    from planner.core.generate import generate_jobs, generate_network
+    from planner.gnn import checkpoint as ckpt
+    from planner.gnn.infer import grouping_plan, node_scores
+    from planner.gnn.starts import decode
+    from planner.search import plan_search
+
+    torch.set_num_threads(1)
+    model = ckpt.load()
+    net = generate_network(n, seed=seed)
+    jobs = generate_jobs(jobs_count, seed=seed)
+    out = {"nodes": n, "jobs": len(jobs), "load_average_before": os.getloadavg()}
+    t = time.perf_counter()
+    plan = plan_search(jobs, net)
+    out["search"] = {"seconds": time.perf_counter() - t,
+                     "makespan_h": estimate_plan(plan.placements, net).makespan_s / 3600}
+    t = time.perf_counter()
+    scores = node_scores(jobs, net, model)
+    out["gnn_scores_s"] = time.perf_counter() - t
+    raw, _ = grouping_plan(jobs, net, scores, method="raw")
+    out["gnn_raw_algorithm1"] = {"seconds": time.perf_counter() - t,
+                                 "makespan_h": estimate_plan(raw.placements, net).makespan_s / 3600}
+    t = time.perf_counter()
+    scores = node_scores(jobs, net, model)
+    plan, _ = decode(jobs, net, scores)
+    out["gnn_raw_decoded"] = {"seconds": time.perf_counter() - t,
+                              "makespan_h": estimate_plan(plan.placements, net).makespan_s / 3600}
+    for k in ("gnn_raw_algorithm1", "gnn_raw_decoded"):
+        r = out[k]
+        r["makespan_vs_search"] = r["makespan_h"] / out["search"]["makespan_h"]
+        r["time_vs_search"] = r["seconds"] / out["search"]["seconds"]
+        r["target_within_1_15x_in_a_fifth_of_the_time"] = (r["makespan_vs_search"] <= 1.15
+                                                           and r["time_vs_search"] <= 0.2)
+    out["load_average_after"] = os.getloadavg()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", default=str(REPO / ".." / "shared"))
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--scale", type=int, default=None,
+                        help="only the scale comparison at this many servers "
+                             "(writes gnn_ablation_scale.json)")
     args = parser.parse_args()
+    if args.scale:
+        row = scale_row(args.scale)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "gnn_ablation_scale.json").write_text(json.dumps(row, indent=2) + "\n")
+        print(json.dumps(row, indent=2))
+        return
     result = run(Path(args.out), Path(args.shared), quick=args.quick)
     print(summarize(result))
 
@@ -311,19 +388,23 @@ if __name__ == "__main__":
     main()
 
 
-def warm_cache(shared: Path, log=print) -> None:
-    """Compute and cache the non-learned starts' results (they do not depend on the model)."""
+def warm_cache(shared: Path, log=print, part: int = 0, parts: int = 1) -> None:
+    """Compute and cache the non-learned starts' results (they do not depend on the model);
+    ``part`` of ``parts`` interleaved shares of the fleets."""
     specs = held_out_fleets(20) + [{"key": "azure-25-regions", "seed": 0, "jobs": 8},
                                    {"key": "paper-4-jobs"}, {"key": "paper-6-jobs"}]
-    for spec in specs:
+    for spec in specs[::-1][part::parts]:     # from the end: bench.run goes from the start
         jobs, net = build(spec, Path(shared))
         for start in NON_LEARNED:
             cached = _cache_file(spec["key"], start)
             if cached.is_file():
                 continue
-            result = run_start(start, jobs, net, None)
+            old = _cache_file(spec["key"], start, version=1)
+            result = run_start(start, jobs, net, None,
+                               json.loads(old.read_text()) if old.is_file() else None)
             cached.parent.mkdir(parents=True, exist_ok=True)
             cached.write_text(json.dumps({k: result[k] for k in ("raw_h", "refined_h", "raw_s",
-                                                                  "refine_s")}))
+                                                                  "refine_s", "decoded_h",
+                                                                  "decoded_s")}))
             log(f"[gnn_ablation] cached {spec['key']} {start}: raw {result['raw_h']:.3f} h, "
                 f"refined {result['refined_h']:.3f} h")
