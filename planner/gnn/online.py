@@ -103,18 +103,19 @@ def default_job_sets(net: Network, count: int, seed: int) -> list[list[Job]]:
 class Retrainer:
     """Fine-tunes the checkpoint at ``checkpoint_path`` on fleet snapshots, one run at a time.
 
-    ``teacher(jobs, net, seed, budget_s) -> Plan`` labels job sets (the search planner by default);
+    ``teacher(jobs, net, seed, budget_s) -> Plan`` labels job sets (by default the search from the
+    heuristic start alone, planner.gnn.data.quick_teacher, to keep fine-tuning cheap);
     ``on_result`` is called from the worker thread after every run (switched or not).
     """
 
     def __init__(self, checkpoint_path: str | Path, *, config: RetrainConfig = RetrainConfig(),
                  teacher: Callable | None = None,
                  on_result: Callable[[RetrainResult], None] | None = None) -> None:
-        from planner.gnn.data import search_teacher
+        from planner.gnn.data import quick_teacher
 
         self.path = Path(checkpoint_path)
         self.config = config
-        self.teacher = teacher or search_teacher
+        self.teacher = teacher or quick_teacher
         self.on_result = on_result
         self.results: list[RetrainResult] = []
         self._lock = threading.Lock()
