@@ -355,7 +355,14 @@ def scale_row(n: int, jobs_count: int = 20, seed: int = 3) -> dict:
     plan, _ = decode(jobs, net, scores)
     out["gnn_raw_decoded"] = {"seconds": time.perf_counter() - t,
                               "makespan_h": estimate_plan(plan.placements, net).makespan_s / 3600}
-    for k in ("gnn_raw_algorithm1", "gnn_raw_decoded"):
+    from planner.search import heuristic_scores
+
+    t = time.perf_counter()
+    raw, _ = grouping_plan(jobs, net, heuristic_scores(jobs, net), method="raw")
+    out["heuristic_raw_algorithm1"] = {"seconds": time.perf_counter() - t,
+                                       "makespan_h": estimate_plan(raw.placements,
+                                                                   net).makespan_s / 3600}
+    for k in ("gnn_raw_algorithm1", "gnn_raw_decoded", "heuristic_raw_algorithm1"):
         r = out[k]
         r["makespan_vs_search"] = r["makespan_h"] / out["search"]["makespan_h"]
         r["time_vs_search"] = r["seconds"] / out["search"]["seconds"]
