@@ -1,4 +1,4 @@
-"""GNN benchmark: accuracy vs the teacher, makespan vs search, planning and inference time.
+"""GNN benchmark: pair accuracy vs the teacher, makespan vs search, planning and inference time.
 
     .venv/bin/python -m bench.gnn_bench --shared ../shared [--quick]
 
@@ -20,25 +20,26 @@ import numpy as np
 import torch
 
 HELD_OUT_SEED = 1007
-FULL_FLEETS, QUICK_FLEETS = 200, 30
+FULL_FLEETS, QUICK_FLEETS = 60, 20
 SIZES_FULL, SIZES_QUICK = (100, 1000, 5000), (100, 1000)
 SIZE_JOBS = 8
 
 
 def _accuracy(model, examples) -> tuple[float, float]:
-    """Node accuracy over all nodes, and the mean of per-fleet accuracies."""
+    """Mean balanced same-group pair accuracy of the GNN against the labels, and always-idle's
+    (0.5 by construction; computed, not assumed)."""
     from planner.gnn import features as F
+    from planner.gnn.train import pair_accuracy
 
-    correct = total = 0
-    per_fleet = []
+    ours, idle = [], []
     with torch.no_grad():
         for ex in examples:
-            pred = model.model.forward_data(F.to_data(ex.feats, model.stats)).argmax(-1).numpy()
-            hit = int((pred == ex.labels).sum())
-            correct += hit
-            total += len(pred)
-            per_fleet.append(hit / len(pred))
-    return correct / max(total, 1), float(np.mean(per_fleet)) if per_fleet else math.nan
+            data = F.to_data(ex.feats, model.stats)
+            pair_p, idle_p = model.model.forward_data(data)
+            probs = pair_p.numpy().reshape(ex.feats.x.shape[0], ex.feats.num_jobs)
+            ours.append(pair_accuracy(probs, idle_p.numpy(), ex.groups))
+            idle.append(pair_accuracy(np.zeros_like(probs), np.ones(len(ex.groups)), ex.groups))
+    return float(np.mean(ours)), float(np.mean(idle))
 
 
 def _summary(ratios: list[float]) -> dict:
@@ -89,7 +90,7 @@ def run(out_dir: Path, shared: Path, quick: bool = False) -> dict:
     count = QUICK_FLEETS if quick else FULL_FLEETS
     t0 = time.perf_counter()
     examples = gdata.load_examples(HELD_OUT_SEED, count)
-    acc, acc_fleet = _accuracy(model, examples)
+    acc, acc_idle = _accuracy(model, examples)
     raw_ratio, gnn_ratio, times = [], [], {"search": [], "gnn-raw": [], "gnn": []}
     for ex in examples:
         jobs, net = gdata.build_instance(ex.spec)
@@ -102,7 +103,7 @@ def run(out_dir: Path, shared: Path, quick: bool = False) -> dict:
         "fleets": len(examples), "data_seed": HELD_OUT_SEED,
         "nodes": {"min": min(e.spec.nodes for e in examples), "max": max(e.spec.nodes for e in examples),
                   "total": int(sum(e.spec.nodes for e in examples))},
-        "node_accuracy": acc, "mean_fleet_accuracy": acc_fleet,
+        "pair_accuracy": acc, "pair_accuracy_always_idle": acc_idle,
         "makespan_ratio_gnn_raw_vs_search": _summary(raw_ratio),
         "makespan_ratio_gnn_vs_search": _summary(gnn_ratio),
         "mean_planning_s": {k: float(np.mean(v)) for k, v in times.items() if v},
@@ -116,17 +117,16 @@ def run(out_dir: Path, shared: Path, quick: bool = False) -> dict:
         jobs = load_jobs(shared / "bench" / f"{name}.yaml")
         from planner.search import plan_search
 
+        from planner.gnn.train import pair_accuracy
+
         teacher = plan_search(jobs, net, seed=0)
-        feats = F.featurize(jobs, net)
-        labels = gdata.labels_from_plan(teacher, jobs, net.n, feats.slot_jobs)
+        groups, _ = gdata.labels_from_plan(teacher, jobs, net)
         scores = node_scores(jobs, net, model)
-        slot_pred = np.full(net.n, F.MAX_SLOTS)
-        cols = np.argmax(scores, axis=1)
-        for slot, ji in enumerate(feats.slot_jobs):
-            slot_pred[cols == ji] = slot
         m = _makespans(jobs, net, model_path)
         paper[name] = {"nodes": net.n, "jobs": len(jobs),
-                       "node_accuracy": float((slot_pred == labels).mean()),
+                       "pair_accuracy": pair_accuracy(scores[:, :-1], scores[:, -1], groups),
+                       "pair_accuracy_always_idle": pair_accuracy(
+                           np.zeros((net.n, len(jobs))), np.ones(net.n), groups),
                        "makespan_s": {k: m[k] for k in ("search", "gnn-raw", "gnn")},
                        "ratio_vs_search": {k: m[k] / m["search"] for k in ("gnn-raw", "gnn")},
                        "planning_s": {k: m[f"{k}_s"] for k in ("search", "gnn-raw", "gnn")}}
@@ -165,10 +165,15 @@ def run(out_dir: Path, shared: Path, quick: bool = False) -> dict:
 
     held = result["held_out"]
     t1000 = scale.get("1000", {}).get("speedup_vs_search", {})
+    s5000 = scale.get("5000")
     result["targets"] = {
         "gnn_raw_within_15pct_mean": held["makespan_ratio_gnn_raw_vs_search"]["mean"] <= 1.15,
         "gnn_within_2pct_mean": held["makespan_ratio_gnn_vs_search"]["mean"] <= 1.02,
         "gnn_3x_faster_at_1000": (t1000.get("gnn", 0) >= 3.0) if t1000 else None,
+        # Issue 14: at 5,000 servers, within 1.15x of search's makespan in at most 1/5 its time.
+        "gnn_raw_5000_within_1_15x_in_a_fifth_of_the_time": (
+            s5000["makespan_ratio_vs_search"]["gnn-raw"] <= 1.15
+            and s5000["speedup_vs_search"]["gnn-raw"] >= 5.0) if s5000 else None,
         "inference_10k_under_2s": result["inference_10k"]["forward_s"] < 2.0,
     }
     (out_dir / "gnn.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -1,4 +1,5 @@
-"""`hulk-planner train`: (re)train the GNN on generated fleets labelled by the search planner."""
+"""`hulk-planner train`: (re)train the GNN on generated fleets labelled by the best of several
+refined search starts."""
 
 from __future__ import annotations
 
@@ -11,18 +12,20 @@ from planner.settings import PlannerSettings
 
 log = logging.getLogger(__name__)
 
-DEFAULT_FLEETS = 300
-DEFAULT_EPOCHS = 30
+DEFAULT_FLEETS = 160
+DEFAULT_EPOCHS = 40
+DEFAULT_MAX_NODES = 48
 DEFAULT_OUT = "planner/gnn/hulk-gnn.pt"
 
 
 def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) -> None:
     p = subparsers.add_parser(
         "train", help="train the GNN on generated fleets labelled by the search planner",
-        description="Generate fleets and job sets, label them with the search planner (cached), "
-                    "train the GNN and write a checkpoint plus a loss/accuracy plot.")
+        description="Generate fleets and job sets, label each with the best plan the search "
+                    "reaches from the heuristic and from seeded random starts (cached), train "
+                    "the GNN (same-group loss) and write a checkpoint plus a loss/accuracy plot.")
     p.add_argument("--fleets", type=int, default=DEFAULT_FLEETS,
-                   help=f"generated fleets (8-500 nodes) to train and validate on (default {DEFAULT_FLEETS})")
+                   help=f"generated fleets to train and validate on (default {DEFAULT_FLEETS})")
     p.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS, help=f"default {DEFAULT_EPOCHS}")
     p.add_argument("--seed", type=int, default=7, help="data and training seed (default 7)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"checkpoint path (default {DEFAULT_OUT})")
@@ -32,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
                    help="loss/accuracy PNG (default: the checkpoint path with .png)")
     p.add_argument("--teacher-budget", type=float, default=None,
                    help="seconds the search planner gets per fleet when labelling")
-    p.add_argument("--max-nodes", type=int, default=500, help="largest generated fleet (default 500)")
+    p.add_argument("--max-nodes", type=int, default=DEFAULT_MAX_NODES,
+                   help=f"largest generated fleet (default {DEFAULT_MAX_NODES})")
     p.add_argument("--workers", type=int, default=2, help="labelling processes (default 2)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (default 1: the graphs are small, and spinning "
@@ -95,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     ckpt.save(out, model, stats, metrics=metrics, meta=meta)
     plot_history(history, plot)
     size_kb = out.stat().st_size / 1024
-    print(f"wrote {out} ({size_kb:.0f} KB): validation accuracy {metrics['val_acc']:.3f} on "
+    print(f"wrote {out} ({size_kb:.0f} KB): validation accuracy {metrics['val_acc']:.3f} "
+          f"(balanced same-group pair accuracy; always-idle 0.5) on "
           f"{metrics['val_examples']} fleets ({metrics['train_examples']} for training); plot {plot}")
     return 0

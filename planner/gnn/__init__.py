@@ -1,4 +1,4 @@
-"""The Hulk GNN (torch-geometric): edge pooling, GCN layers, node classification into job slots.
+"""The Hulk GNN (torch-geometric): edge pooling, GCN layers, node-job pair scores (jobs as a set).
 
 Import cost matters for the CLI, so this package's ``__init__`` imports nothing heavy; use
 ``planner.gnn.infer.plan_gnn`` for planning and ``planner.gnn.train`` for training.

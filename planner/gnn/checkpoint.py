@@ -13,7 +13,7 @@ from hulk.settings import env
 from planner.gnn.features import FeatureStats
 from planner.gnn.model import HulkGNN, ModelConfig
 
-FORMAT = "hulk-gnn/1"
+FORMAT = "hulk-gnn/2"   # 2: node-job pair scorer, RTT-embedded node features
 SHIPPED = Path(__file__).resolve().parent / "hulk-gnn.pt"
 
 
@@ -82,7 +82,7 @@ def load(path: str | os.PathLike | None = None) -> Checkpoint:
         if config.to_dict() != {**ModelConfig().to_dict(), **{k: v for k, v in blob["config"].items()
                                                               if k in ("hidden", "gcn_layers", "dropout")}}:
             raise CheckpointError(f"{path}: config: feature sizes differ from this version's "
-                                  f"({config.node_dim}/{config.graph_dim}/{config.edge_dim}); retrain")
+                                  f"({config.node_dim}/{config.job_dim}/{config.edge_dim}); retrain")
         model = HulkGNN(config)
         model.load_state_dict(blob["state_dict"])
         stats = FeatureStats.from_dict(blob["stats"])

@@ -1,11 +1,14 @@
-"""Training data: generated fleets and job sets labelled by the search planner (the teacher).
+"""Training data: generated fleets and job sets labelled by the best of several refined starts.
 
 Instance ``i`` of a data set with seed ``S`` is a pure function of ``(S, i)``: fleet size
-log-uniform in [min_nodes, max_nodes], a missing-link fraction, and 1..8 catalog jobs that fit the
-fleet's memory. Its label is the teacher's plan: each node's class is the slot of the job it
-serves in the earliest phase it appears in, else idle. Labels are the expensive part, so they are
-cached on disk, one file per instance, keyed by (data version, seed, index, teacher budget);
-features are recomputed (milliseconds) from the regenerated network.
+log-uniform in [min_nodes, max_nodes], a missing-link fraction, and 1..MAX_TRAIN_JOBS catalog
+jobs that fit the fleet's memory. Its label is the plan of least makespan (cost model) among the
+search's refinement started from the hand heuristic and from ``RANDOM_STARTS`` seeded random
+groupings (planner.gnn.starts): each node's *group* (the job it serves in its earliest phase,
+-1 idle) and each job's share of the fleet's throughput. The training loss only asks which nodes
+share a group, which are idle and how much throughput each job gets, so it does not depend on
+how jobs or equal nodes are numbered (see planner.gnn.train). Labels are the expensive part, so
+they are cached on disk, one file per instance, keyed by (data version, seed, index, budget).
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan
 from planner.gnn import features as F
-from planner.search import plan_search
 
 log = logging.getLogger(__name__)
 
-DATA_VERSION = 1
-DEFAULT_TEACHER_BUDGET_S = 60.0
+DATA_VERSION = 2
+DEFAULT_TEACHER_BUDGET_S = 20.0
+RANDOM_STARTS = 2
+MAX_TRAIN_JOBS = 12
 
 Teacher = Callable[[list[Job], Network, int, float], Plan]
 
@@ -51,12 +55,13 @@ class InstanceSpec:
     jobs_seed: int
 
 
-def instance_spec(seed: int, index: int, min_nodes: int = 8, max_nodes: int = 500) -> InstanceSpec:
+def instance_spec(seed: int, index: int, min_nodes: int = 8, max_nodes: int = 64) -> InstanceSpec:
     rng = np.random.default_rng([seed, index, DATA_VERSION])
     n = int(round(math.exp(rng.uniform(math.log(min_nodes), math.log(max_nodes + 0.49)))))
     n = max(min_nodes, min(max_nodes, n))
     return InstanceSpec(seed, index, n, int(rng.integers(2**31)), float(rng.uniform(0.0, 0.5)),
-                        int(rng.integers(1, F.MAX_SLOTS + 1)), int(rng.integers(2**31)))
+                        int(rng.integers(1, min(MAX_TRAIN_JOBS, max(2, n // 3)) + 1)),
+                        int(rng.integers(2**31)))
 
 
 def build_instance(spec: InstanceSpec) -> tuple[list[Job], Network]:
@@ -70,30 +75,68 @@ def build_instance(spec: InstanceSpec) -> tuple[list[Job], Network]:
     return jobs, net
 
 
-def labels_from_plan(plan: Plan, jobs: list[Job], n: int, slot_jobs: list[int]) -> np.ndarray:
-    """Node -> slot of the job it serves in its earliest phase; idle (MAX_SLOTS) otherwise."""
-    slot_of_name = {jobs[ji].name: s for s, ji in enumerate(slot_jobs)}
-    labels = np.full(n, F.MAX_SLOTS, dtype=np.int64)
+def labels_from_plan(plan: Plan, jobs: list[Job], net: Network) -> tuple[np.ndarray, np.ndarray]:
+    """(group per node: index of the job it serves in its earliest phase, -1 idle;
+    share per job: its nodes' share of the fleet's throughput). Jobs with equal features (equal
+    up to their names) get the mean of their shares, so the label does not depend on which of
+    two identical jobs got which group."""
+    index = {j.name: k for k, j in enumerate(jobs)}
+    groups = np.full(net.n, -1, dtype=np.int64)
+    shares = np.zeros(len(jobs))
+    total = max(float(net.thr.sum()), 1e-30)
     for placement in sorted(plan.placements, key=lambda p: p.phase):
-        slot = slot_of_name.get(placement.job.name)
-        if slot is None:
+        k = index.get(placement.job.name)
+        if k is None:
             continue
-        for i in placement.nodes:
-            if labels[i] == F.MAX_SLOTS:
-                labels[i] = slot
-    return labels
+        nodes = np.asarray(list(placement.nodes), dtype=np.int64)
+        shares[k] += float(net.thr[nodes].sum()) / total
+        fresh = nodes[groups[nodes] < 0]
+        groups[fresh] = k
+    signature: dict[tuple, list[int]] = {}
+    for k, j in enumerate(jobs):
+        key = (j.params, j.layers, j.total_flops, j.state_bytes, j.global_batch, j.micro_batch)
+        signature.setdefault(key, []).append(k)
+    for members in signature.values():
+        shares[members] = shares[members].mean()
+    return groups, shares
+
+
+def best_of_starts(jobs: list[Job], net: Network, seed: int, budget_s: float,
+                   random_starts: int = RANDOM_STARTS) -> tuple[Plan, str]:
+    """The teacher: plan_search refined from the heuristic and from ``random_starts`` seeded
+    random groupings; the plan of least makespan and the name of its start."""
+    from planner.core.costmodel import estimate_plan
+    from planner.gnn.starts import random_scores
+    from planner.search import network_clusters, plan_search
+
+    labels = network_clusters(net)
+    best = None
+    starts = [("heuristic", None)] + [(f"random-{r}", random_scores(jobs, net, seed * 31 + r, labels))
+                                      for r in range(random_starts)]
+    for name, scores in starts:
+        plan = plan_search(jobs, net, seed=seed, budget_s=budget_s, initial=scores)
+        makespan = float(estimate_plan(plan.placements, net).makespan_s)
+        if best is None or makespan < best[0] * (1 - 1e-9):
+            best = (makespan, plan, name)
+    return best[1], best[2]
 
 
 def search_teacher(jobs: list[Job], net: Network, seed: int, budget_s: float) -> Plan:
-    """The teacher: the search planner with a wall-clock cap of ``budget_s``."""
-    return plan_search(jobs, net, seed=seed, budget_s=budget_s)
+    """The default teacher: :func:`best_of_starts`."""
+    return best_of_starts(jobs, net, seed, budget_s)[0]
+
+
+def quick_teacher(jobs: list[Job], net: Network, seed: int, budget_s: float) -> Plan:
+    """The search from the heuristic start alone (serve's fine-tuning: a third of the cost)."""
+    return best_of_starts(jobs, net, seed, budget_s, random_starts=0)[0]
 
 
 @dataclass
 class Example:
     spec: InstanceSpec
     feats: F.Featurized
-    labels: np.ndarray
+    groups: np.ndarray
+    shares: np.ndarray
     teacher_makespan_s: float
 
 
@@ -101,7 +144,7 @@ def _cache_path(cache: Path, spec: InstanceSpec, budget_s: float) -> Path:
     return cache / f"v{DATA_VERSION}" / f"s{spec.seed}-i{spec.index:05d}-n{spec.nodes}-b{budget_s:g}.pt"
 
 
-def _label_one(args: tuple[InstanceSpec, float, Teacher]) -> tuple[np.ndarray, float] | None:
+def _label_one(args: tuple[InstanceSpec, float, Teacher]):
     spec, budget_s, teacher = args
     from planner.core.costmodel import estimate_plan
 
@@ -111,27 +154,27 @@ def _label_one(args: tuple[InstanceSpec, float, Teacher]) -> tuple[np.ndarray, f
     except Exception as exc:  # an instance the teacher cannot plan is skipped, not fatal
         log.warning("teacher failed on instance %d (%d nodes): %s", spec.index, spec.nodes, exc)
         return None
-    order = F.slot_order(jobs)[: F.MAX_SLOTS]
-    labels = labels_from_plan(plan, jobs, net.n, order)
-    return labels, float(estimate_plan(plan.placements, net).makespan_s)
+    groups, shares = labels_from_plan(plan, jobs, net)
+    return groups, shares, float(estimate_plan(plan.placements, net).makespan_s)
 
 
 def load_examples(seed: int, count: int, *, cache: Path | None = None,
                   budget_s: float = DEFAULT_TEACHER_BUDGET_S, teacher: Teacher = search_teacher,
-                  workers: int = 2, start: int = 0, min_nodes: int = 8, max_nodes: int = 500,
+                  workers: int = 2, start: int = 0, min_nodes: int = 8, max_nodes: int = 64,
                   progress: Callable[[int, int], None] | None = None) -> list[Example]:
     """``count`` labelled instances ``start..start+count-1`` of data set ``seed``; labels from the
     cache where present, else from ``teacher`` (in ``workers`` processes) and written to it."""
     cache = cache or default_cache_dir()
     specs = [instance_spec(seed, i, min_nodes, max_nodes) for i in range(start, start + count)]
-    labels: dict[int, tuple[np.ndarray, float] | None] = {}
+    labels: dict[int, tuple | None] = {}
     todo = []
     for spec in specs:
         path = _cache_path(cache, spec, budget_s)
         if path.is_file():
             try:
                 stored = torch.load(path, weights_only=True)
-                labels[spec.index] = (stored["labels"].numpy(), float(stored["makespan_s"]))
+                labels[spec.index] = (stored["groups"].numpy(), stored["shares"].numpy(),
+                                      float(stored["makespan_s"]))
                 continue
             except Exception as exc:  # a damaged cache file is recomputed
                 log.warning("ignoring unreadable cache file %s: %s", path, exc)
@@ -151,7 +194,8 @@ def load_examples(seed: int, count: int, *, cache: Path | None = None,
         path = _cache_path(cache, spec, budget_s)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        torch.save({"labels": torch.from_numpy(result[0]), "makespan_s": result[1],
+        torch.save({"groups": torch.from_numpy(result[0]), "shares": torch.from_numpy(result[1]),
+                    "makespan_s": result[2],
                     "spec": spec.__dict__}, tmp)
         tmp.replace(path)
 
@@ -173,5 +217,5 @@ def load_examples(seed: int, count: int, *, cache: Path | None = None,
         if result is None:
             continue
         jobs, net = build_instance(spec)
-        examples.append(Example(spec, F.featurize(jobs, net), result[0], result[1]))
+        examples.append(Example(spec, F.featurize(jobs, net), *result))
     return examples

@@ -1,6 +1,8 @@
-"""Planning with the GNN: class scores -> groups -> Algorithm 1 -> (optionally) search refinement.
+"""Planning with the GNN: node-job probabilities -> groups -> Algorithm 1 -> (optionally) search
+refinement.
 
-``plan_gnn(..., refine=False)`` is ``--method gnn-raw``: groups read off the GNN's scores
+The GNN's probabilities are the search's start: ``plan_gnn(..., refine=False)`` is
+``--method gnn-raw``, that start decoded without refinement: groups read off the GNN's scores
 (:func:`best_grouping_plan`: cluster-coherent groups, :func:`coherent_scores`, or the balanced
 arg-max, whichever the cost model rates best), made feasible by Algorithm 1, each group placed
 on its own by the search planner's ``best_placement``, with no moves of nodes between groups.
@@ -50,17 +52,17 @@ def load_cached(path: str | os.PathLike | None = None) -> ckpt.Checkpoint:
 
 @torch.no_grad()
 def node_scores(jobs: list[Job], net: Network, model: ckpt.Checkpoint) -> np.ndarray:
-    """(n, len(jobs) + 1) class probabilities in the order of ``jobs``, last column idle.
-
-    Jobs beyond the model's slots get score 0 everywhere (Algorithm 1 then grows them from idle
-    nodes or lets them wait)."""
+    """(n, len(jobs) + 1) probabilities in the order of ``jobs``, last column idle; each row
+    sums to 1. Any number of jobs."""
+    if not jobs:
+        return np.ones((net.n, 1))
     feats = F.featurize(jobs, net)
     data = F.to_data(feats, model.stats)
-    probs = torch.softmax(model.model.forward_data(data), dim=-1).numpy().astype(float)
+    pair_p, idle_p = model.model.forward_data(data)
     scores = np.zeros((net.n, len(jobs) + 1))
-    for slot, ji in enumerate(feats.slot_jobs):
-        scores[:, ji] = probs[:, slot]
-    scores[:, -1] = probs[:, F.MAX_SLOTS]
+    node, job = data.pair_index.numpy()
+    scores[node, job] = pair_p.numpy()
+    scores[:, -1] = idle_p.numpy()
     return scores
 
 
@@ -283,9 +285,6 @@ def plan_gnn(jobs: list[Job], net: Network, *, seed: int = 0,
         return plan
     raw, grouping = best_grouping_plan(jobs, net, node_scores(jobs, net, model),
                                        full_effort=not refine)
-    if len(jobs) > F.MAX_SLOTS:
-        raw.notes.append(f"the GNN scores the {F.MAX_SLOTS} largest jobs; "
-                         f"{len(jobs) - F.MAX_SLOTS} smaller ones were grouped from idle nodes")
     if not refine:
         return raw
     plan = _search(jobs, net, seed=seed, progress=progress, initial=grouping, **search_kwargs)

@@ -90,31 +90,32 @@ class RetrainConfig:
 
 
 def default_job_sets(net: Network, count: int, seed: int) -> list[list[Job]]:
-    """``count`` random catalog job sets that fit ``net`` (1..8 jobs each)."""
+    """``count`` random catalog job sets that fit ``net`` (1..MAX_TRAIN_JOBS jobs each)."""
     from planner.core.generate import generate_jobs
-    from planner.gnn.features import MAX_SLOTS
+    from planner.gnn.data import MAX_TRAIN_JOBS
 
     rng = np.random.default_rng(seed)
     max_params = float(net.mem.sum()) / 16.0 / 3.0
-    return [generate_jobs(int(rng.integers(1, MAX_SLOTS + 1)), seed=int(rng.integers(2**31)),
+    return [generate_jobs(int(rng.integers(1, MAX_TRAIN_JOBS + 1)), seed=int(rng.integers(2**31)),
                           max_params=max_params) for _ in range(count)]
 
 
 class Retrainer:
     """Fine-tunes the checkpoint at ``checkpoint_path`` on fleet snapshots, one run at a time.
 
-    ``teacher(jobs, net, seed, budget_s) -> Plan`` labels job sets (the search planner by default);
+    ``teacher(jobs, net, seed, budget_s) -> Plan`` labels job sets (by default the search from the
+    heuristic start alone, planner.gnn.data.quick_teacher, to keep fine-tuning cheap);
     ``on_result`` is called from the worker thread after every run (switched or not).
     """
 
     def __init__(self, checkpoint_path: str | Path, *, config: RetrainConfig = RetrainConfig(),
                  teacher: Callable | None = None,
                  on_result: Callable[[RetrainResult], None] | None = None) -> None:
-        from planner.gnn.data import search_teacher
+        from planner.gnn.data import quick_teacher
 
         self.path = Path(checkpoint_path)
         self.config = config
-        self.teacher = teacher or search_teacher
+        self.teacher = teacher or quick_teacher
         self.on_result = on_result
         self.results: list[RetrainResult] = []
         self._lock = threading.Lock()
@@ -166,7 +167,7 @@ class Retrainer:
         from planner.gnn import checkpoint as ckpt
         from planner.gnn import data as gdata
         from planner.gnn import features as F
-        from planner.gnn.train import TrainConfig, evaluate, fit, split
+        from planner.gnn.train import TrainConfig, evaluate, fit, split, to_data
 
         cfg = self.config
         current = ckpt.load(self.path)
@@ -179,16 +180,15 @@ class Retrainer:
                 log.info("teacher could not plan job set %d on %s: %s", k, fleet.name, exc)
                 continue
             feats = F.featurize(jobs, net)
-            labels = gdata.labels_from_plan(plan, jobs, net.n, feats.slot_jobs)
+            groups, shares = gdata.labels_from_plan(plan, jobs, net)
             spec = gdata.InstanceSpec(cfg.seed, k, net.n, -1, 0.0, len(jobs), -1)
-            examples.append(gdata.Example(spec, feats, labels,
+            examples.append(gdata.Example(spec, feats, groups, shares,
                                           float(estimate_plan(plan.placements, net).makespan_s)))
         if len(examples) < 2:
             raise RuntimeError(f"only {len(examples)} labelled job sets on {fleet.name}")
         train_cfg = TrainConfig(epochs=cfg.epochs, lr=cfg.lr, seed=cfg.seed, val_fraction=0.25)
         _, val = split(examples, train_cfg.val_fraction, train_cfg.seed)
-        old_loader = DataLoader([F.to_data(e.feats, current.stats, e.labels) for e in val],
-                                batch_size=8)
+        old_loader = DataLoader([to_data(e, current.stats) for e in val], batch_size=8)
         _, old_acc = evaluate(current.model, old_loader)
         with torch.enable_grad():
             model, stats, history, metrics = fit(examples, train_cfg, init=current)

@@ -18,10 +18,11 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def small_examples(tmp_path_factory) -> list[gdata.Example]:
-    """Eight generated fleets of 8-40 nodes, labelled by plan_search (cached in a temp dir)."""
+    """Eight generated fleets of 8-24 nodes, labelled by the best of the refined starts (cached
+    in a temp dir)."""
     cache = tmp_path_factory.mktemp("labels")
-    return gdata.load_examples(123, 8, cache=cache, workers=1, min_nodes=8, max_nodes=40,
-                               budget_s=30.0)
+    return gdata.load_examples(123, 8, cache=cache, workers=1, min_nodes=8, max_nodes=24,
+                               budget_s=20.0)
 
 
 @pytest.fixture(scope="session")

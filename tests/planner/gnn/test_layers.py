@@ -57,23 +57,38 @@ def test_reset_parameters_changes_weights():
     assert any(not torch.equal(a, b) for a, b in zip(before, layer.parameters()))
 
 
-def test_model_masks_absent_slots_and_is_equivariant():
+def _instance(n=30, k=3, seed=3):
     from planner.core.generate import generate_jobs, generate_network
 
-    net = generate_network(30, seed=3)
-    jobs = generate_jobs(3, seed=4, max_params=net.mem.sum() / 48)
+    net = generate_network(n, seed=seed)
+    jobs = generate_jobs(k, seed=seed + 1, max_params=net.mem.sum() / 48)
     feats = F.featurize(jobs, net)
-    stats = F.FeatureStats.fit([feats])
-    data = F.to_data(feats, stats)
+    return jobs, net, feats, F.to_data(feats, F.FeatureStats.fit([feats]))
+
+
+def test_model_gives_a_distribution_per_node_and_is_equivariant():
+    _, _, _, data = _instance()
     torch.manual_seed(0)
     model = HulkGNN(ModelConfig(hidden=16)).eval()
-    logits = model.forward_data(data)
-    assert logits.shape == (30, F.MAX_SLOTS + 1)
-    assert torch.isinf(logits[:, 3:F.MAX_SLOTS]).all()
-    assert torch.isfinite(logits[:, [0, 1, 2, F.MAX_SLOTS]]).all()
+    pair_p, idle_p = model.forward_data(data)
+    assert pair_p.shape == (30 * 3,) and idle_p.shape == (30,)
+    per_node = torch.zeros(30).index_add_(0, data.pair_index[0], pair_p) + idle_p
+    torch.testing.assert_close(per_node, torch.ones(30))
     perm = torch.randperm(30)
     inverse = torch.empty_like(perm)
     inverse[perm] = torch.arange(30)
-    permuted = model(data.x[perm], inverse[data.edge_index], data.edge_attr, data.edge_weight,
-                     data.u, data.slot_mask)
-    torch.testing.assert_close(permuted, logits[perm], rtol=1e-4, atol=1e-5)
+    # Node i of the permuted graph is node perm[i]; pairs are listed node-major as before.
+    pair_rows = (perm[:, None] * 3 + torch.arange(3)).reshape(-1)
+    pp, ip = model(data.x[perm], inverse[data.edge_index], data.edge_attr, data.edge_weight,
+                   data.job_x, data.job_batch, data.pair_x[pair_rows], data.pair_index,
+                   data.u)
+    torch.testing.assert_close(ip, idle_p[perm], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(pp, pair_p[pair_rows], rtol=1e-4, atol=1e-5)
+
+
+def test_model_takes_more_than_eight_jobs():
+    _, _, _, data = _instance(n=40, k=12, seed=5)
+    model = HulkGNN(ModelConfig(hidden=16)).eval()
+    pair_p, idle_p = model.forward_data(data)
+    assert pair_p.shape == (40 * 12,)
+    assert torch.isfinite(pair_p).all() and (pair_p > 0).all()

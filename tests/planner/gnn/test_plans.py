@@ -45,9 +45,15 @@ def test_paper_fleet(shipped_checkpoint, paper_fleet_dir, shared_dir, jobs_file,
     assert_valid(plan, jobs, net)
 
 
-def test_more_jobs_than_slots_still_plans(shipped_checkpoint):
+def test_more_than_eight_jobs_are_all_scored_and_planned(shipped_checkpoint):
+    from planner.gnn.infer import load_cached, node_scores
+
     net = complete(generate_fleet(80, seed=9))
     jobs = generate_jobs(10, seed=10, max_params=net.mem.sum() / 60)
+    scores = node_scores(jobs, net, load_cached(shipped_checkpoint))
+    assert scores.shape == (80, 11)
+    np.testing.assert_allclose(scores.sum(axis=1), 1.0, rtol=1e-5)
+    assert (scores[:, 8:10] > 0).all()          # jobs 9 and 10 are scored like the others
     plan = plan_gnn(jobs, net, seed=0, checkpoint=shipped_checkpoint, refine=False)
+    assert plan.method == "gnn-raw"
     assert_valid(plan, jobs, net)
-    assert any("largest jobs" in n for n in plan.notes)
