@@ -25,6 +25,7 @@ from typing import Any
 
 from hulk.errors import InputError
 from planner.core import gpus as gpu_catalog
+from planner.files.atomic import write_text_atomic
 from planner.core.fleet import Fleet, LinkTable, Node
 from planner.files.fleet_links import read_links, read_site_links, read_sites
 from planner.files.jsonfields import Fields, LineFinder, json_type
@@ -109,11 +110,7 @@ def _links_json(links) -> list[dict[str, Any]]:
 
 def save_fleet_json(fleet: Fleet, path: str | os.PathLike) -> None:
     """Write the fleet JSON atomically (a reader never sees half a file)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(fleet_to_json(fleet), indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, p)
+    write_text_atomic(path, json.dumps(fleet_to_json(fleet), indent=1) + "\n", "fleet JSON")
 
 
 # ------------------------------------------------------------------------------------- JSON

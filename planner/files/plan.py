@@ -20,6 +20,7 @@ from planner.core.costmodel import Estimate, Placement, Stage, estimate_plan
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan, Unplaced
+from planner.files.atomic import write_text_atomic
 
 FORMAT = "hulk-plan/1"
 TOP_KEYS = ("format", "method", "fleet", "jobs", "totals", "unplaced")
@@ -111,15 +112,7 @@ def plan_to_json(plan: Plan, net: Network, report: PlanReport | None = None) -> 
 
 def write_plan(plan: Plan, net: Network, path: str | Path, report: PlanReport | None = None) -> dict:
     doc = plan_to_json(plan, net, report)
-    out = Path(path)
-    try:
-        if out.parent and not out.parent.exists():
-            out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(out)
-    except OSError as exc:
-        raise InputError(f"cannot write plan: {exc.strerror}", path=str(path)) from None
+    write_text_atomic(path, json.dumps(doc, indent=2) + "\n", "plan")
     return doc
 
 
