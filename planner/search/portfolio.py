@@ -68,6 +68,7 @@ STRETCH = 1.25
 DEFAULT_BUDGET_FACTOR = 0.5
 GRACE = 0.1          # a stopped start may take this fraction of the stop time more to return
 POLL_S = 0.05
+WORKER_NICENESS = 19  # workers (starts other than the heuristic) take only spare CPU
 
 
 @dataclass(frozen=True)
@@ -166,8 +167,14 @@ class _Cell:
         self.value = value
 
 
-def _init_worker(jobs: list[Job], net: Network, max_rounds: int | None, stop_cell) -> None:
+def _init_worker(jobs: list[Job], net: Network, max_rounds: int | None, stop_cell,
+                 niceness: int = 0) -> None:
     """Pool initializer: the inputs every start shares (inherited, not copied, under fork)."""
+    if niceness and hasattr(os, "nice"):
+        try:
+            os.nice(niceness)
+        except OSError:   # not allowed here: run at the same priority
+            pass
     _WORKER.update(jobs=jobs, net=net, max_rounds=max_rounds, stop=stop_cell)
 
 
@@ -237,25 +244,31 @@ def _run_all(starts: list[Start], jobs, net, max_rounds, workers: int, budget_at
         finally:
             _WORKER.clear()
         return results, len(starts) - len(results)
+    # The heuristic start runs here, the others in worker processes at a lower CPU priority,
+    # so that on a busy machine they take only what the plain search leaves.
     ctx = _pool_context()
     stop_cell = ctx.RawValue("d", first_stop)
-    pool = ctx.Pool(processes=workers, initializer=_init_worker,
-                    initargs=(jobs, net, max_rounds, stop_cell))
+    others = [st for st in starts if st.index != 0]
+    pool = ctx.Pool(processes=max(1, min(workers - 1, len(others))), initializer=_init_worker,
+                    initargs=(jobs, net, max_rounds, stop_cell, WORKER_NICENESS))
     try:
-        pending = {st.index: pool.apply_async(_run_start, (st,)) for st in starts}
+        pending = {st.index: pool.apply_async(_run_start, (st,)) for st in others}
+        if len(others) < len(starts):
+            _init_worker(jobs, net, max_rounds, stop_cell)
+            try:
+                results.append(_run_start(starts[0]))
+            finally:
+                _WORKER.clear()
+            stop_cell.value = _stop_after_heuristic(t0, budget_at, stretch, results[-1].seconds)
         while pending:
             for index in sorted(pending):
                 if pending[index].ready():
                     results.append(pending.pop(index).get())
-                    if index == 0:
-                        stop_cell.value = _stop_after_heuristic(t0, budget_at, stretch,
-                                                                results[-1].seconds)
             tick(len(results))
-            # The heuristic start is always waited for; the others are told to stop at the
-            # stop time and get GRACE more to hand back their best plan so far.
+            # The others are told to stop at the stop time and get GRACE more to hand back
+            # their best plan so far.
             stop = stop_cell.value
-            if not pending or (0 not in pending and
-                               time.monotonic() >= stop + GRACE * max(stop - t0, 1.0)):
+            if not pending or time.monotonic() >= stop + GRACE * max(stop - t0, 1.0):
                 break
             pending[min(pending)].wait(POLL_S)
         return results, len(pending)
