@@ -12,8 +12,9 @@ The starts, in this order (the index breaks ties between equal makespans):
    locality cluster (planner.search.clusters).
 
 Each start is Algorithm 1 on its scores and then the search's refinement (plan_search with
-``initial=scores``), run in worker processes (``workers``, default every core this process may
-use, ``os.sched_getaffinity``). The winner is the lowest (makespan by the reference cost model,
+``initial=scores``). The heuristic start runs in the calling process, the others in worker
+processes (``workers`` processes in all, the caller's included; default every core this process
+may use, ``os.sched_getaffinity``); with ``workers=1`` they run one after another here. The winner is the lowest (makespan by the reference cost model,
 start index).
 
 How many starts (decided before anything runs):
@@ -24,7 +25,8 @@ How many starts (decided before anything runs):
 - neither (the default of `hulk-planner plan`): one start per usable core, at least
   :data:`DEFAULT_MIN_STARTS` (heuristic and uniform), plus the caller's extra starts
   (:func:`default_start_count`). On a 2-core machine the heuristic and uniform starts run side
-  by side, so the portfolio takes about the plain search's wall time.
+  by side, so with both cores free the portfolio takes about the plain search's wall time (on a
+  busy machine the starts share what is left: up to twice as long).
 
 The stop. The heuristic start is never stopped: it is the plain search, so the portfolio always
 returns a valid plan at least as good as ``plan_search``'s. Every other start is stopped where
@@ -32,7 +34,8 @@ it is (between refinement rounds, keeping its best plan so far, valid) once the 
 passed: with an explicit ``budget_s``, ``budget_s`` after the start; with the default budget,
 the later of :func:`default_budget_s` (the size-based estimate of one start) and :data:`STRETCH`
 times the heuristic start's own seconds, and never before the heuristic start has finished.
-A start still busy :data:`GRACE` later is dropped.
+Stops are checked between refinement rounds and between candidate moves; a start still busy
+:data:`GRACE` times the stop time later is dropped.
 
 Determinism. The starts are fixed by the inputs, ``seed`` and their number (which, by default,
 follows the number of usable cores: pass ``starts`` to fix it across machines). When no start
@@ -64,11 +67,10 @@ MAX_STARTS = 32
 REFERENCE_CORES = 2  # the start count for a given budget assumes a host with this many cores
 # With the default budget, the stop comes this many times the heuristic start's own seconds
 # (the plain search's time) after the start when that is later than the size-based estimate.
-STRETCH = 1.25
-DEFAULT_BUDGET_FACTOR = 0.5
+STRETCH = 1.5
+DEFAULT_BUDGET_FACTOR = 0.25
 GRACE = 0.1          # a stopped start may take this fraction of the stop time more to return
 POLL_S = 0.05
-WORKER_NICENESS = 19  # workers (starts other than the heuristic) take only spare CPU
 
 
 @dataclass(frozen=True)
@@ -167,14 +169,8 @@ class _Cell:
         self.value = value
 
 
-def _init_worker(jobs: list[Job], net: Network, max_rounds: int | None, stop_cell,
-                 niceness: int = 0) -> None:
+def _init_worker(jobs: list[Job], net: Network, max_rounds: int | None, stop_cell) -> None:
     """Pool initializer: the inputs every start shares (inherited, not copied, under fork)."""
-    if niceness and hasattr(os, "nice"):
-        try:
-            os.nice(niceness)
-        except OSError:   # not allowed here: run at the same priority
-            pass
     _WORKER.update(jobs=jobs, net=net, max_rounds=max_rounds, stop=stop_cell)
 
 
@@ -244,13 +240,13 @@ def _run_all(starts: list[Start], jobs, net, max_rounds, workers: int, budget_at
         finally:
             _WORKER.clear()
         return results, len(starts) - len(results)
-    # The heuristic start runs here, the others in worker processes at a lower CPU priority,
-    # so that on a busy machine they take only what the plain search leaves.
+    # The heuristic start runs here (no copy of its plan, no pool in its way), the others in
+    # worker processes.
     ctx = _pool_context()
     stop_cell = ctx.RawValue("d", first_stop)
     others = [st for st in starts if st.index != 0]
     pool = ctx.Pool(processes=max(1, min(workers - 1, len(others))), initializer=_init_worker,
-                    initargs=(jobs, net, max_rounds, stop_cell, WORKER_NICENESS))
+                    initargs=(jobs, net, max_rounds, stop_cell))
     try:
         pending = {st.index: pool.apply_async(_run_start, (st,)) for st in others}
         if len(others) < len(starts):
