@@ -33,7 +33,9 @@ returns a valid plan at least as good as ``plan_search``'s. Every other start is
 it is (between refinement rounds, keeping its best plan so far, valid) once the stop time has
 passed: with an explicit ``budget_s``, ``budget_s`` after the start; with the default budget,
 the later of :func:`default_budget_s` (the size-based estimate of one start) and :data:`STRETCH`
-times the heuristic start's own seconds, and never before the heuristic start has finished.
+times the heuristic start's own seconds, and never before the heuristic start has finished;
+both are multiplied by the number of waves the other starts need on the processes left for
+them (1 with the default number of starts; 3 for ``starts=4, workers=2``).
 Stops are checked between refinement rounds and between candidate moves; a start still busy
 :data:`GRACE` times the stop time later is dropped.
 
@@ -223,8 +225,13 @@ def _run_all(starts: list[Start], jobs, net, max_rounds, workers: int, budget_at
     back and how many starts were dropped."""
     results: list[StartResult] = []
     t0 = time.monotonic()
-    # With the default budget the stop is unknown until the heuristic start is done.
+    # With the default budget the stop is unknown until the heuristic start is done, and it
+    # allows one start's time per wave of the other starts on the processes left for them.
     first_stop = budget_at if stretch is None else math.inf
+    if stretch is not None:
+        others = sum(st.index != 0 for st in starts)
+        waves = max(1, math.ceil(others / max(1, workers - 1))) if workers > 1 else max(1, others)
+        budget_at, stretch = t0 + (budget_at - t0) * waves, stretch * waves
     if workers <= 1:
         stop_cell = _Cell(first_stop)
         _init_worker(jobs, net, max_rounds, stop_cell)
