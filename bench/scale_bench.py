@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"mesh": {"wall_s": 5.0}, "regional": {"wall_s": 60.0, "rss_gb": 4.0}}
 TIMEOUT_S = 1200
+METHODS = (None, "search")   # the default method (the portfolio), then the plain search
 
 
 @dataclass(frozen=True)
@@ -81,10 +82,11 @@ def compute_bound_s(fleet_path: Path, jobs_path: Path) -> float:
     return sum(j.total_flops for j in load_jobs(jobs_path)) / sum(n.throughput for n in fleet.nodes)
 
 
-def plan_once(fleet_path: Path, jobs_path: Path, out: Path) -> dict:
-    """One `hulk-planner plan` run: wall time, the child's peak RSS, exit code, its last lines."""
+def plan_once(fleet_path: Path, jobs_path: Path, out: Path, method: str | None = None) -> dict:
+    """One `hulk-planner plan` run (``method``: None for the default): wall time, the peak RSS
+    and CPU time of the child (with its reaped worker processes), exit code, its last lines."""
     cmd = [sys.executable, "-m", "planner.cli", "plan", str(jobs_path), "--fleet", str(fleet_path),
-           "--no-compare", "--out", str(out)]
+           "--no-compare", "--out", str(out)] + (["--method", method] if method else [])
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as log:
@@ -108,32 +110,41 @@ def plan_once(fleet_path: Path, jobs_path: Path, out: Path) -> dict:
             "exit_code": proc.returncode, "output_tail": tail}
 
 
+def _measure(sc: Scenario, fleet_path: Path, jobs_path: Path, tmp: Path, method: str | None,
+             quick: bool) -> dict:
+    """One scenario planned with ``method`` (None: the default), with the plan's makespan
+    against the compute bound."""
+    load_before = os.getloadavg()[0]
+    out = tmp / "plan.json"
+    print(f"[scale] {sc.name}: planning ({method or 'default method'})", flush=True)
+    row = {"scenario": sc.name, "method": method or "default", "kind": sc.kind,
+           "nodes": sc.nodes, "sites": sc.sites, "jobs": sc.jobs,
+           "fleet_mb": round(fleet_path.stat().st_size / 1e6, 1),
+           **plan_once(fleet_path, jobs_path, out, method),
+           "load_average_before": round(load_before, 2)}
+    if row["exit_code"] == 0:
+        plan = json.loads(out.read_text())
+        bound = compute_bound_s(fleet_path, jobs_path)
+        makespan = plan["totals"]["makespan_s"]
+        row.update(makespan_s=makespan, compute_bound_s=round(bound, 2),
+                   makespan_over_bound=round(makespan / bound, 2),
+                   unplaced=len(plan["unplaced"]))
+    target = TARGETS[sc.kind] if not quick else {}
+    row["meets_target"] = (row["exit_code"] == 0
+                           and row["wall_s"] < target.get("wall_s", float("inf"))
+                           and row["peak_rss_gb"] < target.get("rss_gb", float("inf")))
+    print(f"[scale] {sc.name}: {row['wall_s']} s, {row['peak_rss_gb']} GB", flush=True)
+    return row
+
+
 def run(out_dir: Path, quick: bool = False) -> dict:
     results = []
     with tempfile.TemporaryDirectory(prefix="hulk-scale-") as tmp:
         for sc in scenarios(quick):
             print(f"[scale] {sc.name}: writing the fleet", flush=True)
             fleet_path, jobs_path = write_inputs(sc, Path(tmp))
-            load_before = os.getloadavg()[0]
-            out = Path(tmp) / "plan.json"
-            print(f"[scale] {sc.name}: planning", flush=True)
-            row = {"scenario": sc.name, "kind": sc.kind, "nodes": sc.nodes, "sites": sc.sites,
-                   "jobs": sc.jobs, "fleet_mb": round(fleet_path.stat().st_size / 1e6, 1),
-                   **plan_once(fleet_path, jobs_path, out),
-                   "load_average_before": round(load_before, 2)}
-            if row["exit_code"] == 0:
-                plan = json.loads(out.read_text())
-                bound = compute_bound_s(fleet_path, jobs_path)
-                makespan = plan["totals"]["makespan_s"]
-                row.update(makespan_s=makespan, compute_bound_s=round(bound, 2),
-                           makespan_over_bound=round(makespan / bound, 2),
-                           unplaced=len(plan["unplaced"]))
-            target = TARGETS[sc.kind] if not quick else {}
-            row["meets_target"] = (row["exit_code"] == 0
-                                   and row["wall_s"] < target.get("wall_s", float("inf"))
-                                   and row["peak_rss_gb"] < target.get("rss_gb", float("inf")))
-            print(f"[scale] {sc.name}: {row['wall_s']} s, {row['peak_rss_gb']} GB", flush=True)
-            results.append(row)
+            for method in METHODS:
+                results.append(_measure(sc, fleet_path, jobs_path, Path(tmp), method, quick))
     doc = {"benchmark": "scale_bench", "quick": quick, "machine": platform.platform(),
            "cpus": os.cpu_count(), "targets": TARGETS, "results": results}
     Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -142,11 +153,11 @@ def run(out_dir: Path, quick: bool = False) -> dict:
 
 
 def summarize(doc: dict) -> str:
-    lines = ["| scenario | wall s | CPU s | peak RSS GB | makespan / compute bound | load | target |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| scenario | method | wall s | CPU s | peak RSS GB | makespan / compute bound | load "
+             "| target |", "|---|---|---|---|---|---|---|---|"]
     for r in doc["results"]:
         ratio = r.get("makespan_over_bound", "-")
-        lines.append(f"| {r['scenario']} | {r['wall_s']} | {r.get('cpu_s', '-')} | "
+        lines.append(f"| {r['scenario']} | {r.get('method', 'default')} | {r['wall_s']} | {r.get('cpu_s', '-')} | "
                      f"{r['peak_rss_gb']} | {ratio} | "
                      f"{r['load_average_before']} | {'met' if r['meets_target'] else 'NOT met'} |")
     return "\n".join(lines) + "\n"

@@ -38,6 +38,8 @@ def grow_bottleneck(run: SearchRun, states: dict[str, JobState]) -> bool:
         makespan, total = times[crit], sum(times.values())
         best = None
         for pool in _grow_pools(run, cs.group, free):
+            if run.out_of_time():
+                break
             p, e = deep_solve(cs.job, net, pool, run.labels[pool], cs.hint)
             if p is None or e.job_s >= makespan * (1 - 1e-9):
                 continue
@@ -46,6 +48,8 @@ def grow_bottleneck(run: SearchRun, states: dict[str, JobState]) -> bool:
                 best = (key, p, e)
         if best is not None:
             upd = {crit: (best[1], best[2])}
+        elif run.out_of_time():
+            break
         else:
             upd = _relocate(run, states, crit, free, makespan)
             if upd is None:
@@ -82,6 +86,8 @@ def _relocate(run: SearchRun, states: dict[str, JobState], crit: str, free: np.n
                            key=lambda c: (-float(net.thr[outside[lab == c]].sum()), int(c)))
     best = None
     for name in neighbours[:RELOCATE_NEIGHBOURS]:
+        if run.out_of_time():
+            break
         ds = states[name]
         kept = ds.group[~in_mine[ds.group]]
         # Homes for the neighbour: what it keeps outside plus one of the roomiest idle

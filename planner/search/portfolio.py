@@ -12,20 +12,38 @@ The starts, in this order (the index breaks ties between equal makespans):
    locality cluster (planner.search.clusters).
 
 Each start is Algorithm 1 on its scores and then the search's refinement (plan_search with
-``initial=scores``), run in worker processes (``workers``, default all cores). The number of
-starts is decided before anything runs, from ``budget_s`` and a size-based estimate of what one
-start costs (:func:`start_cost_s`), and every start is deterministic, so as long as the safety
-stop below does not fire the plan depends only on the inputs, ``seed`` and ``budget_s`` (or
-``starts``), never on ``workers``. The winner is the lowest (makespan by the reference cost
-model, start index).
+``initial=scores``). The heuristic start runs in the calling process, the others in worker
+processes (``workers`` processes in all, the caller's included; default every core this process
+may use, ``os.sched_getaffinity``); with ``workers=1`` they run one after another here. The winner is the lowest (makespan by the reference cost model,
+start index).
 
-The wall clock is only a safety stop. The heuristic start is never stopped: it is the plain
-search, so the portfolio always returns a valid plan at least as good as ``plan_search``'s. At
-``budget_s`` the other starts still refining are dropped (in this process, with one worker, the
-one refining stops where it is: its best-so-far plan, valid) and a note says so; such a plan
-may differ between runs. With the default budget the stop moves to :data:`STRETCH` times the
-heuristic start's own seconds when that is later, so a busy machine still gets the other
-starts' gains, in a bounded multiple of the plain search's time.
+How many starts (decided before anything runs):
+
+- ``starts`` given: that many;
+- ``budget_s`` given: as many as fit it by a size-based estimate of one start's seconds
+  (:func:`start_cost_s`, :func:`start_count`);
+- neither (the default of `hulk-planner plan`): one start per usable core, at least
+  :data:`DEFAULT_MIN_STARTS` (heuristic and uniform), plus the caller's extra starts
+  (:func:`default_start_count`). On a 2-core machine the heuristic and uniform starts run side
+  by side, so with both cores free the portfolio takes about the plain search's wall time (on a
+  busy machine the starts share what is left: up to twice as long).
+
+The stop. The heuristic start is never stopped: it is the plain search, so the portfolio always
+returns a valid plan at least as good as ``plan_search``'s. Every other start is stopped where
+it is (between refinement rounds, keeping its best plan so far, valid) once the stop time has
+passed: with an explicit ``budget_s``, ``budget_s`` after the start; with the default budget,
+the later of :func:`default_budget_s` (the size-based estimate of one start) and :data:`STRETCH`
+times the heuristic start's own seconds, and never before the heuristic start has finished;
+both are multiplied by the number of waves the other starts need on the processes left for
+them (1 with the default number of starts; 3 for ``starts=4, workers=2``).
+Stops are checked between refinement rounds and between candidate moves; a start still busy
+:data:`GRACE` times the stop time later is dropped.
+
+Determinism. The starts are fixed by the inputs, ``seed`` and their number (which, by default,
+follows the number of usable cores: pass ``starts`` to fix it across machines). When no start
+is stopped, the plan depends only on those, never on ``workers`` or the machine's load. When a
+start is stopped or dropped, a note on the plan says so and the plan may differ between runs
+(it is still never worse than the plain search's).
 """
 
 from __future__ import annotations
@@ -45,14 +63,16 @@ from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan
 
-MIN_STARTS = 3       # heuristic, uniform, one random: below that it is just the search
+MIN_STARTS = 3       # with a budget given: heuristic, uniform, one random at least
+DEFAULT_MIN_STARTS = 2   # by default: heuristic and uniform at least
 MAX_STARTS = 32
-REFERENCE_CORES = 2  # the start count assumes a planner host with this many cores
-DEFAULT_STARTS_IN_BUDGET = 8   # the default budget is what this many starts cost on those cores
-# With the default budget, a machine busier than the estimate assumes gets more time: the stop
-# moves to this many times the heuristic start's own seconds (the plain search's time).
-STRETCH = 3.0
-POLL_S = 0.2
+REFERENCE_CORES = 2  # the start count for a given budget assumes a host with this many cores
+# With the default budget, the stop comes this many times the heuristic start's own seconds
+# (the plain search's time) after the start when that is later than the size-based estimate.
+STRETCH = 1.5
+DEFAULT_BUDGET_FACTOR = 0.25
+GRACE = 0.1          # a stopped start may take this fraction of the stop time more to return
+POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -81,23 +101,30 @@ class StartResult:
 def start_cost_s(n_nodes: int, n_jobs: int) -> float:
     """A rough, size-based estimate of one start's seconds on one core of a 2-core development
     machine: plan_search's times at 47-5,000 nodes, doubled because starts other than the
-    heuristic often take up to twice as long. Only the number of starts depends on it, never
-    the plan of a given start."""
+    heuristic often take up to twice as long. The number of starts (explicit budget) and the
+    default stop depend on it, never the plan of a start that is not stopped."""
     jobs = max(1, n_jobs)
     return 2 * (0.25 * math.sqrt(jobs) + 3.4e-4 * max(1, n_nodes) ** 1.31 * math.sqrt(jobs / 8))
 
 
 def default_budget_s(n_nodes: int, n_jobs: int) -> float:
-    """The default ``--time-budget``: what :data:`DEFAULT_STARTS_IN_BUDGET` starts cost on
-    :data:`REFERENCE_CORES` cores, at least 2 s."""
-    return max(2.0, start_cost_s(n_nodes, n_jobs) * DEFAULT_STARTS_IN_BUDGET / REFERENCE_CORES)
+    """The default budget: :data:`DEFAULT_BUDGET_FACTOR` times the size-based estimate of one
+    start's seconds (:func:`start_cost_s`, which is generous on an idle machine). With it the other starts may also run to :data:`STRETCH` times the
+    heuristic start's own seconds (module docstring)."""
+    return DEFAULT_BUDGET_FACTOR * start_cost_s(n_nodes, n_jobs)
 
 
 def start_count(n_nodes: int, n_jobs: int, budget_s: float, extra: int = 0) -> int:
-    """How many starts fit ``budget_s`` on :data:`REFERENCE_CORES` cores (MIN_STARTS..MAX_STARTS,
-    plus the caller's extra starts)."""
+    """How many starts fit an explicit ``budget_s`` on :data:`REFERENCE_CORES` cores
+    (MIN_STARTS..MAX_STARTS, plus the caller's extra starts)."""
     fit = int(budget_s * REFERENCE_CORES / start_cost_s(n_nodes, n_jobs))
     return extra + max(MIN_STARTS, min(MAX_STARTS, fit))
+
+
+def default_start_count(cores: int, extra: int = 0) -> int:
+    """The default number of starts: one per usable core, at least :data:`DEFAULT_MIN_STARTS`
+    (heuristic and uniform), at most :data:`MAX_STARTS`, plus the caller's extra starts."""
+    return extra + max(DEFAULT_MIN_STARTS, min(MAX_STARTS, cores))
 
 
 def portfolio_starts(jobs: list[Job], net: Network, *, seed: int, count: int,
@@ -136,23 +163,31 @@ def portfolio_starts(jobs: list[Job], net: Network, *, seed: int, count: int,
 _WORKER: dict = {}
 
 
-def _init_worker(jobs: list[Job], net: Network, max_rounds: int | None) -> None:
+class _Cell:
+    """The stop time when starts run in this process (a shared RawValue in workers): the
+    time.monotonic (system-wide on Linux) after which starts other than the heuristic stop."""
+
+    def __init__(self, value: float):
+        self.value = value
+
+
+def _init_worker(jobs: list[Job], net: Network, max_rounds: int | None, stop_cell) -> None:
     """Pool initializer: the inputs every start shares (inherited, not copied, under fork)."""
-    _WORKER.update(jobs=jobs, net=net, max_rounds=max_rounds)
+    _WORKER.update(jobs=jobs, net=net, max_rounds=max_rounds, stop=stop_cell)
 
 
-def _run_start(start: Start, deadline: float | None) -> StartResult:
+def _run_start(start: Start) -> StartResult:
     """Refine one start (in a worker, or in the caller's process when workers=1)."""
     from planner.search.refine import plan_search
 
-    jobs, net = _WORKER["jobs"], _WORKER["net"]
+    jobs, net, stop = _WORKER["jobs"], _WORKER["net"], _WORKER["stop"]
     t0 = time.monotonic()
     # The heuristic start is the plain search and always runs to its end: the portfolio is
     # never worse than `search`, however busy the machine.
-    budget = None if deadline is None or start.index == 0 else max(0.0, deadline - t0)
+    should_stop = None if start.index == 0 else (lambda: time.monotonic() >= stop.value)
     try:
-        plan = plan_search(jobs, net, budget_s=budget, max_rounds=_WORKER["max_rounds"],
-                           initial=start.scores)
+        plan = plan_search(jobs, net, max_rounds=_WORKER["max_rounds"], initial=start.scores,
+                           should_stop=should_stop)
     except HulkError as exc:
         return StartResult(start.index, start.name, math.inf, None, time.monotonic() - t0,
                            False, str(exc))
@@ -176,42 +211,67 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _run_all(starts: list[Start], jobs, net, max_rounds, workers: int, stop_at: float,
+def _stop_after_heuristic(t0: float, budget_at: float, stretch: float | None,
+                          heuristic_s: float) -> float:
+    """The stop once the heuristic start is done: the budget's time, or with the default budget
+    the later of that and ``stretch`` times the heuristic start's seconds."""
+    return budget_at if stretch is None else max(budget_at, t0 + stretch * heuristic_s)
+
+
+def _run_all(starts: list[Start], jobs, net, max_rounds, workers: int, budget_at: float,
              stretch: float | None, tick: Callable[[int], None]
              ) -> tuple[list[StartResult], int]:
-    """Every start refined until ``stop_at`` (pushed to ``stretch`` times the heuristic start's
-    own seconds when that is later); returns the results that came back and how many starts
-    were dropped. In worker processes a start either finishes or is dropped; in this process
-    (one worker) a start still refining at the stop ends where it is (cut short)."""
+    """Every start refined until the stop (module docstring); returns the results that came
+    back and how many starts were dropped."""
     results: list[StartResult] = []
     t0 = time.monotonic()
+    # With the default budget the stop is unknown until the heuristic start is done, and it
+    # allows one start's time per wave of the other starts on the processes left for them.
+    first_stop = budget_at if stretch is None else math.inf
+    if stretch is not None:
+        others = sum(st.index != 0 for st in starts)
+        waves = max(1, math.ceil(others / max(1, workers - 1))) if workers > 1 else max(1, others)
+        budget_at, stretch = t0 + (budget_at - t0) * waves, stretch * waves
     if workers <= 1:
-        _init_worker(jobs, net, max_rounds)
+        stop_cell = _Cell(first_stop)
+        _init_worker(jobs, net, max_rounds, stop_cell)
         try:
             for st in starts:
-                if st.index > 0 and time.monotonic() >= stop_at:
+                if st.index > 0 and time.monotonic() >= stop_cell.value:
                     break
-                results.append(_run_start(st, stop_at))
-                if st.index == 0 and stretch is not None:
-                    stop_at = max(stop_at, t0 + stretch * results[-1].seconds)
+                results.append(_run_start(st))
+                if st.index == 0:
+                    stop_cell.value = _stop_after_heuristic(t0, budget_at, stretch,
+                                                            results[-1].seconds)
                 tick(len(results))
         finally:
             _WORKER.clear()
         return results, len(starts) - len(results)
+    # The heuristic start runs here (no copy of its plan, no pool in its way), the others in
+    # worker processes.
     ctx = _pool_context()
-    pool = ctx.Pool(processes=workers, initializer=_init_worker,
-                    initargs=(jobs, net, max_rounds))
+    stop_cell = ctx.RawValue("d", first_stop)
+    others = [st for st in starts if st.index != 0]
+    pool = ctx.Pool(processes=max(1, min(workers - 1, len(others))), initializer=_init_worker,
+                    initargs=(jobs, net, max_rounds, stop_cell))
     try:
-        pending = {st.index: pool.apply_async(_run_start, (st, None)) for st in starts}
+        pending = {st.index: pool.apply_async(_run_start, (st,)) for st in others}
+        if len(others) < len(starts):
+            _init_worker(jobs, net, max_rounds, stop_cell)
+            try:
+                results.append(_run_start(starts[0]))
+            finally:
+                _WORKER.clear()
+            stop_cell.value = _stop_after_heuristic(t0, budget_at, stretch, results[-1].seconds)
         while pending:
             for index in sorted(pending):
                 if pending[index].ready():
                     results.append(pending.pop(index).get())
-                    if index == 0 and stretch is not None:
-                        stop_at = max(stop_at, t0 + stretch * results[-1].seconds)
             tick(len(results))
-            # The heuristic start is always waited for; the others until the stop.
-            if not pending or (time.monotonic() >= stop_at and 0 not in pending):
+            # The others are told to stop at the stop time and get GRACE more to hand back
+            # their best plan so far.
+            stop = stop_cell.value
+            if not pending or time.monotonic() >= stop + GRACE * max(stop - t0, 1.0):
                 break
             pending[min(pending)].wait(POLL_S)
         return results, len(pending)
@@ -238,23 +298,37 @@ class PortfolioRun:
         return min(usable, key=lambda r: (r.makespan_s, r.index))
 
 
+def resolve_defaults(n_nodes: int, n_jobs: int, *, budget_s: float | None = None,
+                     starts: int | None = None, extra: int = 0,
+                     cores: int | None = None) -> tuple[int, float, bool]:
+    """(number of starts, budget in seconds, whether the budget is the default) for a fleet of
+    ``n_nodes`` and ``n_jobs`` jobs, as the module docstring says; ``cores`` defaults to
+    :func:`default_workers`. A pure function of its arguments."""
+    default_budget = budget_s is None
+    if default_budget:
+        budget_s = default_budget_s(n_nodes, n_jobs)
+    if not budget_s > 0:
+        raise PlanningError(f"the time budget must be positive, got {budget_s}")
+    if starts is not None:
+        count = starts
+    elif default_budget:
+        count = default_start_count(cores if cores is not None else default_workers(), extra)
+    else:
+        count = start_count(n_nodes, n_jobs, budget_s, extra=extra)
+    return max(1, count), budget_s, default_budget
+
+
 def refine_starts(jobs: list[Job], net: Network, *, seed: int = 0,
                   budget_s: float | None = None, workers: int | None = None,
                   starts: int | None = None, max_rounds: int | None = None,
                   extra_starts: Sequence[tuple[str, np.ndarray]] = (),
                   progress: Callable[[int, int], None] | None = None) -> PortfolioRun:
     """Refine every start of the portfolio (arguments as :func:`plan_portfolio`)."""
-    default_budget = budget_s is None
-    if default_budget:
-        budget_s = default_budget_s(net.n, len(jobs))
-    if not budget_s > 0:
-        raise PlanningError(f"the time budget must be positive, got {budget_s}")
+    count, budget_s, default_budget = resolve_defaults(net.n, len(jobs), budget_s=budget_s,
+                                                       starts=starts, extra=len(extra_starts))
     t0 = time.monotonic()
     deadline = t0 + budget_s
-    count = starts if starts is not None else start_count(net.n, len(jobs), budget_s,
-                                                          extra=len(extra_starts))
-    plan_starts = portfolio_starts(jobs, net, seed=seed, count=max(1, count),
-                                   extra_starts=extra_starts)
+    plan_starts = portfolio_starts(jobs, net, seed=seed, count=count, extra_starts=extra_starts)
     workers = min(workers or default_workers(), len(plan_starts))
     total = len(plan_starts)
 
@@ -279,9 +353,10 @@ def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
                    progress: Callable[[int, int], None] | None = None) -> Plan:
     """Plan ``jobs`` on ``net`` with the best of a portfolio of refined starts (module docstring).
 
-    ``budget_s``: seconds the portfolio may take (default :func:`default_budget_s`); it sets the
-    number of starts (unless ``starts`` gives it) and is the safety stop. ``workers``: processes
-    (default all cores; the plan does not depend on it). ``extra_starts``: (name, class scores
+    ``budget_s``: when the starts other than the heuristic stop (default: see the module
+    docstring); given, it also sets the number of starts unless ``starts`` does. ``starts``:
+    how many (default one per usable core, at least 2). ``workers``: processes (default all
+    usable cores; the plan does not depend on it). ``extra_starts``: (name, class scores
     n x (jobs + 1)) tried right after the heuristic, e.g. the GNN's. ``progress(done, total)``
     is called as starts finish.
     """

@@ -64,6 +64,8 @@ def _best_move(run: SearchRun, cs: JobState, free: np.ndarray, states, times, do
     makespan, total = times[crit], sum(times.values())
     best_key, best = None, None
     for cand_nodes, donor, donor_nodes, extra in _candidates(run, cs, free, states, times, donors):
+        if run.out_of_time():   # stopped: the best move so far (each one is valid on its own)
+            break
         new_c = run.solve(cs.job, np.concatenate([cs.group, cand_nodes]), "fast", cs.hint)
         if new_c[0] is None or new_c[1].job_s >= makespan * (1 - 1e-9) and donor is not None:
             continue
@@ -224,6 +226,9 @@ def _run_phases(run: SearchRun, grouping: alg1.Grouping) -> Plan:
                 raise PlanningError(f"job {name}: Algorithm 1 gave a group with no valid placement")
             states[name] = st
         _refine_phase(run, states, per_phase_rounds, tick)
+        if run.out_of_time():
+            phase_states.append(states)
+            continue
         if _polish(run, states):
             _refine_phase(run, states, second_rounds, tick)
         if grow_bottleneck(run, states):
@@ -232,7 +237,8 @@ def _run_phases(run: SearchRun, grouping: alg1.Grouping) -> Plan:
     phase_states = _pull_forward(run, phase_states)
     placements = []
     for ph, states in enumerate(phase_states):
-        _polish(run, states)
+        if not run.out_of_time():   # stopped: the states are valid as they are
+            _polish(run, states)
         for name in states:
             p = states[name].placement
             placements.append(Placement(p.job, p.stages, p.micro_batch, ph))
@@ -293,13 +299,15 @@ def _phases_makespan(phase_states) -> float:
 def plan_search(jobs: list[Job], net: Network, *, seed: int = 0, budget_s: float | None = None,
                 max_rounds: int | None = None,
                 progress: Callable[[int, int], None] | None = None,
-                initial: alg1.Grouping | np.ndarray | None = None) -> Plan:
+                initial: alg1.Grouping | np.ndarray | None = None,
+                should_stop: Callable[[], bool] | None = None) -> Plan:
     """Plan all ``jobs`` on ``net`` (method "search"; the pipeline is described in planner.search).
 
     ``initial``: a Grouping (e.g. the GNN's, after Algorithm 1) or a class-score array
     (n x (jobs + 1)) to start from instead of the heuristic scores. ``max_rounds`` bounds the
     cross-group moves (default 12 + 6 per job); ``budget_s`` is a wall-clock safety cap only.
-    ``progress(done, total)`` is called once per round. ``seed`` changes nothing (the search is
+    ``should_stop()``, asked between rounds, is a second safety stop (the portfolio's, which can
+    move while the search runs). ``progress(done, total)`` is called once per round. ``seed`` changes nothing (the search is
     deterministic); it is accepted so that every method is called alike.
     """
     jobs = list(jobs)
@@ -310,7 +318,7 @@ def plan_search(jobs: list[Job], net: Network, *, seed: int = 0, budget_s: float
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
         raise PlanningError("job names must be unique")
-    run = SearchRun(jobs, net, budget_s, max_rounds, progress)
+    run = SearchRun(jobs, net, budget_s, max_rounds, progress, should_stop)
     if isinstance(initial, alg1.Grouping):
         grouping = initial
         missing = set(names) - set(grouping.groups)

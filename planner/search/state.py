@@ -40,9 +40,11 @@ class SearchRun:
 
     def __init__(self, jobs: list[Job], net: Network, budget_s: float | None = None,
                  max_rounds: int | None = None,
-                 progress: Callable[[int, int], None] | None = None):
+                 progress: Callable[[int, int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None):
         self.jobs, self.net = jobs, net
         self.deadline = None if budget_s is None else time.monotonic() + budget_s
+        self.should_stop = should_stop
         self.max_rounds = max_rounds if max_rounds is not None else 12 + 6 * len(jobs)
         self.progress = progress
         self.components = alg1.component_labels(net)
@@ -61,8 +63,10 @@ class SearchRun:
         return crit, times, np.flatnonzero(~used & (self.components == comp))
 
     def out_of_time(self) -> bool:
-        """True once the safety cap has passed (and then remembers that the plan was cut short)."""
-        if self.deadline is not None and time.monotonic() > self.deadline:
+        """True once the safety cap has passed or the caller's ``should_stop()`` says so (and then
+        remembers that the plan was cut short)."""
+        if (self.deadline is not None and time.monotonic() > self.deadline) or \
+                (self.should_stop is not None and self.should_stop()):
             self.cut_short = True
             return True
         return False

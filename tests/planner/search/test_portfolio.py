@@ -12,8 +12,9 @@ from hulk.errors import PlanningError
 from planner.core.costmodel import estimate_plan
 from planner.core.generate import generate_jobs, generate_network
 from planner.search import plan_search
-from planner.search.portfolio import (MAX_STARTS, MIN_STARTS, default_budget_s, plan_portfolio,
-                                      portfolio_starts, start_count)
+from planner.search.portfolio import (DEFAULT_MIN_STARTS, MAX_STARTS, MIN_STARTS,
+                                      default_budget_s, plan_portfolio, portfolio_starts,
+                                      resolve_defaults, start_count)
 from tests.planner.search.test_search import assert_valid, same_plan
 
 GENEROUS_S = 600.0   # a budget no start comes near: only the start count decides the plan
@@ -50,8 +51,25 @@ def test_start_count_grows_with_the_budget_within_bounds():
     assert start_count(50, 4, 1e6) == MAX_STARTS
     assert start_count(50, 4, 1e6, extra=2) == MAX_STARTS + 2
     small_budget, big_budget = default_budget_s(50, 4), default_budget_s(2000, 20)
-    assert 2.0 <= small_budget < big_budget
-    assert start_count(2000, 20, big_budget) == start_count(50, 4, small_budget)
+    assert 0 < small_budget < big_budget
+
+
+def test_default_starts_and_budget_follow_the_cores_and_the_size_only():
+    # A pure function of its inputs: the same fleet size, jobs and cores give the same answer.
+    for cores in (1, 2, 3, 16, 64):
+        first = resolve_defaults(300, 10, cores=cores)
+        assert first == resolve_defaults(300, 10, cores=cores)
+        count, budget, is_default = first
+        assert is_default and budget == default_budget_s(300, 10)
+        assert count == min(MAX_STARTS, max(DEFAULT_MIN_STARTS, cores))
+        assert resolve_defaults(300, 10, cores=cores, extra=1)[0] == count + 1
+    assert resolve_defaults(300, 10, cores=1)[0] == 2        # heuristic and uniform at least
+    assert resolve_defaults(300, 10, cores=4)[0] == 4
+    # Given values win: --starts fixes the count, --time-budget sets it from the budget.
+    assert resolve_defaults(300, 10, starts=5, cores=2) == (5, default_budget_s(300, 10), True)
+    assert resolve_defaults(300, 10, budget_s=1e6, cores=2) == (MAX_STARTS, 1e6, False)
+    with pytest.raises(PlanningError, match="positive"):
+        resolve_defaults(300, 10, budget_s=0.0)
 
 
 @pytest.mark.slow
@@ -83,6 +101,17 @@ def test_never_worse_than_the_plain_search(seed):
     best = plan_portfolio(jobs, net, seed=seed, budget_s=GENEROUS_S, starts=MIN_STARTS, workers=1)
     assert_valid(best, net, jobs)
     assert makespan(best, net) <= makespan(plain, net) * (1 + 1e-12)
+
+
+@pytest.mark.process   # worker processes at the default settings
+@pytest.mark.parametrize("seed", [2, 5])
+def test_the_default_is_never_worse_than_the_plain_search(seed):
+    net = generate_network(24, seed=seed)
+    jobs = generate_jobs(2, seed=seed)
+    plain = plan_search(jobs, net)
+    default = plan_portfolio(jobs, net, seed=seed)
+    assert_valid(default, net, jobs)
+    assert makespan(default, net) <= makespan(plain, net) * (1 + 1e-12)
 
 
 @pytest.mark.slow
