@@ -86,6 +86,12 @@ PLACEHOLDERS = {
 NOT_RUN = {
     "/opt/hulk-jobs": "the jobs' venv with torch (pip, no network); no job runs in this test",
     "Client certificates": "optional mutual TLS (tests/agent/test_client_tls.py covers the agent's side)",
+    "The fleet dashboard (optional)": "optional; journalctl has no shim here. The dashboard behind "
+                                      "serve with TLS and a token is tested in tests/planner/dashboard "
+                                      "(real serve, headless Chromium)",
+    "Metrics (Prometheus)": "optional; needs Debian's prometheus, which the project does not install. "
+                            "tests/planner/service/test_metrics_scrape.py (real serve and agents) and "
+                            "tests/deploy/test_monitoring_files.py cover the endpoints and shipped files",
 }
 # Sections run after the checks (they undo what the checks need), in their order in the guide.
 RUN_LAST = ("Revoking a node",)
