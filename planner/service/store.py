@@ -28,9 +28,8 @@ from planner.core.probe_plan import site_key
 from planner.core.site_pairs import PER_PAIR_UP_TO
 from planner.service.database import BETWEEN_SITES, ROLLUP_UPSERT as _UPSERT, Database
 from planner.service.job_records import JobRecords
-from planner.service.rollup_reads import PairRollup, RollupReads  # noqa: F401 (re-exported)
+from planner.service.rollup_reads import DAY_MS, PairRollup, RollupReads  # noqa: F401 (re-exported)
 
-DAY_MS = 86_400_000
 MIN_ROLLUP_DAYS = 90
 
 
