@@ -67,8 +67,9 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (off by default; "
                         "docs/METRICS.md)")
     p.add_argument("--report-seconds", type=float, default=0.0, metavar="SECONDS",
-                   help="agents send a Report at most this often (0: their own 5 s; a large "
-                        "fleet sets minutes, e.g. 600)")
+                   help="agents send a Report at most this often (default, 0: automatic, "
+                        "their own 5 s up to 100 agents, then agents/20 s so the fleet sends "
+                        "about 20 Reports a second, at most 600 s)")
     # Recovery: re-plan the jobs of nodes that go silent.
     p.add_argument("--mqtt", metavar="URL", default=settings.mqtt,
                    help="broker mqtt://[user:pass@]HOST:PORT (HULK_MQTT): re-plan and push "

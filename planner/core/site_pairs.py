@@ -21,6 +21,11 @@ from planner.core.rollup import DailyRollup
 
 SitePair = tuple[str, str]
 
+# Fleets of at most this many nodes keep a rollup per node pair everywhere (a thousand nodes
+# probing 64 peers each: 64,000 pairs a day, affordable); larger ones are probed by plan and
+# keep node pairs only inside a site, one rollup per ordered site pair between sites.
+PER_PAIR_UP_TO = 1000
+
 
 @dataclass
 class FoldedPairs:

@@ -7,10 +7,15 @@ Tables:
   batches         (node, batch id) of every stored Report: a retried batch is stored once
   samples         raw probe samples (from agents before summaries), kept ``raw_days`` (default 7)
   summaries       raw per-round summaries from agents, kept ``summary_minutes`` once rolled up
-  rollups         per UTC day per ordered pair: count, lost, sum, sum of squares, min and max
-                  (whole microseconds: 3-4 bytes instead of 8) and the RTT histogram (``hist``:
-                  hulk.wire.histogram's compact bytes), keyed (day, src, dst) so a day's rows
-                  sit together and old days leave as a range
+  rollups         per UTC day per ordered node pair: count, lost, sum, sum of squares, min and
+                  max (whole microseconds: 3-4 bytes instead of 8) and the RTT histogram
+                  (``hist``: hulk.wire.histogram's compact bytes), keyed (day, src, dst) so a
+                  day's rows sit together and old days leave as a range. In a fleet of more
+                  than ``PER_PAIR_UP_TO`` nodes only pairs inside a site (or with a node of no
+                  site) are kept here; pairs between two sites go to site_rollups
+  sites           one row per site name (a node's site: ``planner.core.probe_plan.site_key``)
+  site_rollups    the same figures per UTC day per ordered pair of sites (src, dst: sites.idx):
+                  every measurement between a node of one site and a node of the other
   rejected        rejected-sample counters per node and reason
   imported_links  links of an imported fleet file (used where nothing was measured)
   meta            schema version, the rollup watermark, the peers version
@@ -37,16 +42,33 @@ import sqlite_utils
 
 from hulk.errors import StoreError
 from hulk.wire import histogram
+from planner.core.probe_plan import site_key
+from planner.core.site_pairs import PER_PAIR_UP_TO
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2   # 2: histograms inside rollups (was rollup_buckets), summaries, day-first keys
+# 2: histograms inside rollups (was rollup_buckets), summaries, day-first keys;
+# 3: sites, nodes.site_idx and site_rollups (pairs between sites folded at rollup time)
+SCHEMA_VERSION = 3
 
-ROLLUPS_V2 = """CREATE TABLE rollups (
+_ROLLUP_COLUMNS = """(
     day INTEGER NOT NULL, src INTEGER NOT NULL, dst INTEGER NOT NULL,
     count INTEGER NOT NULL, lost INTEGER NOT NULL, sum REAL NOT NULL,
     sumsq REAL NOT NULL, min_us INTEGER, max_us INTEGER, hist BLOB,
     PRIMARY KEY (day, src, dst)) WITHOUT ROWID"""
+ROLLUPS_V2 = "CREATE TABLE rollups " + _ROLLUP_COLUMNS
+SITE_ROLLUPS = "CREATE TABLE site_rollups " + _ROLLUP_COLUMNS
+
+# Adds a day's figures into its rollup row; "excluded" is the row being inserted.
+ROLLUP_UPSERT = """ON CONFLICT(day, src, dst) DO UPDATE SET
+    count = count + excluded.count, lost = lost + excluded.lost,
+    sum = sum + excluded.sum, sumsq = sumsq + excluded.sumsq,
+    min_us = min(coalesce(min_us, excluded.min_us), coalesce(excluded.min_us, min_us)),
+    max_us = max(coalesce(max_us, excluded.max_us), coalesce(excluded.max_us, max_us)),
+    hist = hist_merge(hist, excluded.hist)"""
+
+# A rollup row of nodes a and b (joined from nodes) that belongs to a site pair.
+BETWEEN_SITES = "a.site_idx IS NOT NULL AND b.site_idx IS NOT NULL AND a.site_idx != b.site_idx"
 
 
 class _HistogramSum:
@@ -211,6 +233,13 @@ class Database:
                 # arrival instead: each batch row records the last sample id it stored.
             if "rollups" not in db.table_names():
                 db.execute(ROLLUPS_V2)
+            if "sites" not in db.table_names():  # schema 3
+                db.execute("CREATE TABLE sites (idx INTEGER PRIMARY KEY, name TEXT NOT NULL "
+                           "UNIQUE)")
+            if "site_rollups" not in db.table_names():
+                db.execute(SITE_ROLLUPS)
+            if "site_idx" not in db["nodes"].columns_dict:
+                db.execute("ALTER TABLE nodes ADD COLUMN site_idx INTEGER")
             if "rejected" not in db.table_names():
                 db.execute("""CREATE TABLE rejected (
                     node_idx INTEGER NOT NULL, reason TEXT NOT NULL, count INTEGER NOT NULL,
@@ -234,6 +263,8 @@ class Database:
                 db.execute("CREATE INDEX job_events_job ON job_events(job_id)")
             if self._meta("schema_version") == "1":
                 self._migrate_from_1(self.conn)
+            if self._meta("schema_version") == "2":
+                self._migrate_from_2(self.conn)
         version = self._meta("schema_version")
         if version != str(SCHEMA_VERSION):
             raise StoreError(f"{self.path}: schema version {version}, this planner reads "
@@ -258,9 +289,60 @@ class Database:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(batches)")}
         if "last_summary_id" not in columns:
             conn.execute("ALTER TABLE batches ADD COLUMN last_summary_id INTEGER")
-        self._set_meta(conn, "schema_version", SCHEMA_VERSION)
-        log.info("%s: store migrated from schema 1 to %d (histograms inside rollups, "
-                 "per-round summaries)", self.path, SCHEMA_VERSION)
+        self._set_meta(conn, "schema_version", 2)
+        log.info("%s: store migrated from schema 1 to 2 (histograms inside rollups, "
+                 "per-round summaries)", self.path)
+
+    def _migrate_from_2(self, conn: sqlite3.Connection) -> None:
+        """Schema 2 -> 3 in place, inside the schema transaction (the sites and site_rollups
+        tables and nodes.site_idx are created above): every node gets its site from its city,
+        and in a fleet above the per-pair size the rollups between two sites are folded into
+        site_rollups (the same rule as new measurements follow)."""
+        rows = conn.execute("SELECT idx, city FROM nodes").fetchall()
+        for idx, city in rows:
+            conn.execute("UPDATE nodes SET site_idx = ? WHERE idx = ?",
+                         (self.site_index(conn, site_key(city)), idx))
+        moved = self.fold_node_pairs_between_sites(conn)
+        self._set_meta(conn, "schema_version", 3)
+        log.info("%s: store migrated from schema 2 to 3 (%d nodes given sites, %d rollups "
+                 "between sites folded into site rollups)", self.path, len(rows), moved)
+
+    # -------------------------------------------------------------------------------- sites
+
+    @property
+    def per_pair_up_to(self) -> int:
+        """Fleets of at most this many nodes keep every pair's rollups (Store sets it)."""
+        return getattr(self, "per_pair_limit", PER_PAIR_UP_TO)
+
+    def folds_sites(self, conn: sqlite3.Connection) -> bool:
+        """Whether pairs between two sites are kept as site pairs (the fleet is large)."""
+        return conn.execute("SELECT count(*) FROM nodes").fetchone()[0] > self.per_pair_up_to
+
+    @staticmethod
+    def site_index(conn: sqlite3.Connection, name: str | None) -> int | None:
+        """The sites row of ``name`` (created when new); None for no site."""
+        if name is None:
+            return None
+        conn.execute("INSERT OR IGNORE INTO sites(name) VALUES (?)", (name,))
+        return conn.execute("SELECT idx FROM sites WHERE name = ?", (name,)).fetchone()[0]
+
+    def fold_node_pairs_between_sites(self, conn: sqlite3.Connection) -> int:
+        """In a large fleet, move node-pair rollups between two sites (kept from when the fleet
+        was small, or from before schema 3) into their site pair's rollups, day by day with
+        exact sums; returns how many node-pair rows left."""
+        if not self.folds_sites(conn):
+            return 0
+        between = f"""FROM rollups r JOIN nodes a ON a.idx = r.src JOIN nodes b ON b.idx = r.dst
+                      WHERE {BETWEEN_SITES}"""
+        if conn.execute(f"SELECT 1 {between} LIMIT 1").fetchone() is None:
+            return 0
+        conn.execute(f"""INSERT INTO site_rollups(day, src, dst, count, lost, sum, sumsq, min_us,
+                                                  max_us, hist)
+            SELECT r.day, a.site_idx, b.site_idx, sum(r.count), sum(r.lost), total(r.sum),
+                   total(r.sumsq), min(r.min_us), max(r.max_us), hist_sum(r.hist)
+            {between} GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 {ROLLUP_UPSERT}""")
+        return conn.execute(f"""DELETE FROM rollups WHERE (day, src, dst) IN
+            (SELECT r.day, r.src, r.dst {between})""").rowcount
 
     def _meta(self, key: str, default: str | None = None) -> str | None:
         row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()

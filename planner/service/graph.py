@@ -3,9 +3,9 @@
 ``fleet_from_store`` turns the store's nodes and window statistics into a ``Fleet`` (one link per
 measured ordered pair, RTT = the window's exact mean; imported links where nothing was measured).
 A large fleet (more than ``SITE_LINKS_ABOVE`` nodes) is probed by plan (``planner.core.probe_plan``):
-there, measurements between two sites are folded into one site link per ordered site pair
-(``planner.core.site_pairs``) and only pairs inside a site stay node links, so the Fleet grows
-with sites and sites' sizes, not with the square of the servers.
+there the store folds measurements between two sites into one rollup per ordered site pair as
+it rolls them up, and they are read as site links; only pairs inside a site stay node links, so
+the Fleet grows with sites and sites' sizes, not with the square of the servers.
 ``fleet_graph`` draws a Fleet or a completed Network as an undirected ``nx.Graph``: nodes carry
 their GPU features and computed throughput, edges the window statistics, and pairs completed by
 ``planner.core.fleet.complete`` (docs/COSTMODEL.md section 2) are present with ``imputed=True``.
@@ -22,26 +22,30 @@ import numpy as np
 
 from planner.core.fleet import Fleet, Link, Network, Node, Site, SiteLink, complete
 from planner.core.rollup import DailyRollup, WindowStats
-from planner.core.site_pairs import fold_site_pairs, site_locations
+from planner.core.probe_plan import site_key
+from planner.core.site_pairs import PER_PAIR_UP_TO, site_locations
 from planner.service.store import PairRollup, Store
 
 
 def nodes_from_store(store: Store) -> list[Node]:
     nodes = []
     for row in store.nodes():
+        city = row.get("city")
+        site = row.get("site")
         nodes.append(Node(
-            id=row["id"], city=row.get("city"),
+            id=row["id"], city=city,
             gpus=int(row["gpu_count"] if row.get("gpu_count") is not None else 0),
             gpu_name=row.get("gpu_name"), compute_capability=row.get("compute_capability"),
             memory_gb=float(row.get("memory_gb") or 0.0),
             latitude=row.get("latitude"), longitude=row.get("longitude"),
-            site=row.get("site")))
+            # A site named after the city is the default one: the node names no site of its own.
+            site=None if site == site_key(city) else site))
     return nodes
 
 
-# Above this many nodes the fleet is read with site links (planner.core.probe_plan probes in
-# full up to its peer bound, 64 by default; the dense completion handles a thousand nodes).
-SITE_LINKS_ABOVE = 1000
+# Above this many nodes the fleet is read with site links (the store keeps site-pair rollups
+# for such a fleet: planner.core.site_pairs.PER_PAIR_UP_TO).
+SITE_LINKS_ABOVE = PER_PAIR_UP_TO
 
 
 def fleet_from_store(store: Store, window_days: int = 90, name: str = "default",
@@ -49,12 +53,14 @@ def fleet_from_store(store: Store, window_days: int = 90, name: str = "default",
     """The fleet of the store's last ``window_days``: measured ordered pairs with their mean RTT,
     loss and sample count; links of an imported fleet file fill pairs never measured.
 
-    With ``site_links`` (default: when the fleet has more than ``SITE_LINKS_ABOVE`` nodes), pairs
-    of nodes in two different sites become one ``SiteLink`` per ordered site pair (the merged
-    rollup's mean RTT, loss and samples) and the Fleet lists its ``sites``; pairs inside a site,
-    and pairs with a node of no known site, stay node links."""
-    # Hundreds of thousands of rollups and links stay alive: the cyclic collector would scan
-    # them again and again while they are built (none of them forms a cycle).
+    Site links: the store's site-pair rollups (a fleet of more than ``SITE_LINKS_ABOVE`` nodes
+    keeps pairs between two sites only as those) are one ``SiteLink`` per ordered site pair and
+    the Fleet lists its ``sites``. With ``site_links`` (default: above ``SITE_LINKS_ABOVE``
+    nodes) node-pair rollups between two sites still held (from when the fleet was smaller) are
+    folded into the site links too; pairs inside a site, and pairs with a node of no known site,
+    stay node links. Every figure is a sum SQLite adds up (no histograms are read)."""
+    # Hundreds of thousands of links stay alive: the cyclic collector would scan them again
+    # and again while they are built (none of them forms a cycle).
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -68,37 +74,45 @@ def _fleet_from_store(store: Store, window_days: int, name: str,
                       site_links: bool | None) -> Fleet:
     nodes = nodes_from_store(store)
     fold = len(nodes) > SITE_LINKS_ABOVE if site_links is None else site_links
-    window = store.window_rollups(window_days)
+    window = store.window_totals(window_days)
+    site_sums = {(a, b): [count, lost, total]
+                 for a, b, count, lost, total in store.site_window_totals(window_days)}
     imported = store.imported_links()
     # Only imported links need to know which pairs were measured (a large set at scale).
-    measured = {frozenset((p.src, p.dst)) for p in window if p.rollup.received} \
+    measured = {frozenset((src, dst)) for src, dst, count, lost, _ in window if count > lost} \
         if imported else set()
-    pairs: Iterable[tuple[str, str, DailyRollup]] = ((p.src, p.dst, p.rollup) for p in window)
-    sites: tuple[Site, ...] = ()
-    site_link_list: list[SiteLink] = []
+    pairs = window
     if fold:
-        folded = fold_site_pairs(pairs, {n.id: n.site_key for n in nodes})
-        pairs = folded.node_pairs
-        for (a, b), rollup in sorted(folded.site_pairs.items()):
-            if rollup.received:
-                site_link_list.append(SiteLink(a, b, rtt_ms=rollup.sum / rollup.received,
-                                               loss=rollup.lost / rollup.count,
-                                               samples=rollup.count))
-        located = site_locations((n.site_key, n.coordinates) for n in nodes)
-        sites = tuple(Site(s, *(where or (None, None))) for s, where in sorted(located.items()))
-    # The window's exact mean and loss (what stats() gives, without its percentiles); a pair
-    # whose every probe was lost has no RTT to speak of (its loss shows in the graph stats).
-    links = [Link(src, dst, rtt_ms=rollup.sum / rollup.received,
-                  loss=rollup.lost / rollup.count, samples=rollup.count)
-             for src, dst, rollup in pairs if rollup.received]
+        site_of = {n.id: n.site_key for n in nodes}
+        pairs = []
+        for row in window:
+            a, b = site_of.get(row[0]), site_of.get(row[1])
+            if a is None or b is None or a == b:
+                pairs.append(row)
+                continue
+            acc = site_sums.setdefault((a, b), [0, 0, 0.0])
+            acc[0] += row[2]
+            acc[1] += row[3]
+            acc[2] += row[4]
+    # The window's exact mean and loss; a pair whose every probe was lost has no RTT to speak
+    # of (its loss shows in the graph stats).
+    links = [Link(src, dst, rtt_ms=total / (count - lost), loss=lost / count, samples=count)
+             for src, dst, count, lost, total in pairs if count > lost]
+    links.sort(key=lambda k: (k.src, k.dst))
     for row in imported:
         if frozenset((row["src"], row["dst"])) in measured:
             continue
         links.append(Link(row["src"], row["dst"], rtt_ms=row["rtt_ms"],
                           bandwidth_gbps=row["bandwidth_gbps"], loss=row["loss"] or 0.0,
                           samples=row["samples"] or 0))
-    if not fold:
+    if not fold and not site_sums:
         return Fleet(tuple(nodes), tuple(links), name=name)
+    site_link_list = [SiteLink(a, b, rtt_ms=total / (count - lost), loss=lost / count,
+                               samples=count)
+                      for (a, b), (count, lost, total) in sorted(site_sums.items())
+                      if count > lost]
+    located = site_locations((n.site_key, n.coordinates) for n in nodes)
+    sites = tuple(Site(s, *(where or (None, None))) for s, where in sorted(located.items()))
     return Fleet(tuple(nodes), tuple(links), name=name, sites=sites,
                  site_links=tuple(site_link_list))
 

@@ -24,7 +24,9 @@ alone. A batch may mix raw samples and summaries; records are counted, a summary
 Registrations are checked field by field (``admission.check_registration``) before anything is
 stored. A registration's peers, and Heartbeat's ``peers_changed``, come from the probe plan
 (``planner.service.peer_plan``): the node's own site and a few representatives of every other
-site, at most ``probe.peer_bound``, rotated every ``probe.epoch_s``.
+site, at most ``probe.peer_bound``, rotated every ``probe.epoch_s``. Its settings carry the
+report interval: ``settings.report_interval_s`` when set (serve --report-seconds), else one that
+grows with the fleet (``auto_report_interval_s``: at most about 20 Reports a second in all).
 
 The gRPC servicer (``planner.service.servicer``) only converts protos and calls this.
 """
@@ -35,7 +37,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hulk import errors, geo
 from hulk.wire import histogram
@@ -52,6 +54,21 @@ from planner.service.peer_plan import PeerPlanner, ProbePlanSettings
 from planner.service.store import DAY_MS, NodeRef, SampleRow, Store, SummaryRow, micros
 
 log = logging.getLogger(__name__)
+
+AUTO_REPORTS_PER_S = 20.0        # what the whole fleet sends at most with the automatic interval
+AUTO_REPORT_MIN_S = 5.0          # the agents' own interval: kept up to 100 nodes
+AUTO_REPORT_MAX_S = 600.0        # an agent holds at most this long's summaries before sending
+
+
+def auto_report_interval_s(nodes: int) -> float:
+    """The report interval pushed to agents when serve runs without --report-seconds: 0 (the
+    agents' own 5 s, as before) up to 100 nodes, then ``nodes / 20`` seconds so the fleet sends
+    about 20 Reports a second, at most 600 s (12,000 nodes and more). At 600 s an agent holds
+    600 s of summaries (64 peers, a round a minute: 640) before sending: well inside its spool
+    (spool_max, 1,000,000 by default) and a Report's max_batch (2,000; a full batch goes at once)."""
+    if nodes <= AUTO_REPORTS_PER_S * AUTO_REPORT_MIN_S:
+        return 0.0
+    return min(AUTO_REPORT_MAX_S, max(AUTO_REPORT_MIN_S, nodes / AUTO_REPORTS_PER_S))
 
 REASON_BELOW_LIGHT = "below_light_speed"
 REASON_UNKNOWN_PEER = "unknown_peer"
@@ -124,8 +141,16 @@ class IngestService:
                  request.inventory.count, f": {reason}" if reason else "")
         self.peer_plan.update(Peer(node.id, request.address, request.probe_port),
                               site_key(node.city))
-        return RegisterAnswer(self.peer_plan.answer(node.id), self.settings, self.fleet,
+        return RegisterAnswer(self.peer_plan.answer(node.id), self.pushed_settings(), self.fleet,
                               self.clock())
+
+    def pushed_settings(self) -> ProbeSettings:
+        """The settings a registration answers: the report interval automatic (grown with the
+        registered agents) unless one was set."""
+        if self.settings.report_interval_s:
+            return self.settings
+        interval = auto_report_interval_s(self.peer_plan.node_count)
+        return replace(self.settings, report_interval_s=interval) if interval else self.settings
 
     def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResult:
         _check_count("spool_depth", request.spool_depth)

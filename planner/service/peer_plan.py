@@ -4,7 +4,8 @@ agents, per epoch, with what each agent was last given.
 - The plan is recomputed lazily: when a node's epoch moves on, or when agents joined or changed
   site. A change recomputes it only once the last computation is ``replan_gap`` times its own
   duration ago (at most a tenth of the store thread by default: immediate for a small fleet,
-  every few seconds at 10,000 agents), so a fleet rolling out does not recompute it per
+  whose plan takes under ``throttle_from_s`` (10 ms) to compute, every few seconds at 10,000
+  agents), so a fleet rolling out does not recompute it per
   registration; an agent that registers in between gets its own site's nodes until then.
 - Epochs are staggered: node X enters epoch e at ``e * epoch_s + phase(X)`` (phase from a hash
   of its id), so a fleet's re-registrations at a new epoch spread over the whole epoch instead
@@ -33,6 +34,7 @@ from planner.core.probe_plan import (DEFAULT_PEER_BOUND, DEFAULT_SITE_REPS, Plan
 log = logging.getLogger(__name__)
 
 DEFAULT_EPOCH_S = 600.0
+THROTTLE_FROM_S = 0.01   # plans quicker to compute than this are never held back
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,9 @@ class PeerPlanner:
     def __init__(self, members: Iterable[tuple[Peer, str | None]],
                  settings: ProbePlanSettings = ProbePlanSettings(), *,
                  clock: Callable[[], int], replan_gap: float = 10.0,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic,
+                 throttle_from_s: float = THROTTLE_FROM_S):
+        self.throttle_from_s = throttle_from_s
         self.settings = settings
         self._clock = clock
         self._monotonic = monotonic
@@ -97,8 +101,9 @@ class PeerPlanner:
         cached = self._plans.get(epoch)
         if cached is not None:
             version, at, serial, plan = cached
-            if version == self._version or \
-                    self._monotonic() - at < self.replan_gap * self._last_compute_s:
+            # A plan computed in under throttle_from_s is simply computed again (a small fleet).
+            if version == self._version or (self._last_compute_s >= self.throttle_from_s and
+                    self._monotonic() - at < self.replan_gap * self._last_compute_s):
                 return serial, plan  # a node missing from a recent plan gets a provisional list
         started = time.perf_counter()
         if self._shape is None or self._shape[0] != self._version:

@@ -15,21 +15,21 @@ its tables and transactions are ``planner.service.database``; sqlite errors beco
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from hulk.errors import NotFoundError
 from hulk.wire import histogram
 from hulk.wire.records import GpuInfo, LaunchStatus, Peer, RegisterRequest
-from planner.core.rollup import DailyRollup
-from planner.service.database import Database
+from planner.core.probe_plan import site_key
+from planner.core.site_pairs import PER_PAIR_UP_TO
+from planner.service.database import BETWEEN_SITES, ROLLUP_UPSERT as _UPSERT, Database
 from planner.service.job_records import JobRecords
+from planner.service.rollup_reads import DAY_MS, PairRollup, RollupReads  # noqa: F401 (re-exported)
 
-DAY_MS = 86_400_000
 MIN_ROLLUP_DAYS = 90
 
 
@@ -46,15 +46,6 @@ class NodeRef:
     city: str | None
     latitude: float | None
     longitude: float | None
-
-
-@dataclass
-class PairRollup:
-    """The merged rollup of one ordered pair over a window."""
-
-    src: str
-    dst: str
-    rollup: DailyRollup = field(default_factory=DailyRollup)
 
 
 # Raw sample row as stored: (src idx, dst idx, sent_ms, kind, payload, lost, rtt_ms, bucket).
@@ -83,12 +74,14 @@ def micros(rtt_ms: float) -> int:
     return int(round(rtt_ms * 1000.0))
 
 
-class Store(JobRecords, Database):
+class Store(RollupReads, JobRecords, Database):
     """The planner's store. One instance per thread of use (sqlite connections are not shared)."""
 
     def __init__(self, path: str | Path, *, raw_days: int = 7, rollup_days: int = MIN_ROLLUP_DAYS,
                  synchronous: str = "NORMAL", busy_timeout_s: float = 30.0,
-                 clock=now_ms, summary_minutes: float = 10.0):
+                 clock=now_ms, summary_minutes: float = 10.0,
+                 per_pair_up_to: int = PER_PAIR_UP_TO):
+        self.per_pair_limit = per_pair_up_to
         self.raw_days = raw_days
         self.summary_minutes = summary_minutes
         self.rollup_days = max(rollup_days, MIN_ROLLUP_DAYS)
@@ -110,6 +103,7 @@ class Store(JobRecords, Database):
             row = conn.execute("SELECT idx, address, probe_port FROM nodes WHERE id = ?",
                                (reg.node_id,)).fetchone()
             version = int(self._meta("peers_version", "0"))
+            site_idx = self.site_index(conn, site_key(city))
             changed = row is None or row[1] != reg.address or row[2] != reg.probe_port
             if changed:
                 version += 1
@@ -122,7 +116,7 @@ class Store(JobRecords, Database):
                 "driver_version": inventory.driver_version, "gpu_count": inventory.count,
                 "gpu_name": gpu_name, "compute_capability": cc, "memory_gb": memory_gb,
                 "address": reg.address, "probe_port": reg.probe_port, "last_seen_ms": t,
-                "registered_ms": t, "peers_version_seen": version,
+                "registered_ms": t, "peers_version_seen": version, "site_idx": site_idx,
             }
             if row is None:
                 values["first_seen_ms"] = t
@@ -194,11 +188,13 @@ class Store(JobRecords, Database):
         return dict(rows)
 
     def nodes(self) -> list[dict[str, Any]]:
-        """Every node row as a plain dict (GPU list decoded)."""
+        """Every node row as a plain dict (GPU list decoded, ``site`` its site's name)."""
         with self._lock, self._errors("read nodes"):
-            rows = list(self.db.query("SELECT * FROM nodes ORDER BY idx"))
+            rows = list(self.db.query("SELECT n.*, s.name AS site FROM nodes n LEFT JOIN sites s "
+                                      "ON s.idx = n.site_idx ORDER BY n.idx"))
         for r in rows:
             r["gpus"] = json.loads(r.pop("gpus_json") or "[]")
+            r.pop("site_idx", None)
         return rows
 
     # ------------------------------------------------------------------------------ ingest
@@ -306,16 +302,7 @@ class Store(JobRecords, Database):
         top = conn.execute("SELECT max(id) FROM samples").fetchone()[0]
         if top is None or top <= mark:
             return 0
-        conn.execute(f"""
-            INSERT INTO rollups(day, src, dst, count, lost, sum, sumsq, min_us, max_us, hist)
-            SELECT sent_ms / {DAY_MS}, src, dst, count(*), sum(lost),
-                   total(CASE WHEN lost = 0 THEN rtt_ms END),
-                   total(CASE WHEN lost = 0 THEN rtt_ms * rtt_ms END),
-                   min(CASE WHEN lost = 0 THEN CAST(round(rtt_ms * 1000) AS INTEGER) END),
-                   max(CASE WHEN lost = 0 THEN CAST(round(rtt_ms * 1000) AS INTEGER) END),
-                   hist_of(CASE WHEN lost = 0 THEN bucket END)
-            FROM samples WHERE id > ? AND id <= ? GROUP BY sent_ms / {DAY_MS}, src, dst
-            ORDER BY 1, 2, 3 {_UPSERT}""", (mark, top))
+        self._fold(conn, "samples", "sent_ms", _SAMPLE_FIGURES, mark, top)
         n = conn.execute("SELECT count(*) FROM samples WHERE id > ? AND id <= ?",
                          (mark, top)).fetchone()[0]
         self._set_meta(conn, "rolled_through", top)
@@ -326,15 +313,31 @@ class Store(JobRecords, Database):
         top = conn.execute("SELECT max(id) FROM summaries").fetchone()[0]
         if top is None or top <= mark:
             return 0
-        conn.execute(f"""
-            INSERT INTO rollups(day, src, dst, count, lost, sum, sumsq, min_us, max_us, hist)
-            SELECT round_ms / {DAY_MS}, src, dst, sum(count), sum(lost), total(sum),
-                   total(sumsq), min(min_us), max(max_us), hist_sum(hist)
-            FROM summaries WHERE id > ? AND id <= ? GROUP BY round_ms / {DAY_MS}, src, dst
-            ORDER BY 1, 2, 3 {_UPSERT}""", (mark, top))
+        self._fold(conn, "summaries", "round_ms", _SUMMARY_FIGURES, mark, top)
         self._set_meta(conn, "summaries_rolled_through", top)
         return conn.execute("SELECT count(*) FROM summaries WHERE id > ? AND id <= ?",
                             (mark, top)).fetchone()[0]
+
+    def _fold(self, conn, table: str, time_column: str, figures: str, mark: int,
+              top: int) -> None:
+        """Add the rows of ``table`` with ids in (mark, top] into the day's rollups: per node
+        pair, or (a large fleet, two different sites) per site pair."""
+        day = f"s.{time_column} / {DAY_MS}"
+        columns = "(day, src, dst, count, lost, sum, sumsq, min_us, max_us, hist)"
+        if not self.folds_sites(conn):
+            conn.execute(f"""INSERT INTO rollups{columns}
+                SELECT {day}, s.src, s.dst, {figures} FROM {table} s
+                WHERE s.id > ? AND s.id <= ? GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 {_UPSERT}""",
+                         (mark, top))
+            return
+        rows = f"""FROM {table} s JOIN nodes a ON a.idx = s.src JOIN nodes b ON b.idx = s.dst
+                   WHERE s.id > ? AND s.id <= ?"""
+        conn.execute(f"""INSERT INTO rollups{columns}
+            SELECT {day}, s.src, s.dst, {figures} {rows} AND NOT ({BETWEEN_SITES})
+            GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 {_UPSERT}""", (mark, top))
+        conn.execute(f"""INSERT INTO site_rollups{columns}
+            SELECT {day}, a.site_idx, b.site_idx, {figures} {rows} AND {BETWEEN_SITES}
+            GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 {_UPSERT}""", (mark, top))
 
     def _drop_old_summaries(self, conn) -> None:
         """Summaries that arrived more than summary_minutes ago and are folded leave."""
@@ -388,35 +391,14 @@ class Store(JobRecords, Database):
             samples = conn.execute("DELETE FROM samples WHERE id <= ?",
                                    (min(old, mark),)).rowcount
             rollups = conn.execute("DELETE FROM rollups WHERE day < ?", (day_cutoff,)).rowcount
+            rollups += conn.execute("DELETE FROM site_rollups WHERE day < ?",
+                                    (day_cutoff,)).rowcount
+            # Pairs between sites kept from when the fleet was small join their site pairs.
+            folded = self.fold_node_pairs_between_sites(conn)
             batches = conn.execute("DELETE FROM batches WHERE received_ms < ?",
                                    (raw_cutoff - DAY_MS,)).rowcount
-        return {"samples": samples, "rollups": rollups, "batches": batches}
-
-    def daily_rollups(self, src: str, dst: str) -> dict[int, DailyRollup]:
-        """{day number: rollup} of one ordered pair."""
-        self.rollup_pending()
-        refs = self.node_refs()
-        if src not in refs or dst not in refs:
-            return {}
-        a, b = refs[src].idx, refs[dst].idx
-        with self._lock, self._errors("read rollups"):
-            rows = self.conn.execute("SELECT day, count, lost, sum, sumsq, min_us, max_us, hist "
-                                     "FROM rollups WHERE src = ? AND dst = ?", (a, b)).fetchall()
-        return {day: _rollup(row) for day, *row in rows}
-
-    def window_rollups(self, window_days: int = 90) -> list[PairRollup]:
-        """Every ordered pair's rollup over the last ``window_days`` UTC days (today included),
-        as exact sums of the daily rollups."""
-        self.rollup_pending()
-        first_day = self.clock() // DAY_MS - window_days + 1
-        with self._lock, self._errors("read window"):
-            rows = self.conn.execute("""
-                SELECT a.id, b.id, sum(r.count), sum(r.lost), total(r.sum), total(r.sumsq),
-                       min(r.min_us), max(r.max_us), hist_sum(r.hist)
-                FROM rollups r JOIN nodes a ON a.idx = r.src JOIN nodes b ON b.idx = r.dst
-                WHERE r.day >= ? GROUP BY r.src, r.dst""", (first_day,)).fetchall()
-        pairs = [PairRollup(r[0], r[1], _rollup(r[2:])) for r in rows]
-        return sorted(pairs, key=lambda p: (p.src, p.dst))
+        return {"samples": samples, "rollups": rollups, "batches": batches,
+                "folded_into_site_pairs": folded}
 
     # ---------------------------------------------------------------------- imported fleets
 
@@ -432,7 +414,8 @@ class Store(JobRecords, Database):
                                    (node.id,)).fetchone()
                 values = {"city": node.city, "gpu_count": node.gpus, "gpu_name": node.gpu_name,
                           "compute_capability": node.compute_capability,
-                          "memory_gb": node.memory_gb}
+                          "memory_gb": node.memory_gb,
+                          "site_idx": self.site_index(conn, node.site_key)}
                 if node.latitude is not None:
                     values.update(latitude=node.latitude, longitude=node.longitude)
                 if row is None:
@@ -464,22 +447,15 @@ class Store(JobRecords, Database):
                 "JOIN nodes b ON b.idx = l.dst ORDER BY a.id, b.id"))
 
 
-# Adds a day's figures into its rollup row; "excluded" is the row being inserted.
-_UPSERT = """ON CONFLICT(day, src, dst) DO UPDATE SET
-    count = count + excluded.count, lost = lost + excluded.lost,
-    sum = sum + excluded.sum, sumsq = sumsq + excluded.sumsq,
-    min_us = min(coalesce(min_us, excluded.min_us), coalesce(excluded.min_us, min_us)),
-    max_us = max(coalesce(max_us, excluded.max_us), coalesce(excluded.max_us, max_us)),
-    hist = hist_merge(hist, excluded.hist)"""
-
-
-def _rollup(row: Sequence[Any]) -> DailyRollup:
-    count, lost, total, sumsq, lo, hi, hist = row
-    return DailyRollup(count=int(count), lost=int(lost or 0), sum=float(total or 0.0),
-                       sumsq=float(sumsq or 0.0),
-                       min=math.inf if lo is None else lo / 1000.0,
-                       max=-math.inf if hi is None else hi / 1000.0,
-                       buckets=histogram.decode(hist))
+# A rollup's figures from raw samples (s) and from per-round summaries (s).
+_SAMPLE_FIGURES = """count(*), sum(s.lost),
+    total(CASE WHEN s.lost = 0 THEN s.rtt_ms END),
+    total(CASE WHEN s.lost = 0 THEN s.rtt_ms * s.rtt_ms END),
+    min(CASE WHEN s.lost = 0 THEN CAST(round(s.rtt_ms * 1000) AS INTEGER) END),
+    max(CASE WHEN s.lost = 0 THEN CAST(round(s.rtt_ms * 1000) AS INTEGER) END),
+    hist_of(CASE WHEN s.lost = 0 THEN s.bucket END)"""
+_SUMMARY_FIGURES = """sum(s.count), sum(s.lost), total(s.sum), total(s.sumsq), min(s.min_us),
+    max(s.max_us), hist_sum(s.hist)"""
 
 
 def _summarise_gpus(gpus: Iterable[GpuInfo]) -> tuple[str | None, float | None, float]:

@@ -71,7 +71,7 @@ def test_after_a_restart_the_first_heartbeat_takes_the_list_as_given():
 def test_replans_are_rate_limited_by_their_own_cost():
     fake = [0.0]
     plan = PeerPlanner(members("abcd", 10), ProbePlanSettings(peer_bound=8), clock=Clock(0),
-                       monotonic=lambda: fake[0], replan_gap=1e9)
+                       monotonic=lambda: fake[0], replan_gap=1e9, throttle_from_s=0.0)
     plan.answer("a0")
     plan.update(Peer("a-new", "10.1.1.1", 0), "a")
     provisional = plan.answer("a-new")  # the plan is too recent to redo: its own site

@@ -208,7 +208,7 @@ def test_a_schema_1_store_file_is_migrated_in_place(tmp_path):
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
         assert "rollup_buckets" not in tables and "summaries" in tables
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() \
-            == ("2",)
+            == ("3",)   # through 2 on to 3 (sites)
 
 
 def test_hex_batch_ids_are_kept_as_bytes_and_one_stored_as_text_before_is_still_known(tmp_path):

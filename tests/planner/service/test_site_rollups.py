@@ -1,0 +1,198 @@
+"""Site-pair rollups made at rollup time (store schema 3, a real SQLite store): in a large fleet
+measurements between two sites are kept per site pair per day, with the same figures as the
+merge of the node-pair rollups they replace; the fleet read from them has the same site links
+as folding node pairs at read time; a schema-2 file migrates in place; the report interval
+pushed to agents grows with the fleet."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hulk.wire import histogram
+from hulk.wire.records import NodeLocation, ProbeSettings, RegisterRequest
+from planner.core.rollup import DailyRollup, bucket_index
+from planner.core.site_pairs import fold_site_pairs
+from planner.service.graph import fleet_from_store
+from planner.service.ingest import IngestService, auto_report_interval_s
+from planner.service.store import DAY_MS, Store
+
+T0 = 20_000 * DAY_MS + 3_600_000
+NODES = [("par-1", "Paris"), ("par-2", "Paris"), ("rom-1", "Rome"), ("rom-2", "Rome"),
+         ("tok-1", "Tokyo"), ("nowhere", "")]
+SITE_OF = {"par-1": "Paris", "par-2": "Paris", "rom-1": "Rome", "rom-2": "Rome",
+           "tok-1": "Tokyo", "nowhere": None}
+
+rtts = st.lists(st.one_of(st.none(), st.floats(0.05, 400.0)), min_size=1, max_size=6)
+measurements = st.lists(
+    st.tuples(st.integers(0, 5), st.integers(0, 5), st.integers(0, 2), st.booleans(), rtts)
+    .filter(lambda m: m[0] != m[1]), min_size=1, max_size=25)
+
+
+def make_store(path, per_pair_up_to: int) -> tuple[Store, dict]:
+    store = Store(path, clock=lambda: T0 + 2 * DAY_MS, per_pair_up_to=per_pair_up_to)
+    refs = {}
+    for node_id, city in NODES:
+        refs[node_id], _ = store.register(RegisterRequest(node_id, location=NodeLocation(city)))
+    return store, refs
+
+
+def fill(store: Store, refs: dict, batch: list) -> None:
+    """Store each measurement as raw samples (summary False) or one per-round summary."""
+    for k, (i, j, day, summary, values) in enumerate(batch):
+        a, b = refs[NODES[i][0]], refs[NODES[j][0]]
+        t = T0 + day * DAY_MS + k
+        if summary:
+            r = DailyRollup.from_values(values)
+            received = r.count > r.lost
+            row = (a.idx, b.idx, t, 1, r.count, r.lost, r.sum, r.sumsq,
+                   round(r.min * 1000) if received else None,
+                   round(r.max * 1000) if received else None,
+                   histogram.encode(r.buckets) if r.buckets else None)
+            store.store_batch(a, f"b{k}", [], None, 0, [row])
+        else:
+            rows = [(a.idx, b.idx, t + n, 1, 56, int(v is None), v,
+                     None if v is None else bucket_index(v)) for n, v in enumerate(values)]
+            store.store_batch(a, f"b{k}", rows)
+
+
+def assert_same_rollup(got: DailyRollup, want: DailyRollup) -> None:
+    assert (got.count, got.lost, got.buckets) == (want.count, want.lost, want.buckets)
+    assert got.sum == pytest.approx(want.sum, rel=1e-9, abs=1e-9)
+    assert got.sumsq == pytest.approx(want.sumsq, rel=1e-9, abs=1e-9)
+    # min and max are kept in whole microseconds by both
+    assert (got.min, got.max) == (want.min, want.max)
+
+
+@settings(max_examples=40, deadline=None)
+@given(measurements)
+def test_site_pair_rollups_equal_the_merge_of_the_node_pair_rollups_they_replace(batch):
+    folded, folded_refs = make_store(":memory:", per_pair_up_to=0)
+    per_pair, per_pair_refs = make_store(":memory:", per_pair_up_to=1000)
+    fill(folded, folded_refs, batch)
+    fill(per_pair, per_pair_refs, batch)
+    for window in (1, 3):   # the last day alone, and all three days
+        want = fold_site_pairs(((p.src, p.dst, p.rollup)
+                                for p in per_pair.window_rollups(window)), SITE_OF)
+        got = {(p.src, p.dst): p.rollup for p in folded.site_window_rollups(window)}
+        assert sorted(got) == sorted(want.site_pairs)
+        for key, rollup in want.site_pairs.items():
+            assert_same_rollup(got[key], rollup)
+        kept = [(p.src, p.dst, p.rollup) for p in folded.window_rollups(window)]
+        assert [(s, d) for s, d, _ in kept] == sorted((s, d) for s, d, _ in want.node_pairs)
+        for (_, _, g), (_, _, w) in zip(kept, sorted(want.node_pairs, key=lambda p: p[:2])):
+            assert_same_rollup(g, w)
+    # Nothing between two sites is left as a node pair in the folded store.
+    assert all(SITE_OF[p.src] is None or SITE_OF[p.dst] is None
+               or SITE_OF[p.src] == SITE_OF[p.dst] for p in folded.window_rollups(3))
+    assert per_pair.site_window_rollups(3) == []
+    folded.close()
+    per_pair.close()
+
+
+FIXED = [(0, 2, 0, False, [11.0, 13.0]), (1, 3, 1, True, [15.0, None, 16.0]),
+         (2, 1, 2, True, [14.0]), (0, 1, 2, False, [0.4, 0.6]), (5, 0, 1, False, [50.0]),
+         (4, 0, 0, True, [120.0, 130.0]), (0, 4, 2, False, [None, None])]
+
+
+def test_a_fleet_read_from_site_pair_rollups_has_the_site_links_of_read_time_folding():
+    folded, folded_refs = make_store(":memory:", per_pair_up_to=0)
+    per_pair, per_pair_refs = make_store(":memory:", per_pair_up_to=1000)
+    fill(folded, folded_refs, FIXED)
+    fill(per_pair, per_pair_refs, FIXED)
+    got = fleet_from_store(folded, site_links=True)
+    want = fleet_from_store(per_pair, site_links=True)   # folds node pairs as it reads them
+    assert [(k.src, k.dst, k.samples, k.loss) for k in got.site_links] == \
+        [(k.src, k.dst, k.samples, k.loss) for k in want.site_links]
+    assert [k.rtt_ms for k in got.site_links] == pytest.approx([k.rtt_ms for k in want.site_links])
+    assert [(k.src, k.dst) for k in got.site_links] == [("Paris", "Rome"), ("Rome", "Paris"),
+                                                        ("Tokyo", "Paris")]
+    assert got.links == want.links and got.sites == want.sites
+    assert sorted((k.src, k.dst) for k in got.links) == [("nowhere", "par-1"), ("par-1", "par-2")]
+    # Every probe par-1 -> tok-1 was lost: the site pair has samples but no RTT, so no link;
+    # tok-1 -> par-1 came as a summary.
+    tokyo = next(k for k in got.site_links if k.src == "Tokyo")
+    assert tokyo.rtt_ms == pytest.approx(125.0) and tokyo.samples == 2
+    assert ("Paris", "Tokyo", 2, 2, 0.0) in folded.site_window_totals(3)
+    folded.close()
+    per_pair.close()
+
+
+def downgrade_to_schema_2(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.executescript("""
+            DROP TABLE site_rollups; DROP TABLE sites;
+            ALTER TABLE nodes DROP COLUMN site_idx;
+            UPDATE meta SET value = '2' WHERE key = 'schema_version';""")
+    conn.close()
+
+
+def test_a_schema_2_store_migrates_in_place_and_folds_pairs_between_sites(tmp_path):
+    path = tmp_path / "planner.db"
+    store, refs = make_store(path, per_pair_up_to=1000)
+    fill(store, refs, FIXED)
+    before = fleet_from_store(store, site_links=True)
+    rollups = store.window_rollups(3)
+    store.close()
+    downgrade_to_schema_2(path)
+
+    with Store(path, clock=lambda: T0 + 2 * DAY_MS, per_pair_up_to=3) as migrated:  # 6 > 3
+        assert migrated._meta("schema_version") == "3"
+        assert {r["id"]: r["site"] for r in migrated.nodes()} == SITE_OF
+        kept = {(p.src, p.dst) for p in migrated.window_rollups(3)}
+        assert kept == {("nowhere", "par-1"), ("par-1", "par-2")}
+        want = fold_site_pairs(((p.src, p.dst, p.rollup) for p in rollups), SITE_OF)
+        got = {(p.src, p.dst): p.rollup for p in migrated.site_window_rollups(3)}
+        assert sorted(got) == sorted(want.site_pairs)
+        for key, rollup in want.site_pairs.items():
+            assert_same_rollup(got[key], rollup)
+        after = fleet_from_store(migrated, site_links=True)
+        assert after.links == before.links
+        assert [(k.src, k.dst, k.samples) for k in after.site_links] == \
+            [(k.src, k.dst, k.samples) for k in before.site_links]
+        # New measurements between sites go straight to site pairs.
+        fill(migrated, migrated.node_refs(), [(0, 2, 2, True, [12.0])])
+        assert {(p.src, p.dst) for p in migrated.window_rollups(3)} == kept
+
+
+def test_a_small_schema_2_store_keeps_its_node_pairs_and_folds_them_once_it_grows(tmp_path):
+    path = tmp_path / "planner.db"
+    store, refs = make_store(path, per_pair_up_to=1000)
+    fill(store, refs, FIXED)
+    pairs = [(p.src, p.dst) for p in store.window_rollups(3)]
+    store.close()
+    downgrade_to_schema_2(path)
+    with Store(path, clock=lambda: T0 + 2 * DAY_MS) as migrated:
+        assert [(p.src, p.dst) for p in migrated.window_rollups(3)] == pairs
+        assert migrated.site_window_rollups(3) == []
+        assert migrated.nodes()[0]["site"] == "Paris"
+    with Store(path, clock=lambda: T0 + 2 * DAY_MS, per_pair_up_to=5) as grown:
+        assert grown.prune()["folded_into_site_pairs"] == 5   # the five pairs between sites
+        assert len(grown.site_window_rollups(3)) == 4
+
+
+def test_the_automatic_report_interval_grows_with_the_fleet():
+    assert [auto_report_interval_s(n) for n in (0, 1, 100)] == [0.0, 0.0, 0.0]   # agents' 5 s
+    assert auto_report_interval_s(101) == pytest.approx(5.05)
+    assert auto_report_interval_s(1000) == 50.0
+    assert auto_report_interval_s(10_000) == 500.0          # 20 Reports a second
+    assert auto_report_interval_s(12_000) == auto_report_interval_s(50_000) == 600.0
+
+
+def test_registrations_answer_the_automatic_interval_unless_one_was_set():
+    store = Store(":memory:", clock=lambda: T0)
+    auto = IngestService(store, clock=lambda: T0)
+    answers = [auto.register(RegisterRequest(f"n{i}", address=f"10.0.{i // 200}.{i % 200}",
+                                             location=NodeLocation("Paris")))
+               for i in range(140)]
+    assert answers[0].settings.report_interval_s == 0.0       # one agent: its own 5 s
+    assert answers[99].settings.report_interval_s == 0.0
+    assert answers[139].settings.report_interval_s == pytest.approx(7.0)   # 140 / 20
+    fixed = IngestService(store, clock=lambda: T0, settings=ProbeSettings(report_interval_s=600))
+    assert fixed.register(RegisterRequest("n0", address="10.0.0.0", location=NodeLocation(
+        "Paris"))).settings.report_interval_s == 600.0
+    store.close()
