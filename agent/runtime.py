@@ -409,7 +409,11 @@ class AgentRuntime:
                 failures += 1
                 # One line per outage, not one per beat.
                 (log.warning if failures == 1 else log.debug)("heartbeat failed: %s", err)
-                if isinstance(err, errors.NotFoundError):
+                # Unknown node: register again. A token refused after registration (revoked, or
+                # the planner's store replaced): register again too, so the registrar's refusal
+                # ends the agent with its one line and exit 2 rather than beating forever.
+                if isinstance(err, (errors.NotFoundError, errors.UnauthenticatedError,
+                                    errors.PermissionDeniedError)):
                     self.request_reregister()
                 continue
             failures = 0

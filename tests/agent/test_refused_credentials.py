@@ -35,7 +35,7 @@ def planner(tmp_path_factory):
                                 cwd=REPO, env=worktree_env(), stdout=out, stderr=subprocess.STDOUT)
     wait_until(lambda: "listening on" in log.read_text(), 30, "serve to listen",
                detail=log.read_text)
-    yield {"target": f"127.0.0.1:{port}", "ca": pki["ca"],
+    yield {"target": f"127.0.0.1:{port}", "ca": pki["ca"], "db": db,
            "token": json.loads(enrolled.stdout)["token"]}
     stop_process(proc)
 
@@ -59,6 +59,37 @@ def test_refused_credentials_end_the_agent_with_exit_2_and_one_line(planner, tmp
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("hulk-agent: ") and "refuses this node's credentials" in last
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_token_revoked_while_the_agent_runs_ends_it_at_its_next_heartbeat(planner, tmp_path):
+    def planner_cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*planner_command(), *args, "--db", str(planner["db"])], cwd=REPO,
+                              env=worktree_env(), capture_output=True, text=True, timeout=60)
+
+    enrolled = planner_cli("enroll", "n3", "--json")
+    assert enrolled.returncode == 0, enrolled.stderr
+    env = {**worktree_env(), "HULK_TOKEN": json.loads(enrolled.stdout)["token"]}
+    log = tmp_path / "agent.log"
+    with open(log, "w") as out:
+        agent = subprocess.Popen([*agent_command(), "--planner", planner["target"], "--node-id",
+                                  "n3", "--ca", str(planner["ca"]), "--state-dir",
+                                  str(tmp_path / "n3"), "--address", "127.0.0.1"],
+                                 env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "registered with" in log.read_text(), 30, "the agent to register",
+                   detail=log.read_text)
+        assert agent.poll() is None
+        revoked = planner_cli("revoke", "n3")
+        assert revoked.returncode == 0, revoked.stderr
+        # The next heartbeat (every 10 s) is refused; the agent registers again, is refused, ends.
+        code = agent.wait(timeout=40)
+    finally:
+        stop_process(agent)
+    text = log.read_text()
+    assert code == 2, text[-2000:]
+    assert "refuses this node's credentials" in text.strip().splitlines()[-1]
+    assert "Traceback" not in text
 
 
 def test_the_unit_does_not_restart_a_configuration_error():
