@@ -7,11 +7,11 @@ prometheus-client's own threaded HTTP server; it is off unless ``--metrics`` is 
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from dataclasses import dataclass
 from typing import Any
 
+from hulk.addresses import is_loopback, parse_host_port
 from hulk.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -20,14 +20,8 @@ log = logging.getLogger(__name__)
 def parse_metrics_address(text: str, *, field: str | None = "--metrics") -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); a ConfigError names ``field``
     (None: the message alone)."""
-    value = str(text).strip()
-    host, sep, port = value.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ConfigError(f"expected HOST:PORT to serve /metrics on (e.g. 127.0.0.1:9108), "
-                          f"got {value!r}", field=field)
-    return host, int(port)
+    return parse_host_port(str(text).strip(), field=field,
+                           wants="HOST:PORT to serve /metrics on (e.g. 127.0.0.1:9108)")
 
 
 @dataclass
@@ -61,16 +55,7 @@ def start_metrics_server(address: str, registry: Any, *, field: str = "--metrics
     except OSError as err:
         raise ConfigError(f"cannot serve /metrics on {address}: {err.strerror or err}",
                           field=field) from None
-    if not _loopback(host):
+    if not is_loopback(host):
         log.warning("serving /metrics on %s without authentication: let only your Prometheus "
                     "reach it (firewall, management network)", address)
     return MetricsServer(host, httpd.server_address[1], httpd, thread)
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -29,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from hulk.addresses import is_loopback, parse_host_port
 from hulk.errors import ConfigError
 from planner.dashboard.snapshot import DOCUMENTS
 
@@ -56,21 +56,7 @@ SECURITY_HEADERS = {
 
 def parse_listen(text: str, flag: str = "--dashboard") -> tuple[str, int]:
     """(host, port) of HOST:PORT (``[::1]:8080`` for IPv6); ConfigError otherwise."""
-    host, sep, port = (text or "").rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"expected HOST:PORT (e.g. 127.0.0.1:8080), got {text!r}", field=flag)
-    return host, int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False     # a name may resolve anywhere: treat it as public
+    return parse_host_port(text or "", field=flag, wants="HOST:PORT (e.g. 127.0.0.1:8080)")
 
 
 def check_exposure(host: str, *, token: bool, flag: str = "--dashboard") -> None:
