@@ -42,27 +42,24 @@ class RollupReads:
     def window_rollups(self, window_days: int = 90) -> list[PairRollup]:
         """Every ordered pair's rollup over the last ``window_days`` UTC days (today included),
         as exact sums of the daily rollups."""
-        self.rollup_pending()
-        first_day = self.clock() // DAY_MS - window_days + 1
-        with self._lock, self._errors("read window"):
-            rows = self.conn.execute("""
-                SELECT a.id, b.id, sum(r.count), sum(r.lost), total(r.sum), total(r.sumsq),
-                       min(r.min_us), max(r.max_us), hist_sum(r.hist)
-                FROM rollups r JOIN nodes a ON a.idx = r.src JOIN nodes b ON b.idx = r.dst
-                WHERE r.day >= ? GROUP BY r.src, r.dst""", (first_day,)).fetchall()
-        pairs = [PairRollup(r[0], r[1], _rollup(r[2:])) for r in rows]
-        return sorted(pairs, key=lambda p: (p.src, p.dst))
+        return self._window_rollups("rollups", "nodes", "id", window_days, "read window")
 
     def site_window_rollups(self, window_days: int = 90) -> list[PairRollup]:
         """Every ordered site pair's rollup (site_rollups) over the last ``window_days`` UTC
         days, src and dst being site names."""
+        return self._window_rollups("site_rollups", "sites", "name", window_days,
+                                    "read site window")
+
+    def _window_rollups(self, rollups: str, names: str, name: str, window_days: int,
+                        what: str) -> list[PairRollup]:
+        # Table and column names are this module's constants, never input.
         self.rollup_pending()
         first_day = self.clock() // DAY_MS - window_days + 1
-        with self._lock, self._errors("read site window"):
-            rows = self.conn.execute("""
-                SELECT a.name, b.name, sum(r.count), sum(r.lost), total(r.sum), total(r.sumsq),
+        with self._lock, self._errors(what):
+            rows = self.conn.execute(f"""
+                SELECT a.{name}, b.{name}, sum(r.count), sum(r.lost), total(r.sum), total(r.sumsq),
                        min(r.min_us), max(r.max_us), hist_sum(r.hist)
-                FROM site_rollups r JOIN sites a ON a.idx = r.src JOIN sites b ON b.idx = r.dst
+                FROM {rollups} r JOIN {names} a ON a.idx = r.src JOIN {names} b ON b.idx = r.dst
                 WHERE r.day >= ? GROUP BY r.src, r.dst""", (first_day,)).fetchall()
         return sorted((PairRollup(r[0], r[1], _rollup(r[2:])) for r in rows),
                       key=lambda p: (p.src, p.dst))
