@@ -28,6 +28,8 @@ MICRO_BATCH_CANDIDATES = (1, 2, 4, 8)
 EVALUATED_GRIDS_KEPT = 100_000   # evaluate_grid's answers kept per network (then started afresh)
 TRIM_FRACTIONS = (0.85, 0.7, 0.55, 0.4, 0.25, 0.12)   # shares of a grid's rows tried as trims
 CITY_SPLIT_MIN_NODES = 64   # smaller pools: rings are short, the latency term is small
+DEEP_SCREEN = 16   # grids of deep_solve judged by the cost model: the best by approx_time
+FINALIST_SCREEN = 16   # the same for solve_group's finalist sets
 DEEP_REPLICAS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128,
                  160, 192, 256)
 
@@ -120,9 +122,31 @@ def _trimmed_grids(job: Job, net: Network, grid: np.ndarray, b: int) -> list[np.
     slow row still needs a whole layer and sets max(x), integer layers leave the longest stage
     with one layer more than the others, and every extra stage adds to the bubble. Rows are
     scored with the section-4 formula on the unmatched grid (matching only lowers hops)."""
+    _, rows = approx_time(job, net, grid, b, trim=True)
+    return [grid] if rows is None else [grid, grid[rows]]
+
+
+def approx_time(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool = False
+                ) -> tuple[float, np.ndarray | None]:
+    """The section-4 formula's iteration time for ``grid`` as it stands (rows unmatched,
+    layers balanced by throughput, no all-reduce trade), and with ``trim`` the best of keeping
+    only its fastest rows: (seconds, the rows kept or None for all). About a tenth of
+    :func:`evaluate_grid`'s cost; inf where memory cannot hold the model. Answers are kept on
+    the network like evaluate_grid's (the screening asks for the same grids again)."""
+    cache = net.__dict__.setdefault("_approx_times", {})
+    key = (job, b, trim, grid.dtype.str, grid.shape, grid.tobytes())
+    hit = cache.get(key)
+    if hit is None:
+        hit = _approx_time(job, net, grid, b, trim)
+        if len(cache) >= EVALUATED_GRIDS_KEPT:
+            cache.clear()
+        cache[key] = hit
+    return hit
+
+
+def _approx_time(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool
+                 ) -> tuple[float, np.ndarray | None]:
     k, d = grid.shape
-    if k <= 2:
-        return [grid]
     m = math.ceil(job.global_batch / d / b)
     f = job.flops_per_layer(b)
     act = job.activation_bytes(b)
@@ -135,9 +159,6 @@ def _trimmed_grids(job: Job, net: Network, grid: np.ndarray, b: int) -> list[np.
             bw_min = net.bw[grid, ring_next].min(axis=1)
             ar_per_layer = 2.0 * (d - 1) * (2.0 * job.params / job.layers) / (d * bw_min)
         ar_base = 2.0 * (d - 1) * a_max
-    fastest = np.lexsort((np.arange(k), -row_thr))
-    sizes = sorted({k} | {max(1, int(round(k * x))) for x in TRIM_FRACTIONS}
-                   | {min(k, job.layers)}, reverse=True)
 
     def approx(rows: np.ndarray) -> float:
         kk = rows.size
@@ -161,8 +182,12 @@ def _trimmed_grids(job: Job, net: Network, grid: np.ndarray, b: int) -> list[np.
             t += float((ar_base[rows] + ar_per_layer[rows] * layers).max())
         return t if math.isfinite(t) else math.inf
 
-    full_t = approx(np.arange(k))
-    best_t, best_rows = full_t, None
+    best_t, best_rows = approx(np.arange(k)), None
+    if not trim or k <= 2:
+        return best_t, None
+    fastest = np.lexsort((np.arange(k), -row_thr))
+    sizes = sorted({k} | {max(1, int(round(k * x))) for x in TRIM_FRACTIONS}
+                   | {min(k, job.layers)}, reverse=True)
     for size in sizes:
         if size >= k:
             continue
@@ -170,9 +195,7 @@ def _trimmed_grids(job: Job, net: Network, grid: np.ndarray, b: int) -> list[np.
         t = approx(rows)
         if t < best_t * (1 - 1e-9):
             best_t, best_rows = t, rows
-    if best_rows is None:
-        return [grid]
-    return [grid, grid[best_rows]]
+    return best_t, best_rows
 
 
 def _prune(job: Job, net: Network, placement: Placement, est: Estimate, passes: int,
@@ -269,20 +292,26 @@ def _configs_for(job: Job, net: Network, nodes: np.ndarray, clusters: list[np.nd
 
 
 def _try_configs(job: Job, net: Network, clusters: list[np.ndarray], configs,
-                 trim: bool = False) -> list:
+                 trim: bool = False, screen: int = 0) -> list:
     """Every configuration on the clusters' grids (carrying leftovers over or not), as
-    (iteration time, D, b, placement, estimate), fastest first."""
-    results = []
+    (iteration time, D, b, placement, estimate), fastest first. ``screen``: when there are
+    more grids than that, only the ``screen`` best by :func:`approx_time` are judged by the
+    cost model (the formula ranks grids well and costs a tenth of a judgement)."""
+    grids = []
     for d, b in configs:
-        grids = [stage_grid(clusters, d, True)]
+        grids.append((d, b, stage_grid(clusters, d, True)))
         if d > 1 and len(clusters) > 1:
-            grids.append(stage_grid(clusters, d, False))
-        for grid in grids:
-            if grid is None:
-                continue
-            p, e = evaluate_grid(job, net, grid, b, trim)
-            if p is not None:
-                results.append((e.iteration_s, d, b, p, e))
+            grids.append((d, b, stage_grid(clusters, d, False)))
+    grids = [g for g in grids if g[2] is not None]
+    if screen and len(grids) > screen:
+        ranked = sorted(range(len(grids)), key=lambda i: (
+            approx_time(job, net, grids[i][2], grids[i][1], trim)[0], grids[i][0], grids[i][1], i))
+        grids = [grids[i] for i in sorted(ranked[:screen])]
+    results = []
+    for d, b, grid in grids:
+        p, e = evaluate_grid(job, net, grid, b, trim)
+        if p is not None:
+            results.append((e.iteration_s, d, b, p, e))
     results.sort(key=lambda r: (r[0], r[1], r[2]))
     return results
 
@@ -340,7 +369,8 @@ def solve_group(job: Job, net: Network, nodes: np.ndarray, effort: Effort,
         results += res
         if effort.finalists > 0 and not effort.screen_only:
             results += _try_configs(job, net, sub,
-                                    _configs_for(job, net, sub_nodes, sub, effort, hint, False))
+                                    _configs_for(job, net, sub_nodes, sub, effort, hint, False),
+                                    screen=FINALIST_SCREEN)
     results.sort(key=lambda r: (r[0], r[1], r[2]))
     labels_of = {int(i): ci for ci, cl in enumerate(clusters) for i in cl}
     best: tuple[Placement | None, Estimate] = (None, INFEASIBLE)
@@ -367,7 +397,7 @@ def deep_solve(job: Job, net: Network, nodes: np.ndarray, labels: np.ndarray,
     if hint is not None:
         ds |= {d for d in (hint[0] - 1, hint[0], hint[0] + 1) if 1 <= d <= max_d}
     configs = [(d, b) for d in sorted(ds) for b in micro_batches(job, d)]
-    results = _try_configs(job, net, clusters, configs, trim=True)
+    results = _try_configs(job, net, clusters, configs, trim=True, screen=DEEP_SCREEN)
     # Stage groups inside one city: a ring pays 2 (D - 1) a_max, so for small models the
     # latency of its worst link matters as much as bandwidth, and a locality cluster may join
     # several cities a few ms apart.
@@ -375,7 +405,7 @@ def deep_solve(job: Job, net: Network, nodes: np.ndarray, labels: np.ndarray,
     if len(names) > len(clusters) and nodes.size >= CITY_SPLIT_MIN_NODES:
         city = np.array([names[str(net.nodes[i].city_key)] for i in nodes])
         by_city = ordered_clusters(net, nodes, city)
-        results += _try_configs(job, net, by_city, configs, trim=True)
+        results += _try_configs(job, net, by_city, configs, trim=True, screen=DEEP_SCREEN)
         results.sort(key=lambda r: (r[0], r[1], r[2]))
     if not results:
         return None, INFEASIBLE
