@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import chain
+from operator import itemgetter, methodcaller
 from typing import Any
 
 import numpy as np
@@ -32,37 +33,47 @@ NoteUnknown = Callable[..., None]
 def _numbers(values: list, allowed: frozenset, default: float) -> np.ndarray | None:
     """``values`` as floats (null -> ``default``), or None when one is of another type, not
     finite or an integer too large to be a count."""
-    if not set(map(type, values)) <= allowed:
+    types = set(map(type, values))
+    if not types <= allowed:
         return None
     try:
-        arr = np.array([0.0 if v is None else v for v in values], dtype=float)
+        arr = np.array(values if type(None) not in types else
+                       [0.0 if v is None else v for v in values], dtype=float)
     except (OverflowError, ValueError):
         return None
     if not np.isfinite(arr).all() or (np.abs(arr) > MAX_JSON_INT).any():
         return None
-    if default != 0.0:
+    if default != 0.0 and type(None) in types:
         arr[np.array([v is None for v in values], dtype=bool)] = default
     return arr
+
+
+def _column(raw: list[dict], key: str, keys: set[str]) -> list:
+    """Every object's ``key`` (None where absent)."""
+    if key not in keys:
+        return [None] * len(raw)
+    return list(map(methodcaller("get", key), raw))
 
 
 def fast_columns(raw: list, allowed: set[str], index: dict[str, int],
                  self_loops: bool) -> tuple[np.ndarray, ...] | None:
     """(src, dst, rtt, bw with NaN for null, loss, samples) of plainly well-formed links, in file
     order; None when any link needs the careful reader (which then finds and names the flaw)."""
-    if not all(type(o) is dict for o in raw):
+    if raw and set(map(type, raw)) != {dict}:
         return None
     keys = set(chain.from_iterable(raw))
     if not keys <= allowed or "imputed" in keys:
         return None
     try:
-        src = np.array([index[o["src"]] for o in raw], dtype=np.int64)
-        dst = np.array([index[o["dst"]] for o in raw], dtype=np.int64)
-        rtt = _numbers([o["rtt_ms"] for o in raw], NUMBER, 0.0)
+        # map over C-level getters: a third of the time of list comprehensions at 500k links
+        src = np.fromiter(map(index.__getitem__, map(itemgetter("src"), raw)), np.int64, len(raw))
+        dst = np.fromiter(map(index.__getitem__, map(itemgetter("dst"), raw)), np.int64, len(raw))
+        rtt = _numbers(list(map(itemgetter("rtt_ms"), raw)), NUMBER, 0.0)
     except (KeyError, TypeError):
         return None
-    bw = _numbers([o.get("bandwidth_gbps") for o in raw], NUMBER_OR_NULL, np.nan)
-    loss = _numbers([o.get("loss") for o in raw], NUMBER_OR_NULL, 0.0)
-    samples = _numbers([o.get("samples") for o in raw], NUMBER_OR_NULL, 0.0)
+    bw = _numbers(_column(raw, "bandwidth_gbps", keys), NUMBER_OR_NULL, np.nan)
+    loss = _numbers(_column(raw, "loss", keys), NUMBER_OR_NULL, 0.0)
+    samples = _numbers(_column(raw, "samples", keys), NUMBER_OR_NULL, 0.0)
     if rtt is None or bw is None or loss is None or samples is None:
         return None
     if (rtt < 0).any() or (bw < 0).any() or (loss < 0).any() or (loss > 1).any() \
