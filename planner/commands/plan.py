@@ -113,15 +113,17 @@ def planner_for(method: str) -> Callable:
     fn = getattr(importlib.import_module(module_name), function)
 
     def run(jobs, net, *, seed=0, progress=None, **options):
-        from planner.search.scale import plan_at_scale
+        from planner.search.scale import SEARCH_VIEWS, plan_at_scale
 
         kwargs = dict(extra)
         if method in SEEDED:
             kwargs["seed"] = seed
         kwargs.update({k: v for k, v in options.items()
                        if v is not None and k in OPTIONS.get(method, ())})
-        # Above SCALE_NODE_LIMIT servers every method plans on the best sites (a note says so).
-        return plan_at_scale(fn, jobs, net, progress=progress, **kwargs)
+        # Above SCALE_NODE_LIMIT servers every method plans on the best sites (a note says so);
+        # the search methods also on larger views, up to the whole fleet, and keep the best.
+        views = SEARCH_VIEWS if method in ("portfolio", "search") else 1
+        return plan_at_scale(fn, jobs, net, progress=progress, views=views, **kwargs)
 
     return run
 

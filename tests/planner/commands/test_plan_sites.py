@@ -22,7 +22,8 @@ def test_a_2000_server_regional_fleet_is_planned_end_to_end(tmp_path):
     result = run_cli("plan", REPO / "examples" / "jobs.yaml", "--fleet", fleet_path,
                      "--no-compare", "--out", out, timeout=600)
     assert result.returncode == 0, result.stderr
-    assert "planned on the 1500 servers" in result.stdout and "compute bound" in result.stdout
+    assert "fleet of 2000 servers: planned on" in result.stdout and "compute bound" in result.stdout
+    assert "best of views of 1,500, 1,732, 2,000 servers" in " ".join(result.stdout.split())
     plan = json.loads(out.read_text())
     assert plan["fleet"]["nodes"] == 2000 and not plan["unplaced"]
     ids = {n.id for n in load_fleet(fleet_path).nodes}

@@ -31,3 +31,28 @@ def test_small_fleets_are_planned_whole_and_large_ones_on_whole_sites():
     assert used and used <= set(keep.tolist())
     assert not [m for p in plan.placements for m in problems(p, net)]
     assert any("planned on the 40 servers" in note for note in plan.notes)
+
+
+def test_view_sizes_grow_geometrically_to_the_whole_fleet():
+    from planner.search.scale import view_sizes
+
+    assert view_sizes(900, 1500, 3) == [900]
+    assert view_sizes(10_000, 1500, 1) == [1500]
+    assert view_sizes(10_000, 1500, 3) == [1500, 3873, 10_000]
+    assert view_sizes(1501, 1500, 3) == [1500, 1501]
+
+
+def test_the_best_view_wins_by_the_cost_model():
+    from planner.core.costmodel import estimate_plan
+    from planner.core.generate import generate_jobs
+
+    # A fleet whose views give three different makespans (the smallest view beats the middle).
+    net = complete(generate_regional_fleet(100, 8, seed=6))
+    jobs = generate_jobs(4, seed=6)
+    alone = [plan_at_scale(plan_search, jobs, net, limit=size) for size in (25, 50)]
+    spans = [estimate_plan(p.placements, net).makespan_s for p in alone + [plan_search(jobs, net)]]
+    assert len(set(spans)) == 3
+    best = plan_at_scale(plan_search, jobs, net, limit=25, views=3)
+    assert estimate_plan(best.placements, net).makespan_s == min(spans)
+    assert any("best of views of 25, 50, 100 servers" in note for note in best.notes)
+    assert not [m for p in best.placements for m in problems(p, net)]
