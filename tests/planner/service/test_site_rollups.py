@@ -196,3 +196,27 @@ def test_registrations_answer_the_automatic_interval_unless_one_was_set():
     assert fixed.register(RegisterRequest("n0", address="10.0.0.0", location=NodeLocation(
         "Paris"))).settings.report_interval_s == 600.0
     store.close()
+
+
+def test_window_totals_summed_over_day_ranges_on_two_connections_equal_one_query(tmp_path):
+    """The window's sums are read as two day ranges side by side (a file store); they add up to
+    what one GROUP BY over the whole window gives, pairs found in one range only included."""
+    store, refs = make_store(tmp_path / "p.db", per_pair_up_to=100)
+    idx = {node: ref.idx for node, ref in refs.items()}
+    today = (T0 + 2 * DAY_MS) // DAY_MS
+    rows = []
+    for n, day in enumerate(range(today - 80, today + 1, 7)):   # both halves of a 90-day window
+        for k, (a, b) in enumerate([("par-1", "rom-1"), ("rom-1", "tok-1"), ("par-2", "par-1")]):
+            if (n + k) % 3:   # some pairs miss some days
+                rows.append((day, idx[a], idx[b], 10 + n, n % 3, 5.5 * (n + 1), 1.0, 100, 900, None))
+    rows.append((today - 85, idx["tok-1"], idx["nowhere"], 4, 1, 12.0, 1.0, 100, 900, None))
+    rows.append((today - 95, idx["par-1"], idx["tok-1"], 4, 0, 12.0, 1.0, 100, 900, None))  # too old
+    store.conn.executemany("INSERT INTO rollups VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    got = sorted(store.window_totals(90))
+    name = {v: k for k, v in idx.items()}
+    want = sorted((name[a], name[b], c, lost, total) for a, b, c, lost, total in store.conn.execute(
+        "SELECT src, dst, sum(count), sum(lost), total(sum) FROM rollups WHERE day >= ? "
+        "GROUP BY src, dst", (today - 89,)))
+    assert [g[:4] for g in got] == [w[:4] for w in want] and len(got) == 4
+    assert [g[4] for g in got] == pytest.approx([w[4] for w in want], rel=1e-12)
+    store.close()
