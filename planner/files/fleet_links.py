@@ -48,11 +48,11 @@ def _numbers(values: list, allowed: frozenset, default: float) -> np.ndarray | N
     return arr
 
 
-def _column(raw: list[dict], key: str, keys: set[str]) -> list:
-    """Every object's ``key`` (None where absent)."""
+def _column(raw: list[dict], key: str, keys: set[str], everywhere: bool) -> list:
+    """Every object's ``key`` (None where absent); ``everywhere``: every object has every key."""
     if key not in keys:
         return [None] * len(raw)
-    return list(map(methodcaller("get", key), raw))
+    return list(map(itemgetter(key) if everywhere else methodcaller("get", key), raw))
 
 
 def fast_columns(raw: list, allowed: set[str], index: dict[str, int],
@@ -71,9 +71,10 @@ def fast_columns(raw: list, allowed: set[str], index: dict[str, int],
         rtt = _numbers(list(map(itemgetter("rtt_ms"), raw)), NUMBER, 0.0)
     except (KeyError, TypeError):
         return None
-    bw = _numbers(_column(raw, "bandwidth_gbps", keys), NUMBER_OR_NULL, np.nan)
-    loss = _numbers(_column(raw, "loss", keys), NUMBER_OR_NULL, 0.0)
-    samples = _numbers(_column(raw, "samples", keys), NUMBER_OR_NULL, 0.0)
+    everywhere = set(map(len, raw)) <= {len(keys)}
+    bw = _numbers(_column(raw, "bandwidth_gbps", keys, everywhere), NUMBER_OR_NULL, np.nan)
+    loss = _numbers(_column(raw, "loss", keys, everywhere), NUMBER_OR_NULL, 0.0)
+    samples = _numbers(_column(raw, "samples", keys, everywhere), NUMBER_OR_NULL, 0.0)
     if rtt is None or bw is None or loss is None or samples is None:
         return None
     if (rtt < 0).any() or (bw < 0).any() or (loss < 0).any() or (loss > 1).any() \
