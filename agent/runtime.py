@@ -421,7 +421,7 @@ class AgentRuntime:
             self.events.heartbeat(True, sent_ms, epoch_ms(self.clock), result.server_time_ms)
             if result.reregister or result.peers_changed:
                 log.info("planner asks to register again (%s)",
-                         "unknown node" if result.reregister else "peers changed")
+                         "unknown node" if result.reregister else "peers or settings changed")
                 self.request_reregister()
 
     async def _watchdog_loop(self) -> None:

@@ -389,7 +389,7 @@ class HeartbeatResult:
 
     server_time_ms: int
     reregister: bool = False       # the planner does not know this node: Register again
-    peers_changed: bool = False    # Register again to fetch the new peer list
+    peers_changed: bool = False    # Register again to fetch the new peer list or settings
 
     def to_proto(self) -> hulk_pb2.HeartbeatResponse:
         return hulk_pb2.HeartbeatResponse(server_time_ms=self.server_time_ms,

@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 AUTO_REPORTS_PER_S = 20.0        # what the whole fleet sends at most with the automatic interval
 AUTO_REPORT_MIN_S = 5.0          # the agents' own interval: kept up to 100 nodes
 AUTO_REPORT_MAX_S = 600.0        # an agent holds at most this long's summaries before sending
+INTERVAL_DRIFT = 2.0             # a node given an interval this far off registers again
 
 
 def auto_report_interval_s(nodes: int) -> float:
@@ -107,6 +108,7 @@ class IngestService:
         self._nodes: dict[str, NodeRef] = self.store.node_refs()
         self._bounds: dict[tuple[int, int], float] = {}
         self._skew_ms: dict[str, int] = self.store.clock_skews()
+        self._given_interval_s: dict[str, float] = {}   # report interval each node registered with
         self._reloaded = False
 
     # -------------------------------------------------------------------------------- nodes
@@ -141,8 +143,21 @@ class IngestService:
                  request.inventory.count, f": {reason}" if reason else "")
         self.peer_plan.update(Peer(node.id, request.address, request.probe_port),
                               site_key(node.city))
-        return RegisterAnswer(self.peer_plan.answer(node.id), self.pushed_settings(), self.fleet,
-                              self.clock())
+        settings = self.pushed_settings()
+        self._given_interval_s[node.id] = settings.report_interval_s
+        return RegisterAnswer(self.peer_plan.answer(node.id), settings, self.fleet, self.clock())
+
+    def interval_drifted(self, node_id: str) -> bool:
+        """Whether the automatic report interval has moved a factor INTERVAL_DRIFT or more from
+        the one this node was given at registration (as the fleet grew or shrank): the node
+        then registers again to fetch it. The factor keeps a growing fleet from sending every
+        agent back to Register at each newcomer (a few times from 100 to 12,000 nodes)."""
+        given = self._given_interval_s.get(node_id)
+        if given is None:
+            return False
+        now = self.pushed_settings().report_interval_s
+        a, b = given or AUTO_REPORT_MIN_S, now or AUTO_REPORT_MIN_S   # 0: the agent's own 5 s
+        return max(a, b) >= INTERVAL_DRIFT * min(a, b)
 
     def pushed_settings(self) -> ProbeSettings:
         """The settings a registration answers: the report interval automatic (grown with the
@@ -169,8 +184,10 @@ class IngestService:
             self._skew_ms[request.node_id] = skew
         self.events.heartbeat(request.node_id)
         # The probe plan, not the store's peers version: a new node changes a few lists.
+        # "Register again" also fetches a report interval that drifted with the fleet's size.
         return HeartbeatResult(now, reregister=False,
-                               peers_changed=self.peer_plan.changed(request.node_id))
+                               peers_changed=self.peer_plan.changed(request.node_id)
+                               or self.interval_drifted(request.node_id))
 
     # ------------------------------------------------------------------------------ reports
 

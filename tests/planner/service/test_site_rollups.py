@@ -220,3 +220,30 @@ def test_window_totals_summed_over_day_ranges_on_two_connections_equal_one_query
     assert [g[:4] for g in got] == [w[:4] for w in want] and len(got) == 4
     assert [g[4] for g in got] == pytest.approx([w[4] for w in want], rel=1e-12)
     store.close()
+
+
+def test_a_node_registers_again_when_the_automatic_interval_drifts_with_the_fleet():
+    """An agent registered with a small fleet's interval is told at a heartbeat to Register again
+    once the fleet has grown enough to double it, and not again after it has."""
+    from hulk.wire.records import HeartbeatRequest
+
+    store = Store(":memory:", clock=lambda: T0)
+    ingest = IngestService(store, clock=lambda: T0)
+
+    def register(i: int):
+        return ingest.register(RegisterRequest(f"n{i}", address=f"10.0.{i // 200}.{i % 200}",
+                                               location=NodeLocation("Paris")))
+
+    assert register(0).settings.report_interval_s == 0.0      # its own 5 s
+    for i in range(1, 190):
+        register(i)                                            # 190 / 20 = 9.5 s: under 2x
+    assert not ingest.interval_drifted("n0")
+    for i in range(190, 200):
+        register(i)                                            # 200 / 20 = 10 s: 2x of 5 s
+    assert ingest.interval_drifted("n0") and not ingest.interval_drifted("n199")
+    beat = ingest.heartbeat(HeartbeatRequest("n0", time_ms=T0))
+    assert beat.peers_changed and not beat.reregister          # the agent's cue to Register
+    assert register(0).settings.report_interval_s == 10.0
+    assert not ingest.interval_drifted("n0")
+    assert not ingest.interval_drifted("never-registered")
+    store.close()
