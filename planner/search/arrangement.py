@@ -192,6 +192,8 @@ def _trade_allreduce(job: Job, net: Network, grid: np.ndarray, b: int, m: int,
         new_caps = np.minimum(caps, ar_cap)
         if (new_caps < 1).any() or new_caps.sum() < job.layers:
             break
+        if (new_caps >= best).all():
+            continue   # the best split so far fits under these caps: balancing gives it again
         alt = balance_layers(job, stage_thr, new_caps)
         if alt is None:
             break
