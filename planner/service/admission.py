@@ -4,7 +4,8 @@ Pure: wire records and numbers in, a checked value (or ``InputError`` naming the
 
 - A registration is refused whole when a field is out of bounds: node ids follow the node-id rule
   (they become MQTT topic levels and file names), addresses are IP addresses or host names,
-  texts are bounded and free of control characters, GPU figures are physically possible.
+  texts are bounded and free of control characters, a site name is printable, GPU figures are
+  physically possible.
 - A heartbeat is never refused for its launch report (that would make a live node look silent):
   over-long texts in it are cut to their bound instead.
 - A per-round summary is refused (with its batch) when its figures cannot be true:
