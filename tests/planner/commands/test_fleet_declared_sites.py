@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import time
 
+from hulk.wire.records import NodeLocation, RegisterRequest
 from planner import cli
 from planner.core.rollup import bucket_index
 from planner.files.fleet import load_fleet
-from hulk.wire.records import NodeLocation, RegisterRequest
 from planner.service.store import Store
 
 NODES = {"par-a0": ("Paris", "par-dc1"), "par-b0": ("Paris", "par-dc2"), "rome-0": ("Rome", "")}
