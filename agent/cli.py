@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--address", metavar="IP", help="the address peers probe (default: the interface "
                                          "towards the planner)")
     add("--city", metavar="NAME", help="city from the gazetteer (e.g. Beijing)")
+    add("--site", metavar="NAME", help="this node's site: a data centre, cloud region or city "
+                                       "(default: its city)")
     add("--interval", metavar="SECONDS", help="seconds between probe rounds to each peer "
                                               f"(default {PROBE_DEFAULTS.interval_s:g})")
     add("--state-dir", metavar="DIR", help="where the spool lives (default /var/lib/hulk-agent)")
@@ -70,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
     return load_config({
         "config": args.config, "planner": args.planner, "node_id": args.node_id,
-        "address": args.address, "city": args.city, "interval_s": args.interval,
+        "address": args.address, "city": args.city, "site": args.site,
+        "interval_s": args.interval,
         "state_dir": args.state_dir, "insecure": args.insecure, "ca": args.ca,
         "client_cert": args.client_cert, "client_key": args.client_key,
         "mqtt": args.mqtt, "spool_max": args.spool_max,

@@ -19,7 +19,7 @@ import yaml
 from hulk import settings
 from hulk.errors import ConfigError
 from hulk.wire.broker import parse_broker_url
-from hulk.wire.records import ProbeSettings
+from hulk.wire.records import SITE_MAX_CHARS, ProbeSettings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -35,6 +35,7 @@ class AgentConfig:
     node_id: str
     address: str = ""                 # "" = the outgoing interface's address towards the planner
     city: str = ""
+    site: str = ""                    # data centre, cloud region or city; "" = the city
     interval_s: float = PROBE_DEFAULTS.interval_s     # one probe round per peer per interval
     state_dir: Path = DEFAULT_STATE_DIR
     insecure: bool = False
@@ -74,6 +75,7 @@ SOURCES: dict[str, tuple[str | None, str | None]] = {
     "node_id": ("HULK_NODE_ID", "--node-id"),
     "address": ("HULK_ADDRESS", "--address"),
     "city": ("HULK_CITY", "--city"),
+    "site": ("HULK_SITE", "--site"),
     "interval_s": ("HULK_INTERVAL", "--interval"),
     "state_dir": ("HULK_STATE_DIR", "--state-dir"),
     "insecure": ("HULK_INSECURE", "--insecure"),
@@ -137,6 +139,16 @@ def _address(value: Any) -> str:
             ipaddress.ip_address(text)
         except ValueError:
             raise _Bad(f"expected an IP address, got {text!r}") from None
+    return text
+
+
+def _site(value: Any) -> str:
+    text = _text(value)
+    if len(text) > SITE_MAX_CHARS:
+        raise _Bad(f"expected a site name of at most {SITE_MAX_CHARS} characters, got "
+                   f"{len(text)}")
+    if not text.isprintable():
+        raise _Bad(f"expected a site name of printable characters, got {text!r}")
     return text
 
 
@@ -283,6 +295,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "node_id": _node_id,
     "address": _address,
     "city": _text,
+    "site": _site,
     "interval_s": _number(1.0, 86400.0, "seconds"),
     "state_dir": _path,
     "insecure": _boolean,

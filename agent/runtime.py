@@ -206,7 +206,8 @@ class AgentRuntime:
         """What Register tells the planner about this node."""
         city = geo.canonical_city(self.config.city) or self.config.city
         return RegisterRequest(node_id=self.config.node_id, hostname=self._hostname,
-                               location=NodeLocation(city, geo.coordinates(city)),
+                               location=NodeLocation(city, geo.coordinates(city),
+                                                     self.config.site),
                                agent_version=__version__, inventory=self.inventory or Inventory(),
                                address=self.config.address,
                                probe_port=self.listener.port if self.listener else 0)

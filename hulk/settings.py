@@ -26,6 +26,7 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_NODE_ID", "agent", "this node's id"),
     EnvVar("HULK_ADDRESS", "agent", "address peers probe (default: the outgoing interface's)"),
     EnvVar("HULK_CITY", "agent", "city name from the gazetteer"),
+    EnvVar("HULK_SITE", "agent", "this node's site: data centre, cloud region or city (default: its city)"),
     EnvVar("HULK_INTERVAL", "agent", "seconds between probe rounds to each peer"),
     EnvVar("HULK_STATE_DIR", "agent", "directory for the spool and placements"),
     EnvVar("HULK_CONFIG", "agent", "path of the agent's YAML config file"),

@@ -54,16 +54,18 @@ class GpuInventory(_message.Message):
     def __init__(self, gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., driver_version: _Optional[str] = ..., unavailable_reason: _Optional[str] = ...) -> None: ...
 
 class Location(_message.Message):
-    __slots__ = ("city", "has_coordinates", "latitude", "longitude")
+    __slots__ = ("city", "has_coordinates", "latitude", "longitude", "site")
     CITY_FIELD_NUMBER: _ClassVar[int]
     HAS_COORDINATES_FIELD_NUMBER: _ClassVar[int]
     LATITUDE_FIELD_NUMBER: _ClassVar[int]
     LONGITUDE_FIELD_NUMBER: _ClassVar[int]
+    SITE_FIELD_NUMBER: _ClassVar[int]
     city: str
     has_coordinates: bool
     latitude: float
     longitude: float
-    def __init__(self, city: _Optional[str] = ..., has_coordinates: _Optional[bool] = ..., latitude: _Optional[float] = ..., longitude: _Optional[float] = ...) -> None: ...
+    site: str
+    def __init__(self, city: _Optional[str] = ..., has_coordinates: _Optional[bool] = ..., latitude: _Optional[float] = ..., longitude: _Optional[float] = ..., site: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("node_id", "hostname", "location", "agent_version", "inventory", "address", "probe_port")

@@ -186,15 +186,20 @@ class Inventory:
                    driver_version=msg.driver_version, unavailable_reason=msg.unavailable_reason)
 
 
+SITE_MAX_CHARS = 100               # a site name's bound, checked by the agent and the planner
+
+
 @dataclass(frozen=True)
 class NodeLocation:
-    """Where a node is: a gazetteer city (may be empty) and (latitude, longitude) when known."""
+    """Where a node is: a gazetteer city (may be empty), (latitude, longitude) when known, and
+    the site it belongs to (a data centre, cloud region or city; "" for its city)."""
 
     city: str = ""
     coordinates: tuple[float, float] | None = None
+    site: str = ""
 
     def to_proto(self) -> hulk_pb2.Location:
-        msg = hulk_pb2.Location(city=self.city)
+        msg = hulk_pb2.Location(city=self.city, site=self.site)
         if self.coordinates is not None:
             msg.has_coordinates = True
             msg.latitude, msg.longitude = self.coordinates
@@ -202,7 +207,8 @@ class NodeLocation:
 
     @classmethod
     def from_proto(cls, msg: hulk_pb2.Location) -> NodeLocation:
-        return cls(msg.city, (msg.latitude, msg.longitude) if msg.has_coordinates else None)
+        return cls(msg.city, (msg.latitude, msg.longitude) if msg.has_coordinates else None,
+                   msg.site)
 
 
 @dataclass(frozen=True)

@@ -121,10 +121,13 @@ def cmd_show(args: argparse.Namespace) -> int:
     by_id = {r["id"]: r for r in rows or []}
     launch = any(r.get("launch_state") for r in by_id.values())
     table = Table(title=f"fleet {fleet.name}: {n} nodes", title_justify="left")
-    for col, justify in [("node", "left"), ("city", "left"), ("GPUs", "left"),
+    # A site column only when a node names a site of its own (else every site is its city).
+    sited = any(node.site for node in fleet.nodes)
+    for col, justify in [("node", "left"), ("city", "left"), ("site", "left"), ("GPUs", "left"),
                          ("memory GB", "right"), ("TFLOP/s", "right"),
                          ("links", "right"), ("mean RTT ms", "right")]:
-        table.add_column(col, justify=justify)
+        if col != "site" or sited:
+            table.add_column(col, justify=justify)
     if rows is not None:
         table.add_column("last seen")
         table.add_column("source")
@@ -152,8 +155,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             if reason:
                 gpus += f" ({reason})"
         # A cloud region's code alone does not say where it is: show its place too.
-        cells = [node.id, geo.region_label(node.city) or node.city or "-", gpus,
-                 f"{round(node.memory_gb, 1):g}",
+        cells = [node.id, geo.region_label(node.city) or node.city or "-",
+                 *([node.site_key or "-"] if sited else []), gpus, f"{round(node.memory_gb, 1):g}",
                  f"{network.thr[i] / 1e12:,.0f}", f"{measured_peers[node.id]}/{n - 1}",
                  f"{rtt_sum[i] / rtt_count[i]:.1f}" if rtt_count[i] else "-"]
         if rows is not None:

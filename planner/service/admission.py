@@ -4,7 +4,8 @@ Pure: wire records and numbers in, a checked value (or ``InputError`` naming the
 
 - A registration is refused whole when a field is out of bounds: node ids follow the node-id rule
   (they become MQTT topic levels and file names), addresses are IP addresses or host names,
-  texts are bounded and free of control characters, GPU figures are physically possible.
+  texts are bounded and free of control characters, a site name is printable, GPU figures are
+  physically possible.
 - A heartbeat is never refused for its launch report (that would make a live node look silent):
   over-long texts in it are cut to their bound instead.
 - A per-round summary is refused (with its batch) when its figures cannot be true:
@@ -22,15 +23,16 @@ from dataclasses import replace
 
 from hulk.errors import InputError
 from hulk.wire.histogram import OVERFLOW, bucket_index
-from hulk.wire.records import LaunchStatus, PeerSummary, ProbeKind, RegisterRequest
+from hulk.wire.records import (SITE_MAX_CHARS, LaunchStatus, PeerSummary, ProbeKind,
+                               RegisterRequest)
 
 NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 HOST_NAME_RE = re.compile(r"(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
                           r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?")
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
-TEXT_LIMITS = {"hostname": 255, "city": 100, "agent_version": 64, "inventory.driver_version": 64,
-               "inventory.unavailable_reason": 1024, "gpu.name": 128, "gpu.uuid": 128}
+TEXT_LIMITS = {"hostname": 255, "city": 100, "site": SITE_MAX_CHARS, "agent_version": 64,
+               "inventory.driver_version": 64, "inventory.unavailable_reason": 1024, "gpu.name": 128, "gpu.uuid": 128}
 MAX_GPUS = 64
 MAX_GPU_MEMORY_BYTES = 1 << 44          # 16 TiB on one GPU: anything above is a lie or a bug
 MAX_COMPUTE_CAPABILITY = 100.0
@@ -48,6 +50,18 @@ def check_text(value: str, field: str, limit: int) -> str:
         raise InputError("expected text without control characters (NUL, newline, ...)",
                          field=field)
     return value
+
+
+def check_site(site: str, field: str = "location.site") -> str:
+    """"" (the node's city is its site) or a site name: at most SITE_MAX_CHARS printable
+    characters (it keys the store's sites, fleet files and tables: no control, format or
+    line-separator characters)."""
+    check_text(site, field, TEXT_LIMITS["site"])
+    if not site.isprintable():
+        bad = next(c for c in site if not c.isprintable())
+        raise InputError(f"expected printable text, got the character U+{ord(bad):04X}",
+                         field=field)
+    return site
 
 
 def check_node_id(node_id: str, field: str = "node_id") -> str:
@@ -79,6 +93,7 @@ def check_registration(request: RegisterRequest) -> RegisterRequest:
     check_text(request.hostname, "hostname", TEXT_LIMITS["hostname"])
     check_text(request.agent_version, "agent_version", TEXT_LIMITS["agent_version"])
     check_text(request.location.city, "location.city", TEXT_LIMITS["city"])
+    check_site(request.location.site)
     check_address(request.address)
     if not 0 <= request.probe_port <= 65535:
         raise InputError(f"expected a TCP port 0-65535, got {request.probe_port}",

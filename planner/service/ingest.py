@@ -23,10 +23,11 @@ alone. A batch may mix raw samples and summaries; records are counted, a summary
 
 Registrations are checked field by field (``admission.check_registration``) before anything is
 stored. A registration's peers, and Heartbeat's ``peers_changed``, come from the probe plan
-(``planner.service.peer_plan``): the node's own site and a few representatives of every other
-site, at most ``probe.peer_bound``, rotated every ``probe.epoch_s``. Its settings carry the
-report interval: ``settings.report_interval_s`` when set (serve --report-seconds), else one that
-grows with the fleet (``auto_report_interval_s``: at most about 20 Reports a second in all).
+(``planner.service.peer_plan``): the node's own site (the one its agent declares, else its
+city) and a few representatives of every other site, at most ``probe.peer_bound``, rotated
+every ``probe.epoch_s``. Its settings carry the report interval: ``settings.report_interval_s``
+when set (serve --report-seconds), else one that grows with the fleet
+(``auto_report_interval_s``: at most about 20 Reports a second in all).
 
 The gRPC servicer (``planner.service.servicer``) only converts protos and calls this.
 """
@@ -44,7 +45,6 @@ from hulk.wire import histogram
 from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, Peer, PeerSummary, ProbeSample,
                                ProbeSettings, RegisterAnswer, RegisterRequest, ReportRequest,
                                ReportResult)
-from planner.core.probe_plan import site_key
 from planner.core.rollup import bucket_index
 from planner.service.metrics import NO_EVENTS, ServeEvents
 from planner.service.admission import (KNOWN_KINDS, MAX_PAYLOAD_BYTES, MAX_TIMEOUT_MS,
@@ -102,9 +102,7 @@ class IngestService:
     probe: ProbePlanSettings = field(default_factory=ProbePlanSettings)
 
     def __post_init__(self) -> None:
-        self.peer_plan = PeerPlanner(((peer, site_key(city))
-                                      for peer, city in self.store.probe_members()),
-                                     self.probe, clock=self.clock)
+        self.peer_plan = PeerPlanner(self.store.probe_members(), self.probe, clock=self.clock)
         self._nodes: dict[str, NodeRef] = self.store.node_refs()
         self._bounds: dict[tuple[int, int], float] = {}
         self._skew_ms: dict[str, int] = self.store.clock_skews()
@@ -138,11 +136,11 @@ class IngestService:
         self.events.registered(node.id)
         self._bounds.clear()  # the node may have moved
         reason = request.inventory.unavailable_reason
-        log.info("registered %s (%s, %s, %d GPUs%s)", request.node_id,
+        log.info("registered %s (%s, %s%s, %d GPUs%s)", request.node_id,
                  request.address or "no address", node.city or "no city",
+                 f", site {node.site}" if request.location.site.strip() else "",
                  request.inventory.count, f": {reason}" if reason else "")
-        self.peer_plan.update(Peer(node.id, request.address, request.probe_port),
-                              site_key(node.city))
+        self.peer_plan.update(Peer(node.id, request.address, request.probe_port), node.site)
         settings = self.pushed_settings()
         self._given_interval_s[node.id] = settings.report_interval_s
         return RegisterAnswer(self.peer_plan.answer(node.id), settings, self.fleet, self.clock())

@@ -12,7 +12,7 @@ Two kinds:
   out); the collector reads the store on the store's thread and keeps a snapshot a few seconds.
 
 Labels stay bounded: per node, per state or reason (fixed sets), and links per *site* pair (a
-site is the node's city, or its id when it has none), never per raw peer pair of a large fleet.
+site is the one the node's agent declared, else its city, else its id), never per raw peer pair of a large fleet.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from hulk import __version__
+from planner.core.probe_plan import site_key
 
 log = logging.getLogger(__name__)
 disable_created_metrics()   # no *_created series: the process's start time says the same
@@ -104,7 +105,13 @@ class FleetSnapshot:
 
 
 def site_of(row: Mapping[str, Any]) -> str:
-    return (row.get("city") or "").strip() or str(row["id"])
+    """A node's site label: the site its agent declared (``Store.nodes``' ``site`` when it is not
+    its city's), else its city as written, else its id."""
+    city = (row.get("city") or "").strip()
+    site = row.get("site")
+    if site and site != site_key(city):
+        return site
+    return city or str(row["id"])
 
 
 def fleet_snapshot(node_rows: Sequence[Mapping[str, Any]], job_states: Iterable[str],

@@ -39,13 +39,15 @@ def now_ms() -> int:
 
 @dataclass(frozen=True)
 class NodeRef:
-    """What ingest needs per node: its row index and where it is."""
+    """What ingest needs per node: its row index, where it is and its site (the one it
+    declared, else its city: ``planner.core.probe_plan.site_key``)."""
 
     idx: int
     id: str
     city: str | None
     latitude: float | None
     longitude: float | None
+    site: str | None = None
 
 
 # Raw sample row as stored: (src idx, dst idx, sent_ms, kind, payload, lost, rtt_ms, bucket).
@@ -92,9 +94,11 @@ class Store(RollupReads, JobRecords, Database):
 
     def register(self, reg: RegisterRequest) -> tuple[NodeRef, bool]:
         """Insert or update a node from its agent's registration; returns (node, peers changed
-        for others). The peers version goes up when a node is new or moves address/port."""
+        for others). The peers version goes up when a node is new or moves address/port. The
+        node's site is the one it declares, else its city; registering with another moves it."""
         t = self.clock()
         city = reg.location.city.strip() or None
+        site = site_key(city, reg.location.site)
         latitude, longitude = reg.location.coordinates or (None, None)
         inventory = reg.inventory
         gpus_json = json.dumps([asdict(g) for g in inventory.gpus])
@@ -103,7 +107,7 @@ class Store(RollupReads, JobRecords, Database):
             row = conn.execute("SELECT idx, address, probe_port FROM nodes WHERE id = ?",
                                (reg.node_id,)).fetchone()
             version = int(self._meta("peers_version", "0"))
-            site_idx = self.site_index(conn, site_key(city))
+            site_idx = self.site_index(conn, site)
             changed = row is None or row[1] != reg.address or row[2] != reg.probe_port
             if changed:
                 version += 1
@@ -129,13 +133,14 @@ class Store(RollupReads, JobRecords, Database):
                 idx = row[0]
                 sets = ", ".join(f"{k} = ?" for k in values)
                 conn.execute(f"UPDATE nodes SET {sets} WHERE idx = ?", (*values.values(), idx))
-        return NodeRef(idx, reg.node_id, city, latitude, longitude), changed
+        return NodeRef(idx, reg.node_id, city, latitude, longitude, site), changed
 
     def node_refs(self) -> dict[str, NodeRef]:
         with self._lock, self._errors("read nodes"):
             rows = self.conn.execute(
-                "SELECT idx, id, city, latitude, longitude FROM nodes").fetchall()
-        return {r[1]: NodeRef(r[0], r[1], r[2], r[3], r[4]) for r in rows}
+                "SELECT n.idx, n.id, n.city, n.latitude, n.longitude, s.name FROM nodes n "
+                "LEFT JOIN sites s ON s.idx = n.site_idx").fetchall()
+        return {r[1]: NodeRef(*r) for r in rows}
 
     def peers(self, node_id: str) -> tuple[Peer, ...]:
         """Every other node registered by an agent, by id."""
@@ -146,12 +151,12 @@ class Store(RollupReads, JobRecords, Database):
         return tuple(Peer(r[0], r[1] or "", r[2] or 0) for r in rows)
 
     def probe_members(self) -> list[tuple[Peer, str | None]]:
-        """Every node registered by an agent, as a peer with its city (the probe plan's
-        input), by id."""
+        """Every node registered by an agent, as a peer with its site (the one it declared,
+        else its city; the probe plan's input), by id."""
         with self._lock, self._errors("read peers"):
             rows = self.conn.execute(
-                "SELECT id, address, probe_port, city FROM nodes WHERE source = 'agent' "
-                "ORDER BY id").fetchall()
+                "SELECT n.id, n.address, n.probe_port, s.name FROM nodes n LEFT JOIN sites s "
+                "ON s.idx = n.site_idx WHERE n.source = 'agent' ORDER BY n.id").fetchall()
         return [(Peer(r[0], r[1] or "", r[2] or 0), r[3]) for r in rows]
 
     def heartbeat(self, node_id: str, *, spool_depth: int = 0, spool_dropped: int = 0,

@@ -55,6 +55,8 @@ def test_config_flag_beats_hulk_config(tmp_path: Path):
     ({"planner": "nohostport"}, {}, "--planner: planner: expected HOST:PORT"),
     ({}, {"HULK_MQTT": "http://x"}, "HULK_MQTT: mqtt: expected a broker URL"),
     ({"ca": "/nonexistent/ca.pem"}, {}, "--ca: ca: expected a readable CA certificate file"),
+    ({"site": "s" * 101}, {}, "--site: site: expected a site name of at most 100 characters"),
+    ({}, {"HULK_SITE": "dc\u200b2"}, "HULK_SITE: site: expected a site name of printable"),
 ])
 def test_bad_values_name_source_field_and_expectation(flags, env, expected):
     with pytest.raises(ConfigError) as caught:
@@ -105,3 +107,27 @@ def test_config_is_frozen():
     config = load_config(BASE, env_reader=env_of({}))
     with pytest.raises(AttributeError):
         config.node_id = "other"  # type: ignore[misc]
+
+
+def test_site_comes_from_file_env_or_flag_and_defaults_to_empty(tmp_path: Path):
+    """The node's site (issue 13): "" leaves the node in its city's site."""
+    assert load_config(BASE, env_reader=env_of({})).site == ""
+    path = tmp_path / "agent.yaml"
+    path.write_text("planner: p:1\nnode_id: n\ncity: Frankfurt\nsite: fra-dc2\n")
+    env = {"HULK_CONFIG": str(path)}
+    assert load_config({}, env_reader=env_of(env)).site == "fra-dc2"
+    env["HULK_SITE"] = " aws:eu-central-1 "
+    assert load_config({}, env_reader=env_of(env)).site == "aws:eu-central-1"
+    config = load_config({"site": "fra-dc3"}, env_reader=env_of(env))
+    assert (config.city, config.site) == ("Frankfurt", "fra-dc3")
+    path.write_text("planner: p:1\nnode_id: n\nsite:\n  - a list\n")
+    with pytest.raises(ConfigError, match=r"agent.yaml:3: site: expected a single value"):
+        load_config({}, env_reader=env_of({"HULK_CONFIG": str(path)}))
+
+
+def test_the_site_flag_of_the_command_line():
+    from agent.cli import build_parser, config_from_args
+
+    args = build_parser().parse_args(["--planner", "p:1", "--node-id", "n", "--city", "Paris",
+                                      "--site", "par-dc2"])
+    assert config_from_args(args).site == "par-dc2"

@@ -27,6 +27,8 @@ RECORDS = [
     Inventory(unavailable_reason="NVML library not found"),
     NodeLocation("Tokyo", (35.68, 139.69)),
     NodeLocation(),
+    NodeLocation("Paris", (48.86, 2.35), site="par-dc2"),
+    NodeLocation(site="aws:us-east-1"),
     RegisterRequest("a", hostname="host-a", location=NodeLocation("Paris", (48.86, 2.35)),
                     agent_version="0.1.0", inventory=Inventory(gpus=(A100,) * 2),
                     address="10.0.0.1", probe_port=7000),
@@ -104,3 +106,11 @@ def test_a_sample_kind_from_a_newer_agent_is_kept_as_sent():
     message = hulk_pb2.ReportRequest(node_id="a", batch_id="b",
                                      samples=[hulk_pb2.Sample(peer_id="p", kind=7)])
     assert ReportRequest.from_proto(message).samples[0].kind == 7
+
+
+def test_a_location_carries_its_site_as_field_5_and_an_old_agents_reads_as_no_site():
+    # Field 5, length-delimited (tag 0x2a): the number the proto gives the site, forever.
+    assert NodeLocation(site="par-dc2").to_proto().SerializeToString() == b"\x2a\x07par-dc2"
+    # What an agent from before the site field sends: the city alone.
+    old = hulk_pb2.RegisterRequest.FromString(b"\n\x01a\x1a\x07\n\x05Paris")
+    assert RegisterRequest.from_proto(old).location == NodeLocation("Paris", None, "")

@@ -62,6 +62,10 @@ def stored_times(service: IngestService) -> list[int]:
     (RegisterRequest("n1", address="not an address!"), "address"),
     (RegisterRequest("n1", probe_port=70_000), "probe_port"),
     (RegisterRequest("n1", location=NodeLocation(city="c" * 1000)), "location.city"),
+    (RegisterRequest("n1", location=NodeLocation("Paris", site="s" * 101)), "location.site"),
+    (RegisterRequest("n1", location=NodeLocation("Paris", site="dc\n1")), "location.site"),
+    (RegisterRequest("n1", location=NodeLocation(site="dc\u20281")), "location.site"),
+    (RegisterRequest("n1", location=NodeLocation(site="dc\u200b")), "location.site"),
     (RegisterRequest("n1", inventory=Inventory(gpus=(GpuInfo("g"),) * 100_000)), "inventory.gpus"),
     (RegisterRequest("n1", inventory=Inventory(gpus=(GpuInfo("g", memory_bytes=2 ** 64 - 1),))),
      "inventory.gpus[0].memory_bytes"),
@@ -78,7 +82,9 @@ def test_hostile_registrations_are_refused_and_store_nothing(ingest, request_, f
 def test_sane_registrations_pass():
     for request_ in (RegisterRequest("gpu-01.example", address="gpu-01.example.org"),
                      RegisterRequest("n_2", address="2001:db8::1", probe_port=7),
-                     RegisterRequest("N3", address="", hostname="Ünïcödé host")):
+                     RegisterRequest("N3", address="", hostname="Ünïcödé host"),
+                     RegisterRequest("n4", location=NodeLocation("Paris", site="Paris DC 2")),
+                     RegisterRequest("n5", location=NodeLocation(site="s" * 100))):
         assert admission.check_registration(request_) is request_
 
 

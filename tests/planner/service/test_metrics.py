@@ -127,6 +127,17 @@ def test_site_pairs_merge_nodes_of_one_city_and_imported_nodes_count_apart():
     assert link.mean_rtt_s == pytest.approx(120.0 / 8 / 1000)
 
 
+def test_link_labels_use_a_declared_site_and_else_the_city_as_written():
+    # Store.nodes' "site": the declared one, else the city's (the gazetteer's name).
+    rows = [{"id": "bj-1", "city": "Beijing", "site": "bj-dc1", "last_seen_ms": 0},
+            {"id": "bj-2", "city": "Beijing", "site": "bj-dc2", "last_seen_ms": 0},
+            {"id": "bj-3", "city": "beijing", "site": "Beijing", "last_seen_ms": 0}]
+    pairs = [PairRollup("bj-1", "bj-2", DailyRollup(count=4, lost=0, sum=4.0)),
+             PairRollup("bj-3", "bj-2", DailyRollup(count=2, lost=0, sum=2.0))]
+    snap = fleet_snapshot(rows, [], pairs, now_ms=20_000, node_timeout_s=10)
+    assert set(snap.links) == {("bj-dc1", "bj-dc2"), ("beijing", "bj-dc2")}
+
+
 def test_a_store_that_cannot_be_read_answers_the_scrape_with_read_ok_zero():
     calls = []
 
