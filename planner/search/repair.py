@@ -224,7 +224,9 @@ def repair_job(placement: Placement, net: Network, lost: set[int], free: np.ndar
     before = estimate(placement, net).job_s
     if not lost:
         return JobRepair(placement, "unchanged", before, before)
-    free = np.setdiff1d(np.asarray(free, dtype=np.int64), np.array(sorted(lost), dtype=np.int64))
+    survivors = np.array(sorted(set(placement.nodes) - lost), dtype=np.int64)
+    # Spares: free nodes that are not the job's own (the lost ones included).
+    free = np.setdiff1d(np.asarray(free, dtype=np.int64), np.array(placement.nodes, dtype=np.int64))
     found: dict[str, tuple[Placement, Estimate]] = {}
     sub = substitutes(placement, net, lost, free)
     if sub is not None:
@@ -237,7 +239,8 @@ def repair_job(placement: Placement, net: Network, lost: set[int], free: np.ndar
         found["shrink"] = shrunk
     if refine and found:
         start = min(found.values(), key=lambda f: f[1].iteration_s)[0]
-        spare = np.setdiff1d(free, np.array(start.nodes, dtype=np.int64))
+        # Survivors a shrink left out are free again for the refinement.
+        spare = np.setdiff1d(np.union1d(free, survivors), np.array(start.nodes, dtype=np.int64))
         labels = network_clusters(net) if labels is None else labels
         refined = _refined(start, net, spare, labels)
         if refined is not None:
