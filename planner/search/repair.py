@@ -46,6 +46,9 @@ NEAREST_SPARES = 16        # free nodes nearest to a lost slot's neighbours that
 FASTEST_SPARES = 8         # plus the fastest free nodes within CLUSTER_RTT_MS of them
 MIGRATE_CLUSTERS = 2       # largest free clusters (larger than the job's own) tried on their own
 STEPS = ("substitute", "shrink", "refine")   # least change first: wins ties
+# A substitute within this share of the job's old time restored it: its neighbourhood (already
+# refined by the search) gets no dense re-solve, the costliest step for a large job.
+RESTORED_WITHIN = 0.01
 
 
 @dataclass(frozen=True)
@@ -188,12 +191,15 @@ def refine_pools(net: Network, labels: np.ndarray, group: np.ndarray, free: np.n
     return pools, deep
 
 
-def _refined(start: Placement, net: Network, free: np.ndarray, labels: np.ndarray
-             ) -> tuple[Placement, Estimate] | None:
+def _refined(start: Placement, net: Network, free: np.ndarray, labels: np.ndarray,
+             restored: bool) -> tuple[Placement, Estimate] | None:
     """A bounded local search from ``start``: every pool of :func:`refine_pools` re-solved at
     the search's "normal" effort with the start's (D, b) as the hint, then the search's dense
-    re-solve (:func:`deep_solve`) on the most promising pool, the job's own neighbourhood and
-    the migrations (at most four dense re-solves in all, the costly step: 0.01-0.5 s each).
+    re-solve (:func:`deep_solve`) on the job's own neighbourhood, the migrations and the most
+    promising other pool (at most four dense re-solves, the costly step: 0.01-0.4 s each at
+    1,000 servers). ``restored``: a spare made the job about as fast as before the loss
+    (``RESTORED_WITHIN``); its neighbourhood is then the one the search already refined, and
+    gets no dense re-solve.
     The best placement found, or None when nothing beats ``start``."""
     job = start.job
     hint = (start.replicas, start.micro_batch)
@@ -206,7 +212,12 @@ def _refined(start: Placement, net: Network, free: np.ndarray, labels: np.ndarra
         scored.append((e.iteration_s, k))
         if p is not None and (best is None or e.iteration_s < best[1].iteration_s * (1 - 1e-12)):
             best = (p, e)
-    for k in sorted(set(deep) | {min(scored)[1]}):
+    promising = min(scored)[1]
+    if promising > deep[0]:   # the job's own nodes alone are inside its neighbourhood's pool
+        deep.append(promising)
+    if restored:
+        deep = deep[1:]
+    for k in sorted(set(deep)):
         pool = pools[k]
         p, e = deep_solve(job, net, pool, labels[pool], hint)
         if p is not None and (best is None or e.iteration_s < best[1].iteration_s * (1 - 1e-12)):
@@ -242,7 +253,9 @@ def repair_job(placement: Placement, net: Network, lost: set[int], free: np.ndar
         # Survivors a shrink left out are free again for the refinement.
         spare = np.setdiff1d(np.union1d(free, survivors), np.array(start.nodes, dtype=np.int64))
         labels = network_clusters(net) if labels is None else labels
-        refined = _refined(start, net, spare, labels)
+        restored = ("substitute" in found
+                    and found["substitute"][1].job_s <= before * (1 + RESTORED_WITHIN))
+        refined = _refined(start, net, spare, labels, restored)
         if refined is not None:
             found["refine"] = refined
     if not found:
