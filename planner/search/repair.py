@@ -7,20 +7,21 @@ already a refined solution, and changes only what the lost nodes force:
 1. **Substitute** (:func:`substitutes`): each lost node's slot (stage k, replica p) gets the
    free node that the cost model likes best among a short list: the free nodes nearest to the
    slot's neighbours (the other nodes of stage k's ring and replica p's previous and next
-   stage; same site first) and the fastest free nodes within ``CLUSTER_RTT_MS`` of them. Layer
-   ranges are kept, and also re-balanced for the new node (:func:`evaluate_grid`).
+   stage; worst RTT to any of them) and the fastest free nodes within ``CLUSTER_RTT_MS`` of
+   them. Layer ranges are kept, and also re-balanced for the new node (:func:`evaluate_grid`).
 2. **Shrink**: without a good spare, drop the lost nodes' replicas (D smaller) or stages (K
    smaller, layers re-balanced within memory), every micro-batch size tried.
-3. **Refine** (bounded): the best of those is the start of the search's own bottleneck step
-   (planner.search.grow, :func:`grow_bottleneck`: dense replica counts on the job's nodes plus
-   the idle nodes of its clusters and of the nearest clusters) on a sub-network of the job's
-   surviving nodes and the free ones, and a re-solve on its own nodes (:func:`solve_group`).
+3. **Refine** (bounded, :func:`refine_pools`): from the best of those, the search's per-group
+   solver (:func:`solve_group`, "normal" effort, the start's (D, b) as the hint) on the job's
+   nodes, plus its clusters' free nodes, plus the 1 and 2 nearest clusters, and on each of the
+   largest free clusters; then the search's dense re-solve (:func:`deep_solve`) on the job's
+   neighbourhood, the largest free clusters and the most promising other pool.
 
 Every candidate is judged by the reference cost model (costmodel.estimate); the fastest wins,
 ties to the least change (substitute, shrink, refine, in that order). Other jobs keep their
 placements, a repaired job keeps its phase, and no down node or node of another job (of any
-phase) is ever used. Deterministic: ties are broken by node index; the refinement's wall-clock
-cap (``budget_s``) is a safety stop only, like the search's, and a note says when it was hit.
+phase) is ever used. Deterministic: the work is fixed (no wall-clock cap) and ties are broken
+by node index. At 1,000 servers a repair takes 0.1-0.4 s of CPU (bench/replan_bench.py).
 
 :func:`repair_jobs` repairs every affected job that has a placement and hands the rest (and
 any it cannot repair) to the full re-plan, with the same result type.
