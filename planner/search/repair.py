@@ -45,7 +45,7 @@ from planner.search.groups import EFFORTS, deep_solve, evaluate_grid, micro_batc
 
 NEAREST_SPARES = 16        # free nodes nearest to a lost slot's neighbours that are tried
 FASTEST_SPARES = 8         # plus the fastest free nodes within CLUSTER_RTT_MS of them
-MIGRATE_CLUSTERS = 2       # largest free clusters (larger than the job's own) tried on their own
+MIGRATE_CLUSTERS = 2       # largest free clusters elsewhere, tried on their own
 STEPS = ("substitute", "shrink", "refine")   # least change first: wins ties
 # A substitute within this share of the job's old time restored it: its neighbourhood (already
 # refined by the search) gets no dense re-solve, the costliest step for a large job.
