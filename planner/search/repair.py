@@ -50,6 +50,7 @@ STEPS = ("substitute", "shrink", "refine")   # least change first: wins ties
 # A substitute within this share of the job's old time restored it: its neighbourhood (already
 # refined by the search) gets no dense re-solve, the costliest step for a large job.
 RESTORED_WITHIN = 0.01
+DEEP_NODE_BUDGET = 200     # servers over all dense re-solves beyond the ones always made
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,8 @@ def _refined(start: Placement, net: Network, free: np.ndarray, labels: np.ndarra
     """A bounded local search from ``start``: every pool of :func:`refine_pools` re-solved at
     the search's "normal" effort with the start's (D, b) as the hint, then the search's dense
     re-solve (:func:`deep_solve`) on the job's own neighbourhood, the migrations and the most
-    promising other pool (at most four dense re-solves, the costly step: 0.01-0.4 s each at
-    1,000 servers). ``restored``: a spare made the job about as fast as before the loss
+    promising other pool (the costly step: 0.01-0.4 s each at 1,000 servers), and the other
+    pools while the servers of all dense re-solves stay within ``DEEP_NODE_BUDGET``. ``restored``: a spare made the job about as fast as before the loss
     (``RESTORED_WITHIN``); its neighbourhood is then the one the search already refined, and
     gets no dense re-solve.
     The best placement found, or None when nothing beats ``start``."""
@@ -218,6 +219,13 @@ def _refined(start: Placement, net: Network, free: np.ndarray, labels: np.ndarra
         deep.append(promising)
     if restored:
         deep = deep[1:]
+    # The other pools too while the dense re-solves stay small: their first scores often tie,
+    # and for a small job the dense re-solve of a wider pool can find what "normal" does not.
+    size = sum(pools[k].size for k in set(deep))
+    for k in range(len(pools)):
+        if k not in deep and k > 0 and size + pools[k].size <= DEEP_NODE_BUDGET:
+            deep.append(k)
+            size += pools[k].size
     for k in sorted(set(deep)):
         pool = pools[k]
         p, e = deep_solve(job, net, pool, labels[pool], hint)
