@@ -7,7 +7,9 @@ does the reading and pushing):
 - :func:`jobs_using`: the jobs of a plan that have a role on any of those nodes.
 - :func:`replan_jobs`: keep every other job's placement as it is; plan the affected jobs with the
   given planner on a sub-network of the *free* nodes (neither down nor used by a kept job), and
-  map the result back to the full network's indices.
+  map the result back to the full network's indices. Serve's recovery first tries the
+  warm-started repair (planner/search/repair.py, ``repair_jobs``: same inputs, same result
+  type) and uses this only for the jobs it cannot repair.
 
 Growth: a node that registers joins the store's fleet and is used by the next plan (``plan
 --push`` or the next recovery's free nodes); a running plan is not reshuffled for a newcomer,

@@ -4,7 +4,10 @@
 from the broker's retained summary (so plans pushed by ``hulk-planner plan --push`` are covered
 too), the heartbeat times from the store, and when a node of the plan is down, re-plans (the
 decisions are planner/core/recovery.py's), pushes the changed nodes' placements and the new
-summary, and logs the time from detection to push.
+summary, and logs the time from detection to push. The affected jobs are first repaired from
+their running placements (planner/search/repair.py: a free node in the lost one's slot, or a
+smaller pipeline, then a bounded local search; well under a second at 1,000 servers); a job that
+cannot be repaired, or whose placement is unknown, is re-planned in full with ``search``.
 
 Only what is signed by the planner's own key is acted on: a summary that fails verification is
 logged and left alone (never re-planned from, never re-signed), and re-signing reads back each
@@ -31,8 +34,9 @@ from planner.core.fleet import Network, complete
 from planner.core.placements import (build_node_placements, build_summary, job_from_spec,
                                      plan_from_summary)
 from planner.core.plan import Plan, Unplaced
-from planner.core.recovery import SearchFn, down_nodes, jobs_using, replan_jobs
+from planner.core.recovery import Replan, SearchFn, down_nodes, jobs_using
 from planner.search import plan_search
+from planner.search.repair import repair_jobs
 from planner.service.graph import fleet_from_store
 from planner.service.metrics import NO_EVENTS, ServeEvents, plan_makespan_s
 from planner.service.publisher import (RESIGN_BEFORE_MS, VALIDITY_MS, MqttPublisher, Publisher, new_plan_id,
@@ -59,8 +63,9 @@ class Replanner:
 
     Inputs are callables (the serve runtime passes store reads run on the store's thread):
     ``last_seen()`` -> node id -> last heartbeat (epoch ms); ``network()`` -> the live Network;
-    ``addresses()`` -> node id -> registered address (rendezvous addresses). ``search`` plans
-    the affected jobs (serve passes the GNN when it has a model dir).
+    ``addresses()`` -> node id -> registered address (rendezvous addresses). ``replan`` decides
+    the new plan (default: :func:`repair_jobs`, the warm-started repair); ``search`` plans the
+    affected jobs it cannot repair (serve passes the GNN when it has a model dir).
 
     A restarted planner knows only heartbeats from before it went down: every node gets a full
     ``timeout_s`` after ``started_ms`` (when serve started) to reach it before it can be called
@@ -78,7 +83,8 @@ class Replanner:
                  finished_jobs: Callable[[], Awaitable[set[str]]] | None = None,
                  on_replanned: Callable[..., Awaitable[None]] | None = None,
                  restart_counts: Callable[[], Awaitable[Mapping[str, int]]] | None = None,
-                 events: ServeEvents = NO_EVENTS):
+                 events: ServeEvents = NO_EVENTS,
+                 replan: Callable[..., Replan] = repair_jobs):
         self.publisher = publisher
         self.fleet = fleet
         self.signer = signer
@@ -88,6 +94,7 @@ class Replanner:
         self.addresses = addresses
         self.timeout_s = timeout_s
         self.search = search
+        self.replan = replan
         self.seed = seed
         self.clock_ms = clock_ms
         self.monotonic = monotonic
@@ -135,7 +142,9 @@ class Replanner:
         affected = [job_from_spec(n, specs[n].spec) for n in sorted(affected_names)]
         plan = Plan(method=summary.method, placements=plan.placements,
                     unplaced=[Unplaced(name, reason) for name, reason, _ in summary.unplaced])
-        result = replan_jobs(plan, net, affected, down, search=self.search, seed=self.seed)
+        result = self.replan(plan, net, affected, down, search=self.search, seed=self.seed)
+        for note in result.plan.notes:   # how each job was repaired or re-planned
+            log.info("recovery: %s", note)
 
         plan_id = new_plan_id(now)
         job_plan_ids = {n: plan_ids[n] for n in result.kept}

@@ -208,3 +208,48 @@ async def test_a_replanned_job_starts_again_with_its_restart_count():
         role = parse_placement(broker.retained[placement_topic("lab", node)],
                                verifier=VERIFIER).roles[0]
         assert role.job == "a" and role.restart_count == 3
+
+
+async def test_recovery_repairs_the_running_placement_first_and_re_plans_only_what_it_cannot():
+    """By default the Replanner's new plan is the warm-started repair's (planner.search.repair),
+    and ``search`` is not asked; a job whose node the network no longer has (no placement to
+    repair) is re-planned in full by ``search``."""
+    from planner.core.recovery import sub_network
+    from planner.search import plan_search
+    from planner.search.repair import repair_jobs
+
+    net = two_city_net(per_city=6)
+    plan = manual_plan(net)                      # a on n0-n3, b on n4
+    broker = MemoryBroker()
+    await push_new_plan(broker, plan, net, fleet="lab", plan_id="p1", issued_at_ms=1, signer=SIGNER)
+    seen = {n: 100_000 for n in net.ids}
+    seen["n2"] = 95_000
+    live = [net]
+
+    async def last_seen():
+        return seen
+
+    async def network():
+        return live[0]
+
+    asked = []
+
+    def search(jobs, sub, seed=0):
+        asked.append([j.name for j in jobs])
+        return plan_search(jobs, sub, seed=seed)
+
+    replanner = Replanner(broker, fleet="lab", signer=SIGNER, last_seen=last_seen, network=network,
+                          timeout_s=3, clock_ms=lambda: 100_000, started_ms=0, search=search)
+    report = await replanner.check()
+    assert report is not None and report.replanned == ["a"] and asked == []
+    expected = repair_jobs(plan, net, [plan.placements[0].job], ["n2"], search=search).plan
+    a = next(p for p in expected.placements if p.job.name == "a")
+    summary = parse_summary(broker.retained[plan_topic("lab")], verifier=VERIFIER)
+    assert next(j for j in summary.jobs if j.name == "a").node_ids == [net.ids[i] for i in a.nodes]
+
+    # Now n4 (job b's node) leaves the fleet and a node of a's new placement goes silent.
+    live[0] = sub_network(net, [i for i in range(net.n) if net.ids[i] != "n4"])
+    silent = next(j for j in summary.jobs if j.name == "a").node_ids[0]
+    seen[silent] = 95_000
+    report = await replanner.check()
+    assert report is not None and report.replanned == ["a", "b"] and asked == [["b"]]
