@@ -108,8 +108,9 @@ def _cpu_s() -> float:
 def _forget_grids(net) -> None:
     """Drop the stage grids the search keeps on the network object (planner.search.groups), so
     that no run is timed with answers an earlier run computed."""
-    net.__dict__.pop("_evaluated_grids", None)
-    net.__dict__.pop("_approx_times", None)
+    from planner.search.groups import forget_evaluations
+
+    forget_evaluations(net)
 
 
 def measure(method: str, jobs, net, **options) -> dict:

@@ -136,12 +136,13 @@ def measure_node(plan, jobs, net, node: int, job: str, stage: int, replica: int)
     from planner.core.recovery import replan_jobs, sub_network
     from planner.search import plan_search
     from planner.search.repair import repair_jobs
+    from planner.search.groups import forget_evaluations
 
     node_id = net.ids[node]
     affected = [p.job for p in plan.placements if p.job.name == job]
     times, cpu, result = [], [], None
     for _ in range(REPEATS):
-        net.__dict__.pop("_evaluated_grids", None)   # cold, as in serve
+        forget_evaluations(net)   # cold, as in serve
         t, c = time.perf_counter(), time.process_time()
         result = repair_jobs(plan, net, affected, [node_id], search=plan_search)
         times.append(time.perf_counter() - t)
@@ -152,7 +153,7 @@ def measure_node(plan, jobs, net, node: int, job: str, stage: int, replica: int)
     note = next((n for n in repaired.notes if n.startswith(f"repaired {job} ")), "")
     step = note.split("(")[1].split(")")[0] if "(" in note else "full re-plan"
 
-    net.__dict__.pop("_evaluated_grids", None)
+    forget_evaluations(net)
     t = time.perf_counter()
     affected_plan = replan_jobs(plan, net, affected, [node_id], search=plan_search).plan
     affected_s = time.perf_counter() - t

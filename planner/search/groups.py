@@ -82,6 +82,12 @@ def _replica_candidates(job: Job, net: Network, nodes: np.ndarray, clusters: lis
     return cands
 
 
+def forget_evaluations(net: Network) -> None:
+    """Drop the answers evaluate_grid and approx_time keep on ``net`` (benchmarks time cold runs)."""
+    net.__dict__.pop("_evaluated_grids", None)
+    net.__dict__.pop("_approx_times", None)
+
+
 def evaluate_grid(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool = False
                   ) -> tuple[Placement | None, Estimate]:
     """Match, balance and judge a grid; ``trim``: also try keeping only its fastest rows.
