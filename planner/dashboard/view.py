@@ -96,8 +96,12 @@ def node_location(row: Mapping[str, Any]) -> tuple[float, float] | None:
 
 
 def site_of(row: Mapping[str, Any], location: tuple[float, float] | None) -> str | None:
-    """The site a node is drawn at: its city (the gazetteer's name when known), else its
-    coordinates rounded to about a kilometre; None when it has neither."""
+    """The site a node is drawn at: the store's site (the one it declared, else its city), else
+    its city (the gazetteer's name when known), else its coordinates rounded to about a
+    kilometre; None when it has none of these."""
+    site = (row.get("site") or "").strip()
+    if site:
+        return site
     city = (row.get("city") or "").strip()
     if city:
         return geo.canonical_city(city) or city

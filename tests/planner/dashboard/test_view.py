@@ -73,6 +73,19 @@ def test_fleet_document_groups_nodes_into_sites_with_links_between_them():
     assert doc["totals"]["alive"] == 3 and doc["totals"]["gpus"] == 32
 
 
+def test_declared_sites_in_one_city_are_drawn_as_two_sites():
+    rows = [dict(row("dc1-a", city="Paris"), site="paris-dc1"),
+            dict(row("dc1-b", city="Paris"), site="paris-dc1"),
+            dict(row("dc2-a", city="Paris"), site="paris-dc2"),
+            dict(row("plain", city="Tokyo"), site="Tokyo")]       # no declared site: its city
+    links = pair_links([Link("dc1-a", "dc2-a", rtt_ms=1.5), Link("dc1-a", "plain", rtt_ms=220.0)])
+    doc = fleet_json(rows, links, fleet="f", now_ms=NOW, node_timeout_s=30)
+    sites = {s["key"]: s["nodes"] for s in doc["sites"]}
+    assert sites == {"paris-dc1": ["dc1-a", "dc1-b"], "paris-dc2": ["dc2-a"], "Tokyo": ["plain"]}
+    assert {(l["a"], l["b"]) for l in doc["links"]} == {("paris-dc1", "paris-dc2"),
+                                                        ("Tokyo", "paris-dc1")}
+
+
 def test_fleet_document_draws_at_most_max_links_and_says_how_many_it_left_out():
     rows = [row(f"n{i}", lat=float(i), lon=float(i)) for i in range(5)]
     links = pair_links([Link(f"n{i}", f"n{j}", rtt_ms=1.0 + i + j) for i in range(5)
