@@ -189,6 +189,7 @@ def _init_pool_worker(jobs: list[Job], net: Network, max_rounds: int | None, sto
     except (AttributeError, OSError):   # not on Unix, or not allowed: run at equal priority
         pass
     _init_worker(jobs, net, max_rounds, stop_cell)
+    _WORKER["parent"] = os.getppid()
 
 
 def _run_start(start: Start) -> StartResult:
@@ -199,7 +200,10 @@ def _run_start(start: Start) -> StartResult:
     t0 = time.monotonic()
     # The heuristic start is the plain search and always runs to its end: the portfolio is
     # never worse than `search`, however busy the machine.
-    should_stop = None if start.index == 0 else (lambda: time.monotonic() >= stop.value)
+    # A worker whose parent is gone (the planner was killed) stops too, instead of running on.
+    parent = _WORKER.get("parent")
+    should_stop = None if start.index == 0 else (
+        lambda: time.monotonic() >= stop.value or (parent is not None and os.getppid() != parent))
     if should_stop is not None and should_stop():
         return StartResult(start.index, start.name, math.inf, None, 0.0, False, started=False)
     try:
