@@ -411,8 +411,8 @@ def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
             finished = sum(r.plan is not None and not r.cut_short for r in run.results)
             notes.append(f"portfolio: {finished} of {run.total} starts finished within the plain "
                          f"search's time ({run.seconds:.1f} s; {cut} cut short, {run.dropped} "
-                         "not begun); the plan may differ between runs: give --time-budget and "
-                         "--starts to fix it")
+                         "not begun or not back); the plan may differ between runs: give "
+                         "--time-budget and --starts to fix it")
     elif run.dropped or cut:
         notes.append(f"portfolio: the time budget ran out after {run.seconds:.1f} s (budget "
                      f"{run.budget_s:.1f} s; {cut} start(s) cut short, {run.dropped} dropped); "
