@@ -164,7 +164,7 @@ def run(out_dir: Path, shared: Path, quick: bool = False, log=print) -> dict:
         if fl.kind == "example" and not (REPO / fl.path).exists():
             continue
         jobs, net = load(fl, Path(shared))
-        count, budget, _ = resolve_defaults(net.n, len(jobs))
+        count, budget = resolve_defaults(net.n, len(jobs))   # budget None: the default stop
         base = measure(BASELINE, jobs, net)
         port = measure(PORTFOLIO, jobs, net)
         if base["planning_s"] < REPEAT_BELOW_S:   # short runs: the faster of two, alternated
@@ -218,22 +218,27 @@ def run(out_dir: Path, shared: Path, quick: bool = False, log=print) -> dict:
     return doc
 
 
+def _budget_text(budget_s: float | None) -> str:
+    return "" if budget_s is None else f" ({budget_s:.1f} s)"
+
+
 def summarize(doc: dict) -> str:
     """A markdown table (what `bench.run` puts in SUMMARY.md and the README)."""
     from planner.commands.plan import fmt_s
 
-    lines = [f"Default `plan` (portfolio, {doc['workers']} worker(s), default starts and stop) and the "
-             "same starts with no safety stop, against `--method search`; makespan by the "
-             "reference cost model, planning wall time (CPU seconds of all processes), "
-             "1-minute load average before the portfolio ran.", "",
-             "| fleet | search | portfolio (budget) | shorter by | uncapped, N starts | "
+    lines = [f"Default `plan` (portfolio, {doc['workers']} worker(s), default starts and stop: the "
+             "other starts stop when the plain search's own start ends) and the same starts with "
+             "no stop, against `--method search`; makespan by the reference cost model, planning "
+             "wall time (CPU seconds of all processes), 1-minute load average before the "
+             "portfolio ran.", "",
+             "| fleet | search | portfolio | shorter by | uncapped, N starts | "
              "shorter by | load |", "|---|---|---|---|---|---|---|"]
     for r in doc["results"]:
         b, p, f = r[BASELINE], r[PORTFOLIO], r[FULL]
         lines.append(
             f"| {r['fleet']} | {fmt_s(b['makespan_s'])} in {b['planning_s']:.1f} s "
             f"({b['cpu_s']:.1f}) | {fmt_s(p['makespan_s'])} in {p['planning_s']:.1f} s "
-            f"({r['budget_s']:.1f} s){' cut' if p['cut_short'] else ''} | {r['gain']:.1%} | "
+            f"{_budget_text(r['budget_s'])}{' cut' if p['cut_short'] else ''} | {r['gain']:.1%} | "
             f"{fmt_s(f['makespan_s'])} in {f['planning_s']:.1f} s ({f['cpu_s']:.1f}), "
             f"{r['starts']} | {r['gain_uncapped']:.1%} | {p['load_1min_before']:.1f} |")
     s = doc["summary"]

@@ -57,15 +57,15 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     p.add_argument("--seed", type=int, default=0, help="seed of the seeded planners (default 0)")
     p.add_argument("--time-budget", type=_positive_float, metavar="S", dest="budget_s",
                    help="seconds after which the portfolio stops its starts other than the "
-                        "plain search's (default: the later of an estimate from the fleet's size "
-                        "and 1.5x the plain search's own time); given, it also sets the number "
+                        "plain search's (default: when the plain search's own start ends, so "
+                        "the portfolio takes its wall time); given, it also sets the number "
                         "of starts")
     p.add_argument("--workers", type=_positive_int, metavar="N",
                    help="processes the portfolio refines its starts in (default: all cores; "
-                        "the plan does not depend on it)")
+                        "the plan depends on it only when starts are stopped)")
     p.add_argument("--starts", type=_positive_int, metavar="N",
-                   help="number of portfolio starts (default: one per usable core, at least 2: "
-                        "the plain search's and uniform; with --time-budget, as many as it fits)")
+                   help="number of portfolio starts (default: 8, or one per usable core where "
+                        "that is more; with --time-budget, as many as it fits)")
     p.add_argument("--out", metavar="PATH", help="write the plan as hulk-plan/1 JSON")
     p.add_argument("--plot", metavar="PATH", help="draw compute/communication bars per job and system")
     p.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,

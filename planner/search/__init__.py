@@ -32,8 +32,10 @@ Pipeline of the planner, one module per step, every step judged by the reference
    cluster; failing that, a job sharing its clusters moves to idle clusters and leaves it the
    nodes. Each step is kept only when the makespan drops.
 7. **A portfolio of starts** (:mod:`.portfolio`, :func:`plan_portfolio`, ``--method portfolio``,
-   the default of ``plan``): steps 3-6 from the heuristic scores, uniform scores, seeded random
-   ones and a caller's (the GNN's), refined in worker processes within a time budget; the
+   the default of ``plan``): the refinement (steps 5-6) from several groupings: the heuristic
+   one (the plain search, never stopped), groupings built job by job on the solver's best spots
+   (:mod:`.starts`), Algorithm 1 on uniform, seeded random and a caller's (the GNN's) scores,
+   the others refined in worker processes until the plain search ends (or a time budget); the
    lowest makespan wins, so it is never worse than ``plan_search``.
 
 :mod:`.state` holds what the steps 5 and 6 share: each job's current solution and the run's
