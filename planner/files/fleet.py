@@ -125,10 +125,13 @@ def save_fleet_json(fleet: Fleet, path: str | os.PathLike) -> None:
 # ------------------------------------------------------------------------------------- JSON
 
 def _read_json(data: bytes, path: str, default_name: str) -> tuple[Fleet, list[ImportIssue]]:
-    text = utf8_text(data, path)
+    # orjson reads the bytes (and refuses what is not UTF-8); the decoded text, a second copy
+    # of a file that can be 70 MB, is made only to word an error or to find line numbers.
+    text: str | None = None
     try:
         doc = _fast_loads(data)
         if doc is None:   # orjson refused it: json finds (and words) the problem as it always did
+            text = utf8_text(data, path)
             doc = json.loads(text)  # line numbers come from LineFinder when needed
     except json.JSONDecodeError as exc:
         raise InputError(f"not a fleet file: invalid JSON ({exc.msg} at column {exc.colno}); "
@@ -141,7 +144,7 @@ def _read_json(data: bytes, path: str, default_name: str) -> tuple[Fleet, list[I
     if not isinstance(doc, dict):
         raise InputError(f"expected a JSON object with 'nodes' and 'links', got {json_type(doc)}",
                          path=path, line=1)
-    lines = LineFinder(text)
+    lines = LineFinder(text if text is not None else lambda: utf8_text(data, path))
     issues: list[ImportIssue] = []
     unknown: set[str] = set()
 

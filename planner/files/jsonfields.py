@@ -49,9 +49,15 @@ class LineFinder:
     for the second, pure-Python parse that records where each object starts.
     """
 
-    def __init__(self, text: str):
-        self.text = text
+    def __init__(self, text: str | Callable[[], str]):
+        self._text = text     # or a function that decodes it, called only if a line is asked for
         self._located: Any = None
+
+    @property
+    def text(self) -> str:
+        if callable(self._text):
+            self._text = self._text()
+        return self._text
 
     def line(self, *keys: str | int) -> int | None:
         if self._located is None:
