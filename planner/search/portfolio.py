@@ -29,8 +29,9 @@ constructive start not yet complete gives none) once the stop time has passed, a
 begun by then is dropped:
 
 - by default (the default of `hulk-planner plan`): when the heuristic start finishes, so the
-  portfolio takes the plain search's wall time (plus a few milliseconds to collect the
-  workers); the other starts get what the other cores do meanwhile. :data:`DEFAULT_STARTS`
+  portfolio takes the plain search's wall time (plus the fork and the grace below); the other
+  starts get what the other cores have free meanwhile (workers run at the lowest CPU priority,
+  :data:`WORKER_NICE`, so they do not slow the plain search down). :data:`DEFAULT_STARTS`
   starts are queued (or one per usable core where that is more), plus the caller's extra
   starts; with ``workers=1`` the plan is the plain search's;
 - with ``budget_s``: ``budget_s`` after the start (the heuristic start still runs to its end);
@@ -39,6 +40,7 @@ begun by then is dropped:
 
 A stopped start still busy :data:`GRACE` times the stop time later (by default
 :data:`DEFAULT_GRACE` times the heuristic start's seconds plus :data:`DEFAULT_GRACE_S`) is dropped.
+A worker whose planner process is gone stops too.
 
 Determinism. The starts are fixed by the inputs, ``seed`` and their number. When no start is
 stopped or dropped (a budget no start reaches), the plan depends only on those, never on

@@ -4,6 +4,10 @@ worse than the plain search, the same plan on one or two workers, the caller's s
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -190,3 +194,49 @@ def test_the_default_on_one_worker_is_the_plain_search(small):
     plan = plan_portfolio(jobs, net, workers=1)
     assert same_plan(plan, plan_search(jobs, net))
     assert any(f"1 of {DEFAULT_STARTS} starts finished" in note for note in plan.notes)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(x) for x in fh.read().split()]
+    except OSError:
+        return []
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.process   # a planner process and its worker
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux /proc")
+def test_workers_stop_when_the_planner_is_killed():
+    # The default stop comes only when the heuristic start ends; a planner killed before that
+    # must not leave its worker refining on.
+    code = ("from planner.core.generate import generate_jobs, generate_network\n"
+            "from planner.search.portfolio import plan_portfolio\n"
+            "net = generate_network(400, seed=3); jobs = generate_jobs(12, seed=3)\n"
+            "print('ready', flush=True)\n"
+            "plan_portfolio(jobs, net, workers=2)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 10
+        while not _children(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        workers = _children(proc.pid)
+        assert workers, "the portfolio started no worker"
+        time.sleep(0.2)
+    finally:
+        proc.kill()
+        proc.wait()
+    killed = time.monotonic()
+    while any(_running(w) for w in workers) and time.monotonic() < killed + 10:
+        time.sleep(0.02)
+    # Stopped after its current solve (a few tens of ms), not after its whole start (seconds).
+    assert time.monotonic() - killed < 1.0
