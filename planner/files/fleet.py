@@ -16,7 +16,6 @@ file, the line and the field.
 
 from __future__ import annotations
 
-import gc
 import io
 import json
 import os
@@ -28,6 +27,7 @@ from hulk.errors import InputError
 from planner.core import gpus as gpu_catalog
 from planner.files.atomic import write_text_atomic
 from planner.core.fleet import Fleet, LinkTable, Node
+from planner.core.gcpause import gc_paused
 from planner.files.fleet_links import read_links, read_site_links, read_sites
 from planner.files.jsonfields import Fields, LineFinder, json_type
 from planner.files.paper import (PAPER_EDGES, PAPER_NODES, ImportIssue, read_paper,
@@ -67,15 +67,9 @@ def load_fleet_with_report(path: str | os.PathLike) -> tuple[Fleet, list[ImportI
         raise InputError(f"cannot read: {exc.strerror}", path=str(p)) from exc
     if data[:4] == b"PK\x03\x04" or zipfile.is_zipfile(io.BytesIO(data)):
         return read_paper_zip(data, str(p))
-    # A full mesh is half a million small dicts, none of them in a cycle: the cyclic garbage
-    # collector would walk them again and again as they are made (a tenth of the read).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    # A full mesh is half a million small dicts, none of them in a cycle (a tenth of the read).
+    with gc_paused():
         return _read_json(data, str(p), default_name=p.stem)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def fleet_to_json(fleet: Fleet) -> dict[str, Any]:

@@ -82,10 +82,28 @@ def _replica_candidates(job: Job, net: Network, nodes: np.ndarray, clusters: lis
     return cands
 
 
+# The attributes of a Network where evaluate_grid and approx_time keep their answers.
+_KEPT = ("_evaluated_grids", "_approx_times")
+
+
 def forget_evaluations(net: Network) -> None:
     """Drop the answers evaluate_grid and approx_time keep on ``net`` (benchmarks time cold runs)."""
-    net.__dict__.pop("_evaluated_grids", None)
-    net.__dict__.pop("_approx_times", None)
+    for name in _KEPT:
+        net.__dict__.pop(name, None)
+
+
+def _kept_answer(net: Network, name: str, fn, job: Job, grid: np.ndarray, b: int, trim: bool):
+    """``fn(job, net, grid, b, trim)``, a pure function, answered from the table ``name`` kept
+    on ``net`` when the same grid was asked before (started afresh past EVALUATED_GRIDS_KEPT)."""
+    cache = net.__dict__.setdefault(name, {})
+    key = (job, b, trim, grid.dtype.str, grid.shape, grid.tobytes())
+    hit = cache.get(key)
+    if hit is None:
+        hit = fn(job, net, grid, b, trim)
+        if len(cache) >= EVALUATED_GRIDS_KEPT:
+            cache.clear()
+        cache[key] = hit
+    return hit
 
 
 def evaluate_grid(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool = False
@@ -95,16 +113,7 @@ def evaluate_grid(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool =
     A pure function of its arguments, and the search asks for the same grid again and again
     (half of all calls on a 1,000-server fleet): answers are kept on the network object, so a
     repeat costs a dictionary look-up and gives the very same placement and estimate."""
-    cache = net.__dict__.setdefault("_evaluated_grids", {})
-    key = (job, b, trim, grid.dtype.str, grid.shape, grid.tobytes())
-    hit = cache.get(key)
-    if hit is not None:
-        return hit
-    best = _evaluate_grid(job, net, grid, b, trim)
-    if len(cache) >= EVALUATED_GRIDS_KEPT:
-        cache.clear()
-    cache[key] = best
-    return best
+    return _kept_answer(net, _KEPT[0], _evaluate_grid, job, grid, b, trim)
 
 
 def _evaluate_grid(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool
@@ -139,15 +148,7 @@ def approx_time(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool = F
     only its fastest rows: (seconds, the rows kept or None for all). About a tenth of
     :func:`evaluate_grid`'s cost; inf where memory cannot hold the model. Answers are kept on
     the network like evaluate_grid's (the screening asks for the same grids again)."""
-    cache = net.__dict__.setdefault("_approx_times", {})
-    key = (job, b, trim, grid.dtype.str, grid.shape, grid.tobytes())
-    hit = cache.get(key)
-    if hit is None:
-        hit = _approx_time(job, net, grid, b, trim)
-        if len(cache) >= EVALUATED_GRIDS_KEPT:
-            cache.clear()
-        cache[key] = hit
-    return hit
+    return _kept_answer(net, _KEPT[1], _approx_time, job, grid, b, trim)
 
 
 def _approx_time(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool

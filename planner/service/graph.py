@@ -13,7 +13,6 @@ their GPU features and computed throughput, edges the window statistics, and pai
 
 from __future__ import annotations
 
-import gc
 import math
 from collections.abc import Iterable
 
@@ -21,6 +20,7 @@ import networkx as nx
 import numpy as np
 
 from planner.core.fleet import Fleet, Link, Network, Node, Site, SiteLink, complete
+from planner.core.gcpause import gc_paused
 from planner.core.rollup import DailyRollup, WindowStats
 from planner.core.probe_plan import site_key
 from planner.core.site_pairs import PER_PAIR_UP_TO, site_locations
@@ -59,15 +59,9 @@ def fleet_from_store(store: Store, window_days: int = 90, name: str = "default",
     nodes) node-pair rollups between two sites still held (from when the fleet was smaller) are
     folded into the site links too; pairs inside a site, and pairs with a node of no known site,
     stay node links. Every figure is a sum SQLite adds up (no histograms are read)."""
-    # Hundreds of thousands of links stay alive: the cyclic collector would scan them again
-    # and again while they are built (none of them forms a cycle).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    # Hundreds of thousands of links stay alive, none of them in a cycle.
+    with gc_paused():
         return _fleet_from_store(store, window_days, name, site_links)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _fleet_from_store(store: Store, window_days: int, name: str,

@@ -153,17 +153,22 @@ class IngestService:
         given = self._given_interval_s.get(node_id)
         if given is None:
             return False
-        now = self.pushed_settings().report_interval_s
+        now = self.report_interval_s()
         a, b = given or AUTO_REPORT_MIN_S, now or AUTO_REPORT_MIN_S   # 0: the agent's own 5 s
         return max(a, b) >= INTERVAL_DRIFT * min(a, b)
 
     def pushed_settings(self) -> ProbeSettings:
         """The settings a registration answers: the report interval automatic (grown with the
         registered agents) unless one was set."""
-        if self.settings.report_interval_s:
+        interval = self.report_interval_s()
+        if interval == self.settings.report_interval_s:
             return self.settings
-        interval = auto_report_interval_s(self.peer_plan.node_count)
-        return replace(self.settings, report_interval_s=interval) if interval else self.settings
+        return replace(self.settings, report_interval_s=interval)
+
+    def report_interval_s(self) -> float:
+        """The report interval pushed now: the one set, else the automatic one (0: the agents'
+        own)."""
+        return self.settings.report_interval_s or auto_report_interval_s(self.peer_plan.node_count)
 
     def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResult:
         _check_count("spool_depth", request.spool_depth)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 import sqlite3
 import urllib.parse
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
