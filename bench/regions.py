@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from hulk import geo
 from planner.core.fleet import Network, Node
-from planner.core.generate import GPU_MIX, GPUS_PER_NODE, INFLATION_RANGE, SAME_CITY_RTT_MS
+from planner.core.generate import (GPU_MIX, GPUS_PER_NODE, INFLATION_RANGE, SAME_CITY_RTT_MS,
+                                    great_circle_km_matrix)
 from planner.core import gpus
 
 # region: (latitude, longitude)
@@ -59,8 +61,6 @@ REGIONS: dict[str, tuple[float, float]] = {
     "azure canadacentral": (43.7, -79.4),
 }
 
-EARTH_RADIUS_KM = 6371.0
-KM_PER_MS_RTT = 100.0
 
 
 def region_network(n_servers: int, n_regions: int, *, seed: int) -> Network:
@@ -93,13 +93,9 @@ def region_network(n_servers: int, n_regions: int, *, seed: int) -> Network:
         nodes.append(Node(id=f"{regions[r].replace(' ', '-')}-{serial[r]}", city=regions[r],
                           gpus=g, gpu_name=gpu_names[gi], compute_capability=row[1],
                           memory_gb=g * row[3], latitude=lat, longitude=lon))
-    coords = np.radians(np.array([REGIONS[r] for r in regions]))
-    lat, lon = coords[:, 0], coords[:, 1]
-    h = (np.sin((lat[:, None] - lat[None, :]) / 2) ** 2
-         + np.cos(lat)[:, None] * np.cos(lat)[None, :] * np.sin((lon[:, None] - lon[None, :]) / 2) ** 2)
-    km = 2 * EARTH_RADIUS_KM * np.arcsin(np.minimum(1.0, np.sqrt(h)))
+    km = great_circle_km_matrix(np.array([REGIONS[r] for r in regions]))
     inflation = np.triu(rng.uniform(*INFLATION_RANGE, size=(n_regions, n_regions)), 1)
-    base = km / KM_PER_MS_RTT * (inflation + inflation.T)
+    base = km / geo.KM_PER_MS_RTT * (inflation + inflation.T)
     np.fill_diagonal(base, rng.uniform(*SAME_CITY_RTT_MS, size=n_regions))
     noise = np.triu(rng.normal(1.0, 0.05, size=(n_servers, n_servers)), 1)
     access = rng.uniform(0.0, 0.3, size=n_servers)

@@ -125,12 +125,7 @@ def _generate(n_nodes: int, seed: int, cities: list[str] | None, n_cities: int |
                           latitude=lat, longitude=lon))
 
     # City-pair base RTT: great circle / 100 km per ms * inflation; same city 0.2-2 ms.
-    coords = np.radians(np.array([geo.coordinates(name) for name in cities]))
-    lat, lon = coords[:, 0], coords[:, 1]
-    dlat = lat[:, None] - lat[None, :]
-    dlon = lon[:, None] - lon[None, :]
-    h = np.sin(dlat / 2) ** 2 + np.cos(lat)[:, None] * np.cos(lat)[None, :] * np.sin(dlon / 2) ** 2
-    km = 2 * geo.EARTH_RADIUS_KM * np.arcsin(np.minimum(1.0, np.sqrt(h)))
+    km = great_circle_km_matrix(np.array([geo.coordinates(name) for name in cities]))
     inflation = rng.uniform(*INFLATION_RANGE, size=(c, c))
     inflation = np.triu(inflation, 1) + np.triu(inflation, 1).T
     base = km / geo.KM_PER_MS_RTT * inflation
@@ -195,7 +190,8 @@ def generate_network(n_nodes: int, *, seed: int, cities: list[str] | None = None
 SAME_METRO_RTT_MS = (0.8, 3.0)      # between two data centres of one city
 
 
-def _great_circle_km(coords_deg: np.ndarray) -> np.ndarray:
+def great_circle_km_matrix(coords_deg: np.ndarray) -> np.ndarray:
+    """Great-circle km between every two of ``coords_deg`` ((n, 2) latitude, longitude)."""
     coords = np.radians(coords_deg)
     lat, lon = coords[:, 0], coords[:, 1]
     dlat = lat[:, None] - lat[None, :]
@@ -229,7 +225,7 @@ def generate_regional_fleet(n_nodes: int, n_sites: int, *, seed: int,
         lat, lon, _ = geo.CITIES[city]
         coords.append((lat, lon))
     coords_arr = np.array(coords)
-    km = _great_circle_km(coords_arr)
+    km = great_circle_km_matrix(coords_arr)
     inflation = rng.uniform(*INFLATION_RANGE, size=(n_sites, n_sites))
     inflation = np.triu(inflation, 1) + np.triu(inflation, 1).T
     rtt = np.maximum(km / geo.KM_PER_MS_RTT * inflation, km / geo.KM_PER_MS_RTT * 1.01)
