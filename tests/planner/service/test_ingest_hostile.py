@@ -13,21 +13,14 @@ from hulk.wire.records import (GpuInfo, HeartbeatRequest, Inventory, LaunchState
 from planner.service import admission
 from planner.service.ingest import IngestService
 from planner.service.store import DAY_MS, Store
+from tests.helpers.clock import ManualClock
 
 T0 = 1_790_000_000_000  # a fixed "now" in epoch ms (2026)
 
 
-class Clock:
-    def __init__(self, now: int = T0):
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-
 @pytest.fixture
 def ingest(tmp_path):
-    clock = Clock()
+    clock = ManualClock(T0)
     store = Store(tmp_path / "planner.sqlite", clock=clock)
     service = IngestService(store, clock=clock)
     for node in ("a", "b"):

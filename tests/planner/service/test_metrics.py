@@ -14,21 +14,14 @@ from planner.core.rollup import DailyRollup
 from planner.service.ingest import IngestService
 from planner.service.metrics import FleetCollector, PlannerMetrics, fleet_snapshot, read_snapshot
 from planner.service.store import PairRollup, Store
+from tests.helpers.clock import ManualClock
 
 T0 = 1_790_000_000_000
 
 
-class Clock:
-    def __init__(self, now: int = T0):
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-
 @pytest.fixture
 def served(tmp_path):
-    clock = Clock()
+    clock = ManualClock(T0)
     store = Store(tmp_path / "planner.sqlite", clock=clock)
     metrics = PlannerMetrics(fleet="test")
     service = IngestService(store, clock=clock, events=metrics)

@@ -16,14 +16,10 @@ from hulk.v1 import hulk_pb2, hulk_pb2_grpc
 from hulk.wire.records import Peer
 from planner.service.peer_plan import PeerPlanner, ProbePlanSettings
 from planner.service.runtime import PlannerRuntime
+from tests.helpers.clock import ManualClock
 
 
-class Clock:
-    def __init__(self, t: int = 1_000_000_000_000):
-        self.t = t
-
-    def __call__(self) -> int:
-        return self.t
+T0 = 1_000_000_000_000
 
 
 def members(sites: str = "abc", per_site: int = 6):
@@ -31,13 +27,13 @@ def members(sites: str = "abc", per_site: int = 6):
 
 
 def test_lists_are_bounded_rotate_each_epoch_and_are_flagged_when_changed():
-    clock = Clock()
+    clock = ManualClock(T0)
     plan = PeerPlanner(members(), ProbePlanSettings(peer_bound=6, site_reps=1, epoch_s=60),
                        clock=clock)
     answers = {p.node_id: plan.answer(p.node_id) for p, _ in members()}
     assert all(0 < len(peers) <= 6 for peers in answers.values())
     assert not any(plan.changed(n) for n in answers)
-    clock.t += 60_000  # every node is one epoch on (whatever its phase)
+    clock.now += 60_000  # every node is one epoch on (whatever its phase)
     moved = [n for n in answers if plan.changed(n)]
     assert len(moved) >= len(answers) // 3  # the nodes probing out this epoch or the last
     assert {n: plan.answer(n) for n in moved} != {n: answers[n] for n in moved}
@@ -50,7 +46,7 @@ def test_lists_are_bounded_rotate_each_epoch_and_are_flagged_when_changed():
 def test_a_new_node_changes_its_sites_lists_and_a_move_changes_lists_naming_it():
     ticks = itertools.count()  # monotonic seconds: every replan is long enough ago
     plan = PeerPlanner(members("ab", 3), ProbePlanSettings(peer_bound=8, site_reps=1),
-                       clock=Clock(), monotonic=lambda: float(next(ticks)))
+                       clock=ManualClock(T0), monotonic=lambda: float(next(ticks)))
     for p, _ in members("ab", 3):
         plan.answer(p.node_id)
     plan.update(Peer("a9", "10.9.9.9", 0), "a")
@@ -64,13 +60,13 @@ def test_a_new_node_changes_its_sites_lists_and_a_move_changes_lists_naming_it()
 
 
 def test_after_a_restart_the_first_heartbeat_takes_the_list_as_given():
-    plan = PeerPlanner(members(), ProbePlanSettings(peer_bound=6), clock=Clock())
+    plan = PeerPlanner(members(), ProbePlanSettings(peer_bound=6), clock=ManualClock(T0))
     assert not plan.changed("a0")
 
 
 def test_replans_are_rate_limited_by_their_own_cost():
     fake = [0.0]
-    plan = PeerPlanner(members("abcd", 10), ProbePlanSettings(peer_bound=8), clock=Clock(0),
+    plan = PeerPlanner(members("abcd", 10), ProbePlanSettings(peer_bound=8), clock=ManualClock(0),
                        monotonic=lambda: fake[0], replan_gap=1e9, throttle_from_s=0.0)
     plan.answer("a0")
     plan.update(Peer("a-new", "10.1.1.1", 0), "a")

@@ -15,14 +15,7 @@ from hulk.wire.records import (GpuInfo, Inventory, LaunchState, LaunchStatus, No
 from planner.core.rollup import DailyRollup, bucket_index
 from planner.service.graph import fleet_from_store, store_graph
 from planner.service.store import DAY_MS, Store
-
-
-class Clock:
-    def __init__(self, t: int):
-        self.t = t
-
-    def __call__(self) -> int:
-        return self.t
+from tests.helpers.clock import ManualClock
 
 
 T0 = 1_700_000_000_000 - 1_700_000_000_000 % DAY_MS + 3_600_000  # 01:00 UTC on some day
@@ -34,7 +27,7 @@ def rows(src, dst, values, sent):
 
 
 def test_incremental_rollups_equal_pure_maths(tmp_path: Path):
-    clock = Clock(T0)
+    clock = ManualClock(T0)
     store = Store(tmp_path / "s.db", clock=clock)
     a100 = GpuInfo("NVIDIA A100-SXM4-40GB", "u1", 8.0, 40 * 10**9)
     a, _ = store.register(RegisterRequest("a", location=NodeLocation(" Paris "),
@@ -80,11 +73,11 @@ def test_incremental_rollups_equal_pure_maths(tmp_path: Path):
 
     # Prune: raw samples leave after raw_days (their rollups stay), rollups after 90 days.
     assert store.sample_count() > 0
-    clock.t = T0 + 8 * DAY_MS
+    clock.now = T0 + 8 * DAY_MS
     result = store.prune()
     assert store.sample_count() == 0 and result["samples"] > 0
     assert store.daily_rollups("a", "b")[today].count == expected[0].count
-    clock.t = T0 + 95 * DAY_MS
+    clock.now = T0 + 95 * DAY_MS
     store.prune()
     assert store.daily_rollups("a", "b") == {}
     store.close()
