@@ -35,6 +35,7 @@ done by the test.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -54,6 +55,7 @@ from lab import matrix as lab_matrix
 from lab.netns import HUB_ADDRESS
 from lab.wan import HUB, WanLab
 from tests.helpers.paths import REPO
+from tests.helpers.waits import wait_until
 
 
 INSTALL = REPO / "deploy" / "INSTALL.md"
@@ -229,15 +231,8 @@ class Host:
         self.holder.wait(10)
 
 
-def wait_for(predicate, timeout_s: float, what: str, detail=lambda: ""):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}\n{detail()}")
-        time.sleep(0.5)
+# Each poll reads a log inside a lab host: every half second is often enough.
+wait_for = functools.partial(wait_until, interval=0.5)
 
 
 @pytest.fixture
