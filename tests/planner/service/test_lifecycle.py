@@ -53,6 +53,19 @@ def setup(tmp_path, **kw):
     return net, store, runtime, broker, lifecycle
 
 
+def replanner_for(net, store, runtime, broker, seen: dict, **kw) -> Replanner:
+    """Serve's Replanner over ``setup``'s parts, the nodes last seen at ``seen`` (ms)."""
+    async def last_seen():
+        return seen
+
+    async def network():
+        return net
+
+    hooks = recovery_hooks(type("R", (), {"store": store, "in_store": runtime.in_store})())
+    return Replanner(broker, fleet="lab", signer=SIGNER, last_seen=last_seen, network=network,
+                     timeout_s=3, clock_ms=lambda: NOW, started_ms=0, **kw, **hooks)
+
+
 async def test_queued_jobs_are_placed_followed_and_retired(tmp_path):
     net, store, runtime, broker, lifecycle = setup(tmp_path)
     runtime.rows[net.ids[-1]]["last_seen_ms"] = NOW - 10_000      # a silent node gets nothing
@@ -112,16 +125,7 @@ async def test_recovery_counts_a_restart_and_never_replans_a_finished_job(tmp_pa
     a = store.job_by_name("a")
     seen = {n: NOW for n in net.ids}
     seen[a.nodes[0]] = NOW - 10_000
-
-    async def last_seen():
-        return seen
-
-    async def network():
-        return net
-
-    hooks = recovery_hooks(type("R", (), {"store": store, "in_store": runtime.in_store})())
-    replanner = Replanner(broker, fleet="lab", signer=SIGNER, last_seen=last_seen, network=network,
-                          timeout_s=3, clock_ms=lambda: NOW, started_ms=0, **hooks)
+    replanner = replanner_for(net, store, runtime, broker, seen)
     report = await replanner.run_once()
     again = store.job_by_name("a")
     if report.replanned == ["a"]:

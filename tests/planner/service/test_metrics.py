@@ -178,11 +178,10 @@ def test_metrics_addresses_parse():
 async def test_the_lifecycle_and_recovery_count_state_changes_pushes_and_replans(tmp_path):
     from hulk.errors import UnavailableError
     from planner.core.placements import job_spec
-    from planner.service.lifecycle import JobLifecycle, recovery_hooks
-    from planner.service.recovery import Replanner
+    from planner.service.lifecycle import JobLifecycle
     from tests.helpers.plans import job
     from tests.helpers.signing import SIGNER
-    from tests.planner.service.test_lifecycle import NOW, setup
+    from tests.planner.service.test_lifecycle import NOW, replanner_for, setup
 
     metrics = PlannerMetrics()
     net, store, runtime, broker, lifecycle = setup(tmp_path, events=metrics)
@@ -199,17 +198,7 @@ async def test_the_lifecycle_and_recovery_count_state_changes_pushes_and_replans
 
     seen = {n: NOW for n in net.ids}
     seen[a.nodes[0]] = NOW - 10_000
-
-    async def last_seen():
-        return seen
-
-    async def network():
-        return net
-
-    hooks = recovery_hooks(type("R", (), {"store": store, "in_store": runtime.in_store})())
-    replanner = Replanner(broker, fleet="lab", signer=SIGNER, last_seen=last_seen, network=network,
-                          timeout_s=3, clock_ms=lambda: NOW, started_ms=0, events=metrics, **hooks)
-    report = await replanner.run_once()
+    report = await replanner_for(net, store, runtime, broker, seen, events=metrics).run_once()
     assert value(metrics, "hulk_replans_total") == 1
     assert value(metrics, "hulk_replanned_jobs_total", outcome="replanned") == len(report.replanned)
     assert value(metrics, "hulk_replanned_jobs_total", outcome="lost") == len(report.lost)
@@ -221,6 +210,9 @@ async def test_the_lifecycle_and_recovery_count_state_changes_pushes_and_replans
 
         async def publish_retained(self, messages):
             raise UnavailableError("broker unreachable")
+
+    async def network():
+        return net
 
     store.submit_job("b", job_spec(job("b", "bert-large", ("python", "train.py"))))
     down = JobLifecycle(DownBroker(), fleet="lab", signer=SIGNER, in_store=runtime.call,
