@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.planner_process import start_planner  # noqa: E402
+from bench.planner_process import start_planner, stop_planner  # noqa: E402
 from hulk import geo  # noqa: E402
 from hulk.v1 import hulk_pb2, hulk_pb2_grpc  # noqa: E402
 
@@ -150,11 +149,7 @@ def run(out_dir: Path, *, agents: int = 1000, batch: int = 1000, seconds: float 
             rss_end = planner.memory_info().rss
         finally:
             stop.set()
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_planner(proc)
         log_tail = (Path(tmp) / "planner.log").read_text()[-2000:]
         db_bytes = sum(p.stat().st_size for p in Path(tmp).glob("planner.db*"))
     planner_cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)

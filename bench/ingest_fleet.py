@@ -22,8 +22,6 @@ import asyncio
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +35,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.fleet_sim import Fleet, round_figures  # noqa: E402
-from bench.planner_process import start_planner  # noqa: E402
+from bench.planner_process import start_planner, stop_planner  # noqa: E402
 from hulk.v1 import hulk_pb2  # noqa: E402
 from hulk.wire.records import NodeLocation, RegisterRequest  # noqa: E402
 from planner.service.store import Store  # noqa: E402
@@ -140,11 +138,7 @@ def run(out_dir: Path, *, quick: bool = False, seconds: float | None = None,
             sent = asyncio.run(send_paced(address, payloads, rate))
             cpu1, rss1 = planner.cpu_times(), planner.memory_info().rss
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_planner(proc)
         log_tail = (Path(tmp) / "planner.log").read_text()[-2000:]
         with Store(db) as store:
             store.rollup_pending()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -36,3 +37,12 @@ def start_planner(db: Path, log: Path, serve_args: list[str],
             raise RuntimeError(f"planner did not start:\n{log.read_text()}")
         time.sleep(0.05)
     return proc, f"127.0.0.1:{port}"
+
+
+def stop_planner(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """SIGTERM (serve's clean shutdown), then SIGKILL if it has not ended after ``timeout_s``."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
