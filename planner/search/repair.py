@@ -131,6 +131,15 @@ def substitutes(placement: Placement, net: Network, lost: set[int], free: np.nda
     return (current, est) if est.feasible else None
 
 
+def _faster(found, best):
+    """``found`` (placement, estimate) when it is a placement and clearly faster than ``best``
+    (None: nothing yet), else ``best``."""
+    if found is not None and found[0] is not None and (
+            best is None or found[1].iteration_s < best[1].iteration_s * (1 - 1e-12)):
+        return found
+    return best
+
+
 def _with_grid(placement: Placement, grid: np.ndarray) -> Placement:
     """The placement with the same layer ranges on the nodes of ``grid`` (K x D)."""
     stages = tuple(Stage(st.lo, st.hi, tuple(int(i) for i in row))
@@ -144,9 +153,7 @@ def _rebalanced(job: Job, net: Network, grid: np.ndarray, b: int | None
     when None."""
     best = None
     for size in ([b] if b is not None else micro_batches(job, grid.shape[1])):
-        p, e = evaluate_grid(job, net, grid, size)
-        if p is not None and (best is None or e.iteration_s < best[1].iteration_s * (1 - 1e-12)):
-            best = (p, e)
+        best = _faster(evaluate_grid(job, net, grid, size), best)
     return best
 
 
@@ -159,9 +166,7 @@ def _shrunk(placement: Placement, net: Network, lost: set[int]) -> tuple[Placeme
     for keep in (grid[:, ~hit.any(axis=0)], grid[~hit.any(axis=1), :]):
         if keep.size == 0:
             continue
-        found = _rebalanced(placement.job, net, keep, None)
-        if found and (best is None or found[1].iteration_s < best[1].iteration_s * (1 - 1e-12)):
-            best = found
+        best = _faster(_rebalanced(placement.job, net, keep, None), best)
     return best
 
 
@@ -212,8 +217,7 @@ def _refined(start: Placement, net: Network, free: np.ndarray, labels: np.ndarra
     for k, pool in enumerate(pools):
         p, e = solve_group(job, net, pool, EFFORTS["normal"], hint, labels[pool])
         scored.append((e.iteration_s, k))
-        if p is not None and (best is None or e.iteration_s < best[1].iteration_s * (1 - 1e-12)):
-            best = (p, e)
+        best = _faster((p, e), best)
     promising = min(scored)[1]
     if promising > deep[0]:   # the job's own nodes alone are inside its neighbourhood's pool
         deep.append(promising)
@@ -228,9 +232,7 @@ def _refined(start: Placement, net: Network, free: np.ndarray, labels: np.ndarra
             size += pools[k].size
     for k in sorted(set(deep)):
         pool = pools[k]
-        p, e = deep_solve(job, net, pool, labels[pool], hint)
-        if p is not None and (best is None or e.iteration_s < best[1].iteration_s * (1 - 1e-12)):
-            best = (p, e)
+        best = _faster(deep_solve(job, net, pool, labels[pool], hint), best)
     return best
 
 
