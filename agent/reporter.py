@@ -88,6 +88,9 @@ class PlannerClient(Protocol):
     async def close(self) -> None: ...
 
 
+RECONNECT_BACKOFF_MS = (500, 2_000)   # the channel's first and longest wait before reconnecting
+
+
 def _read_pem(path: Path | None, what: str) -> bytes | None:
     if path is None:
         return None
@@ -103,7 +106,14 @@ def make_channel(target: str, *, insecure: bool, ca: Path | None,
                  client_key: Path | None = None) -> grpc.aio.Channel:
     """A channel to the planner: TLS verified with ``ca`` (None: the system's CAs), presenting
     ``client_cert`` and ``client_key`` when given (for a planner run with --client-ca)."""
-    options = [("grpc.keepalive_time_ms", 60_000), ("grpc.max_receive_message_length", 16 << 20)]
+    options = [("grpc.keepalive_time_ms", 60_000), ("grpc.max_receive_message_length", 16 << 20),
+               # gRPC's own reconnect backoff grows to 2 minutes while the planner is down; the
+               # agent then reaches a planner that is back only at its channel's next try, which
+               # the planner's node timeout may not wait for (a restart after a long outage
+               # would call running nodes silent and re-plan their jobs). Retry every 2 s at most.
+               ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+               ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+               ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1])]
     if insecure:
         log.warning("gRPC to %s is plaintext (--insecure): anyone on the path can read and forge "
                     "reports", target)
