@@ -23,12 +23,15 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from hulk.errors import InputError
 from planner.core import gpus as gpu_catalog
 from planner.files.atomic import write_text_atomic
 from planner.core.fleet import Fleet, LinkTable, Node
 from planner.core.gcpause import gc_paused
-from planner.files.fleet_links import read_links, read_site_links, read_sites
+from planner.files.fleet_links import (CarefulReadNeeded, LinkRecord, read_links,
+                                       read_site_links, read_sites)
 from planner.files.jsonfields import Fields, LineFinder, json_type
 from planner.files.paper import (PAPER_EDGES, PAPER_NODES, ImportIssue, read_paper,
                                  read_paper_zip, utf8_text)
@@ -118,7 +121,39 @@ def save_fleet_json(fleet: Fleet, path: str | os.PathLike) -> None:
 
 # ------------------------------------------------------------------------------------- JSON
 
+class _TypedDoc(msgspec.Struct, forbid_unknown_fields=True):
+    """A fleet JSON whose node links msgspec decodes into LinkRecord structs; everything else
+    stays as JSON values for the checks below. UNSET: the key is absent."""
+
+    nodes: Any = msgspec.UNSET
+    links: list[LinkRecord] | msgspec.UnsetType = msgspec.UNSET
+    name: Any = msgspec.UNSET
+    sites: Any = msgspec.UNSET
+    site_links: Any = msgspec.UNSET
+    format: Any = msgspec.UNSET
+
+
+_TYPED_DECODER = msgspec.json.Decoder(_TypedDoc)
+
+
+def _typed_loads(data: bytes) -> dict[str, Any] | None:
+    """The document with its node links as LinkRecord structs, or None when msgspec refuses it
+    (a flaw, an unknown field, an imputed link: the dict path reads and reports it)."""
+    try:
+        doc = _TYPED_DECODER.decode(data)
+    except (msgspec.MsgspecError, RecursionError, ValueError):
+        return None
+    return {key: getattr(doc, key) for key in doc.__struct_fields__
+            if getattr(doc, key) is not msgspec.UNSET}
+
+
 def _read_json(data: bytes, path: str, default_name: str) -> tuple[Fleet, list[ImportIssue]]:
+    doc = _typed_loads(data)
+    if doc is not None:
+        try:
+            return _read_doc(doc, data, None, path, default_name)
+        except CarefulReadNeeded:
+            pass   # links to check one by one: read again as dicts, to word the flaw
     # orjson reads the bytes (and refuses what is not UTF-8); the decoded text, a second copy
     # of a file that can be 70 MB, is made only to word an error or to find line numbers.
     text: str | None = None
@@ -138,6 +173,11 @@ def _read_json(data: bytes, path: str, default_name: str) -> tuple[Fleet, list[I
     if not isinstance(doc, dict):
         raise InputError(f"expected a JSON object with 'nodes' and 'links', got {json_type(doc)}",
                          path=path, line=1)
+    return _read_doc(doc, data, text, path, default_name)
+
+
+def _read_doc(doc: dict[str, Any], data: bytes, text: str | None, path: str,
+              default_name: str) -> tuple[Fleet, list[ImportIssue]]:
     lines = LineFinder(text if text is not None else lambda: utf8_text(data, path))
     issues: list[ImportIssue] = []
     unknown: set[str] = set()

@@ -5,15 +5,20 @@ half a million links): the fast path accepts only links that are plainly well fo
 ends, numbers in range, no self-loop, no duplicate, no imputed flag, no unknown field) and hands
 anything else to the per-link reader, which names the file, line and field of the first problem
 and reports each flaw once, exactly as before.
+
+The fastest path decodes node links straight into :class:`LinkRecord` structs (msgspec: typed,
+half the memory of dicts and twice orjson's speed on a full mesh); what msgspec refuses, or
+what :func:`record_columns` finds less than plainly well formed, is read again the dict way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import chain
-from operator import itemgetter, methodcaller
+from operator import attrgetter, itemgetter, methodcaller
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from hulk.errors import InputError
@@ -28,6 +33,22 @@ NUMBER = frozenset({int, float})
 NUMBER_OR_NULL = frozenset({int, float, type(None)})
 
 NoteUnknown = Callable[..., None]
+
+
+class LinkRecord(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """One node link exactly as a plainly well-formed file gives it (an ``imputed`` flag or
+    an unknown field is refused here and read by the dict path, which reports it)."""
+
+    src: str
+    dst: str
+    rtt_ms: float
+    bandwidth_gbps: float | None = None
+    loss: float | None = None
+    samples: int | None = None
+
+
+class CarefulReadNeeded(Exception):
+    """Typed link records that are not plainly well formed: read the file the dict way."""
 
 
 def _numbers(values: list, allowed: frozenset, default: float) -> np.ndarray | None:
@@ -77,20 +98,68 @@ def fast_columns(raw: list, allowed: set[str], index: dict[str, int],
     samples = _numbers(_column(raw, "samples", keys, everywhere), NUMBER_OR_NULL, 0.0)
     if rtt is None or bw is None or loss is None or samples is None:
         return None
+    return _plain(src, dst, rtt, bw, loss, samples, len(index), self_loops)
+
+
+def _plain(src: np.ndarray, dst: np.ndarray, rtt: np.ndarray, bw: np.ndarray, loss: np.ndarray,
+           samples: np.ndarray, n_ends: int, self_loops: bool) -> tuple[np.ndarray, ...] | None:
+    """The columns when every value is in range and no pair is a self-loop (unless allowed) or
+    a duplicate; None otherwise (the careful reader names the flaw)."""
     if (rtt < 0).any() or (bw < 0).any() or (loss < 0).any() or (loss > 1).any() \
             or (samples < 0).any() or (samples != np.floor(samples)).any():
         return None
     if not self_loops and (src == dst).any():
         return None
-    key = np.sort(src * max(1, len(index)) + dst)
+    key = np.sort(src * max(1, n_ends) + dst)
     if (key[1:] == key[:-1]).any():
         return None   # a duplicate: the careful reader averages it and says so
     return src, dst, rtt, bw, loss, samples.astype(np.int64)
 
 
+def _optional(values: list, default: float) -> np.ndarray | None:
+    """Typed optional numbers as floats, null -> ``default``; None when one is not finite or
+    too large to be a count. numpy reads None as NaN, which JSON numbers cannot be."""
+    arr = np.array(values, dtype=float)
+    missing = np.isnan(arr)
+    if np.isinf(arr).any() or (np.abs(arr[~missing]) > MAX_JSON_INT).any():
+        return None
+    if default == default:
+        arr[missing] = default
+    return arr
+
+
+def record_columns(records: list[LinkRecord], index: dict[str, int]) -> tuple[np.ndarray, ...]:
+    """:func:`fast_columns` for typed node link records (msgspec has checked every type);
+    raises :class:`CarefulReadNeeded` where fast_columns would give None."""
+    n = len(records)
+    try:
+        src = np.fromiter(map(index.__getitem__, map(_SRC, records)), np.int64, n)
+        dst = np.fromiter(map(index.__getitem__, map(_DST, records)), np.int64, n)
+    except KeyError:
+        raise CarefulReadNeeded from None
+    rtt = np.fromiter(map(_RTT, records), float, n)
+    bw = _optional(list(map(_BW, records)), np.nan)
+    loss = _optional(list(map(_LOSS, records)), 0.0)
+    samples = _optional(list(map(_SAMPLES, records)), 0.0)
+    columns = None
+    if bw is not None and loss is not None and samples is not None \
+            and np.isfinite(rtt).all() and not (np.abs(rtt) > MAX_JSON_INT).any():
+        columns = _plain(src, dst, rtt, bw, loss, samples, len(index), self_loops=False)
+    if columns is None:
+        raise CarefulReadNeeded
+    return columns
+
+
+_SRC, _DST, _RTT, _BW, _LOSS, _SAMPLES = map(
+    attrgetter, ("src", "dst", "rtt_ms", "bandwidth_gbps", "loss", "samples"))
+
+
 def read_links(raw: list, ids: list[str], seen: dict[str, int], path: str, lines: LineFinder,
                issues: list[ImportIssue], note_unknown: NoteUnknown) -> LinkTable | tuple[Link, ...]:
-    """The node links of a fleet JSON (measured, merged, in file order)."""
+    """The node links of a fleet JSON (measured, merged, in file order); ``raw`` may be typed
+    :class:`LinkRecord` structs (raises :class:`CarefulReadNeeded` unless plainly well formed)."""
+    if raw and type(raw[0]) is LinkRecord:
+        return LinkTable(ids, *record_columns(raw, seen))
     columns = fast_columns(raw, LINK_KEYS, seen, self_loops=False)
     if columns is not None:
         return LinkTable(ids, *columns)

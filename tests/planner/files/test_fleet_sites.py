@@ -110,3 +110,63 @@ def test_duplicate_site_links_are_averaged_and_reported(tmp_path):
     assert any("conflicting duplicate of the site link par-1 -> Tokyo" in m for m in messages)
     assert any("unknown field sites[].colour ignored" in m for m in messages)
     assert complete(fleet).rtt_ms[0, 2] == 230.0
+
+
+def _dict_path(monkeypatch):
+    """Turn the msgspec decode off, so the file is read the orjson/dict way."""
+    import planner.files.fleet as fleet_files
+
+    monkeypatch.setattr(fleet_files, "_typed_loads", lambda data: None)
+
+
+def test_typed_link_records_read_exactly_as_the_dict_path(tmp_path, monkeypatch):
+    fleet = generate_fleet(40, seed=4, missing_fraction=0.1)
+    path = tmp_path / "mesh.json"
+    save_fleet_json(fleet, path)
+    document = json.loads(path.read_text())
+    links = document["links"]
+    links[0]["rtt_ms"] = 7                          # an integer RTT
+    links[1]["bandwidth_gbps"] = 2.5                # a measured bandwidth among nulls
+    del links[2]["loss"], links[2]["samples"]       # optional fields left out
+    links[3]["loss"] = None
+    write(tmp_path, document)
+    typed, typed_issues = load_fleet_with_report(tmp_path / "fleet.json")
+    _dict_path(monkeypatch)
+    plain, plain_issues = load_fleet_with_report(tmp_path / "fleet.json")
+    assert isinstance(typed.links, LinkTable) and typed.links == plain.links
+    assert typed.nodes == plain.nodes and typed_issues == plain_issues == []
+    assert typed.links.rtt_ms[0] == 7.0 and typed.links.bandwidth_gbps[1] == 2.5
+    assert typed.links.loss[2] == 0.0 and typed.links.samples[2] == 0
+    assert np.isnan(typed.links.bandwidth_gbps[0])
+
+
+@pytest.mark.parametrize("flaw, expected", [
+    (lambda links: links[5].update(imputed=True), "imputed link"),
+    (lambda links: links[5].update(colour="red"), "unknown field links[].colour"),
+    (lambda links: links[5].update(dst=links[5]["src"]), "self-loop"),
+    (lambda links: links.append(dict(links[5])), "duplicate of the link"),
+])
+def test_links_the_typed_path_refuses_are_reported_by_the_careful_reader(tmp_path, flaw,
+                                                                        expected):
+    fleet = generate_fleet(12, seed=5, missing_fraction=0.0)
+    path = tmp_path / "mesh.json"
+    save_fleet_json(fleet, path)
+    document = json.loads(path.read_text())
+    flaw(document["links"])
+    _, issues = load_fleet_with_report(write(tmp_path, document))
+    assert len(issues) == 1 and expected in issues[0].message and issues[0].line
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("true", "a number"), ("1e400", "a number >= 0"), ('"7"', "a number"), ("-3", ">= 0")])
+def test_bad_rtt_values_the_typed_path_refuses_are_named(tmp_path, value, fragment):
+    fleet = generate_fleet(6, seed=6, missing_fraction=0.0)
+    path = tmp_path / "mesh.json"
+    save_fleet_json(fleet, path)
+    text = path.read_text()
+    first = text.index('"rtt_ms": ', text.index('"links"'))
+    end = text.index(",", first)
+    path.write_text(text[:first] + '"rtt_ms": ' + value + text[end:])
+    with pytest.raises(InputError) as caught:
+        load_fleet(path)
+    assert fragment in str(caught.value) and "\n" not in str(caught.value)
