@@ -151,7 +151,7 @@ def _estimate(placement: Placement, net: Network) -> Estimate:
     pipe_compute = compute.sum(axis=0) + (m - 1) * compute.max(axis=0)
 
     if d > 1:
-        ring_next = np.roll(nodes, -1, axis=1)
+        ring_next = np.concatenate((nodes[:, 1:], nodes[:, :1]), axis=1)   # np.roll(nodes, -1, 1)
         a_max = (net.rtt_ms[nodes, ring_next] / 2000.0).max(axis=1)        # (K,)
         bw_min = net.bw[nodes, ring_next].min(axis=1)
         grad_bytes = 2.0 * job.params * layers / job.layers
@@ -164,8 +164,11 @@ def _estimate(placement: Placement, net: Network) -> Estimate:
     iteration = pipeline_s + allreduce_s
     compute_s = float(pipe_compute.max())
 
-    need = np.array([stage_memory_bytes(job, st.layers, b, m, k_stages) for st in placement.stages])
-    fraction = float((need[:, None] / net.mem[nodes]).max()) if net.mem[nodes].min() > 0 else math.inf
+    # stage_memory_bytes for every stage at once (the same operations in the same order).
+    need = (job.state_bytes * layers / job.layers
+            + act * layers * min(m, k_stages))
+    mem = net.mem[nodes]
+    fraction = float((need[:, None] / mem).max()) if mem.min() > 0 else math.inf
     return Estimate(
         iteration_s=iteration,
         compute_s=compute_s,

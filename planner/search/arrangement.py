@@ -80,10 +80,13 @@ def balance_layers(job: Job, stage_thr: np.ndarray, caps: np.ndarray) -> np.ndar
         return np.ones(k, dtype=np.int64)
     thr = stage_thr.tolist()
     total = float(stage_thr.sum())          # numpy's pairwise sum, as before
-    if not (math.isfinite(total) and total > 0 and all(0 < t < math.inf for t in thr)):
+    # A finite total means no throughput is infinite or NaN; then all are in (0, inf) when
+    # the smallest is positive.
+    if not (math.isfinite(total) and total > 0 and min(thr) > 0):
         return _balance_layers_numpy(job, stage_thr, caps)
     # Start from the continuous optimum rounded down, then fill greedily.
-    share = [int(min(c, max(1, math.floor(n_layers * t / total)))) for t, c in zip(thr, cap)]
+    floor = math.floor
+    share = [min(c, max(1, floor(n_layers * t / total))) for t, c in zip(thr, cap)]
     lay = share if sum(share) <= n_layers else [1] * k
     return _fill_layers(lay, thr, cap, n_layers - sum(lay))
 
@@ -186,6 +189,7 @@ def _trade_allreduce(job: Job, net: Network, grid: np.ndarray, b: int, m: int,
 
     best, best_t = layers, approx(layers)
     top = float((base_ar + per_layer_ar * layers).max())
+    tried = None
     for frac in (0.85, 0.7, 0.55, 0.4, 0.3):
         limit = top * frac
         ar_cap = np.floor((limit - base_ar) / per_layer_ar).astype(np.int64)
@@ -194,6 +198,10 @@ def _trade_allreduce(job: Job, net: Network, grid: np.ndarray, b: int, m: int,
             break
         if (new_caps >= best).all():
             continue   # the best split so far fits under these caps: balancing gives it again
+        key = new_caps.tobytes()
+        if key == tried:
+            continue   # the same caps as the last split tried: the same split, no better
+        tried = key
         alt = balance_layers(job, stage_thr, new_caps)
         if alt is None:
             break
