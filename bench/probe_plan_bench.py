@@ -23,12 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import random
-import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -200,15 +197,16 @@ def time_cli(path: Path, jobs: Path) -> dict:
     exe = Path(sys.executable).parent / "hulk-planner"
     cmd = ([str(exe)] if exe.exists() else [sys.executable, "-m", "planner.cli"]) + \
         ["plan", str(jobs), "--db", str(path), "--no-compare"]
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
-        rc, out = proc.returncode, (proc.stdout + proc.stderr).strip().splitlines()
-    except subprocess.TimeoutExpired:
-        rc, out = None, [f"timed out after {CLI_TIMEOUT_S:.0f} s"]
-    seconds = time.perf_counter() - t0
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    from bench.child_usage import run_measured
+
+    # From a small launcher: a child forked from this process (which holds the store's
+    # figures) would report this process's memory as its own peak.
+    usage = run_measured(cmd, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout_s=CLI_TIMEOUT_S)
+    rc = None if usage.timed_out else usage.exit_code
+    out = ([f"timed out after {CLI_TIMEOUT_S:.0f} s"] if usage.timed_out
+           else usage.output.strip().splitlines())
+    seconds = usage.wall_s
+    peak_mb = usage.peak_rss_bytes / 2 ** 20
     return {"command": " ".join(["hulk-planner"] + cmd[1:] if exe.exists() else cmd),
             "exit_code": rc, "seconds": round(seconds, 1), "peak_rss_mb": round(peak_mb),
             "meets_target": rc == 0 and seconds < TARGET_PLAN_DB_S, "output_tail": out[-6:]}

@@ -17,10 +17,8 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,30 +82,18 @@ def compute_bound_s(fleet_path: Path, jobs_path: Path) -> float:
 
 def plan_once(fleet_path: Path, jobs_path: Path, out: Path, method: str | None = None) -> dict:
     """One `hulk-planner plan` run (``method``: None for the default): wall time, the peak RSS
-    and CPU time of the child (with its reaped worker processes), exit code, its last lines."""
+    and CPU time of the child (with its reaped worker processes), exit code, its last lines.
+    Started from a small launcher (bench.child_usage): a child forked from this process would
+    report this process's memory as its own peak."""
+    from bench.child_usage import run_measured
+
     cmd = [sys.executable, "-m", "planner.cli", "plan", str(jobs_path), "--fleet", str(fleet_path),
            "--no-compare", "--out", str(out)] + (["--method", method] if method else [])
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:   # os.wait4 gives this child's own peak RSS
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                pid, status, usage = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.05)
-        wall = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        log.seek(0)
-        tail = log.read().decode(errors="replace").strip().splitlines()[-3:]
-    return {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-            "peak_rss_gb": round(usage.ru_maxrss / 1e6, 3),
-            "exit_code": proc.returncode, "output_tail": tail}
+    usage = run_measured(cmd, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                         timeout_s=TIMEOUT_S)
+    return {"wall_s": round(usage.wall_s, 2), "cpu_s": round(usage.cpu_s, 2),
+            "peak_rss_gb": round(usage.peak_rss_bytes / 1e9, 3),
+            "exit_code": usage.exit_code, "output_tail": usage.output.strip().splitlines()[-3:]}
 
 
 def _measure(sc: Scenario, fleet_path: Path, jobs_path: Path, tmp: Path, method: str | None,
