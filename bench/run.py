@@ -6,7 +6,9 @@ Each module runs in its own Python process (a crash, a hang past ``--timeout`` o
 loop in one cannot spoil the others) through ``python -m bench.run --one MODULE``, which calls
 the module's ``run(out_dir, ...)`` with the arguments it accepts (``shared``, ``quick``) and, when
 the module has ``summarize(result) -> str``, writes its markdown for the summary. A module that is
-missing or fails is reported in SUMMARY.md and the others still run.
+missing or fails is reported in SUMMARY.md and the others still run. SUMMARY.md and run.json
+keep the latest run of every module: a run with ``--only`` replaces those modules' sections
+(each heading says when and how it ran) and leaves the others as they were.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -67,6 +70,24 @@ def generic_summary(result) -> str:
     return "\n".join(lines) + "\n" if lines else "- (no scalar figures)\n"
 
 
+def summary_sections(text: str) -> dict[str, str]:
+    """A SUMMARY.md's sections by module name (each from its ``## name`` line to the next)."""
+    sections: dict[str, str] = {}
+    for part in re.split(r"(?m)^(?=## )", text):
+        match = re.match(r"## (\S+)", part)
+        if match:
+            sections[match.group(1)] = part.rstrip("\n") + "\n"
+    return sections
+
+
+def merged_sections(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """The latest section of every module: ``new`` over ``old``, in MODULES order (modules no
+    longer in MODULES last, as they were)."""
+    both = {**old, **new}
+    order = [m for m in MODULES if m in both] + [m for m in both if m not in MODULES]
+    return [both[m] for m in order]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=REPO / ".." / "shared")
@@ -84,13 +105,15 @@ def main(argv: list[str] | None = None) -> int:
         return run_one(args.one, out_dir, shared, args.quick, args.summary_file)
 
     wanted = args.only.split(",") if args.only else MODULES
-    sections = []
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    how = f"{stamp}{', --quick' if args.quick else ''}"
+    sections: dict[str, str] = {}
     status: dict[str, dict] = {}
     for name in wanted:
         if importlib.util.find_spec(f"bench.{name}") is None:
             print(f"[bench] {name}: not present, skipped", flush=True)
-            status[name] = {"status": "missing"}
-            sections.append(f"## {name}\n\nnot present in this checkout.\n")
+            status[name] = {"status": "missing", "at": stamp}
+            sections[name] = f"## {name} ({how})\n\nnot present in this checkout.\n"
             continue
         fragment = out_dir / f".{name}.summary.md"
         fragment.unlink(missing_ok=True)
@@ -111,23 +134,31 @@ def main(argv: list[str] | None = None) -> int:
                 rc, tail = None, [f"timed out after {args.timeout:.0f} s"]
         seconds = time.perf_counter() - t0
         if rc == 0 and fragment.exists():
-            status[name] = {"status": "ok", "seconds": round(seconds, 1)}
-            sections.append(f"## {name} ({seconds:.0f} s)\n\n{fragment.read_text()}")
+            status[name] = {"status": "ok", "seconds": round(seconds, 1), "at": stamp,
+                            "quick": args.quick}
+            sections[name] = f"## {name} ({seconds:.0f} s, {how})\n\n{fragment.read_text()}"
             print(f"[bench] {name}: ok in {seconds:.0f} s", flush=True)
         else:
             why = "\n".join(tail + [f"exit code {rc}" if rc is not None else ""]).strip()
-            status[name] = {"status": "failed", "seconds": round(seconds, 1), "error": why}
-            sections.append(f"## {name} (FAILED after {seconds:.0f} s)\n\n```\n{why}\n```\n")
+            status[name] = {"status": "failed", "seconds": round(seconds, 1), "error": why,
+                            "at": stamp, "quick": args.quick}
+            sections[name] = (f"## {name} (FAILED after {seconds:.0f} s, {how})\n\n"
+                              f"```\n{why}\n```\n")
             print(f"[bench] {name}: FAILED ({why.splitlines()[-1] if why else rc})", flush=True)
         fragment.unlink(missing_ok=True)
 
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    head = (f"# Benchmark summary\n\n`python -m bench.run --shared {args.shared}"
-            f"{' --quick' if args.quick else ''}{' --only ' + args.only if args.only else ''}` "
-            f"at {stamp}; figures in bench/results/*.json.\n\n")
-    (out_dir / "SUMMARY.md").write_text(head + "\n".join(sections))
-    (out_dir / "run.json").write_text(json.dumps({"at": stamp, "quick": args.quick,
-                                                  "modules": status}, indent=2) + "\n")
+    summary_path, run_path = out_dir / "SUMMARY.md", out_dir / "run.json"
+    old = summary_sections(summary_path.read_text()) if summary_path.exists() else {}
+    head = ("# Benchmark summary\n\nThe latest run of each benchmark (`python -m bench.run "
+            "--shared ../shared [--quick] [--only M,...]`; each heading gives its run time, "
+            "date and whether it was quick); figures in bench/results/*.json.\n\n")
+    summary_path.write_text(head + "\n".join(merged_sections(old, sections)))
+    try:
+        previous = json.loads(run_path.read_text()).get("modules", {})
+    except (OSError, ValueError, AttributeError):
+        previous = {}
+    run_path.write_text(json.dumps({"at": stamp, "modules": {**previous, **status}},
+                                   indent=2) + "\n")
     failed = [n for n, s in status.items() if s["status"] == "failed"]
     print(f"[bench] summary written to {out_dir / 'SUMMARY.md'}"
           + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
