@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.core.fleet import Network
 from planner.search import algorithm1 as alg1
 from planner.search.groups import deep_solve
 from planner.search.state import JobState, SearchRun
@@ -118,26 +119,38 @@ def _relocate(run: SearchRun, states: dict[str, JobState], crit: str, free: np.n
 
 def _grow_pools(run: SearchRun, group: np.ndarray, free: np.ndarray) -> list[np.ndarray]:
     """Node pools for the bottleneck job: its group plus the idle nodes of its clusters, then
-    plus the idle nodes of the 1, 2 and 4 nearest other clusters."""
-    net = run.net
-    mine = np.unique(run.labels[group])
-    same = free[np.isin(run.labels[free], mine)]
-    pools = [group] + ([np.union1d(group, same)] if same.size else [])
-    others = free[~np.isin(run.labels[free], mine)]
-    if others.size:
-        near = net.rtt_ms[np.ix_(others, group)].min(axis=1)
-        lab = run.labels[others]
-        ranked = sorted(np.unique(lab), key=lambda c: (float(near[lab == c].min()), int(c)))
-        for count in (1, 2, 4):
-            if count > len(ranked) or (count > 1 and count // 2 >= len(ranked)):
-                break
-            extra = others[np.isin(lab, ranked[:count])]
-            pools.append(np.union1d(np.union1d(group, same), extra))
-        # Or move to an idle cluster larger than its own (communication-bound jobs want
-        # many nodes joined by fast links).
-        own = max(int(np.isin(run.labels, [c]).sum()) for c in mine)
-        sizes = {int(c): int((lab == c).sum()) for c in np.unique(lab)}
-        big = sorted((c for c in sizes if sizes[c] > own), key=lambda c: (-sizes[c], c))
-        for c in big[:MIGRATE_CLUSTERS]:
-            pools.append(others[lab == c])
-    return pools
+    plus the idle nodes of the 1, 2 and 4 nearest other clusters, or an idle cluster larger
+    than its own (communication-bound jobs want many nodes joined by fast links)."""
+    return neighbourhood_pools(run.net, run.labels, group, free, nearest=(1, 2, 4),
+                               migrate=MIGRATE_CLUSTERS, larger_than_own=True)[0]
+
+
+def neighbourhood_pools(net: Network, labels: np.ndarray, group: np.ndarray, free: np.ndarray,
+                        *, nearest: tuple[int, ...], migrate: int, larger_than_own: bool
+                        ) -> tuple[list[np.ndarray], int, list[int]]:
+    """Node pools around ``group``, most local first: the group; plus the free nodes of its
+    clusters; plus those of the ``nearest`` (counts) nearest other clusters; then up to
+    ``migrate`` of the largest free clusters elsewhere, each on its own (with
+    ``larger_than_own`` only those larger than the largest of the group's clusters). Returns
+    (pools, the index of the group's own neighbourhood, the indices of the migrations)."""
+    mine = np.unique(labels[group])
+    same = free[np.isin(labels[free], mine)]
+    own = np.union1d(group, same)
+    pools = [group] + ([own] if same.size else [])
+    own_index = len(pools) - 1
+    others = free[~np.isin(labels[free], mine)]
+    if others.size == 0:
+        return pools, own_index, []
+    lab = labels[others]
+    dist = net.rtt_ms[np.ix_(others, group)].min(axis=1)
+    ranked = sorted(np.unique(lab).tolist(), key=lambda c: (float(dist[lab == c].min()), c))
+    for count in nearest:
+        if count <= len(ranked):
+            pools.append(np.union1d(own, others[np.isin(lab, ranked[:count])]))
+    sizes = {c: int((lab == c).sum()) for c in ranked}
+    floor = max(int((labels == c).sum()) for c in mine) if larger_than_own else 0
+    moves = []
+    for c in sorted((c for c in ranked if sizes[c] > floor), key=lambda c: (-sizes[c], c))[:migrate]:
+        moves.append(len(pools))
+        pools.append(others[lab == c])
+    return pools, own_index, moves

@@ -42,6 +42,7 @@ from planner.core.plan import Plan
 from planner.core.recovery import Replan, SearchFn, replan_jobs
 from planner.search.clusters import CLUSTER_RTT_MS, network_clusters
 from planner.search.groups import EFFORTS, deep_solve, evaluate_grid, micro_batches, solve_group
+from planner.search.grow import neighbourhood_pools
 
 NEAREST_SPARES = 16        # free nodes nearest to a lost slot's neighbours that are tried
 FASTEST_SPARES = 8         # plus the fastest free nodes within CLUSTER_RTT_MS of them
@@ -172,30 +173,15 @@ def _shrunk(placement: Placement, net: Network, lost: set[int]) -> tuple[Placeme
 
 def refine_pools(net: Network, labels: np.ndarray, group: np.ndarray, free: np.ndarray
                  ) -> tuple[list[np.ndarray], list[int]]:
-    """Node pools the refinement tries, most local first: the job's nodes; plus the free nodes
-    of its clusters; plus those of the 1 and 2 nearest other clusters; and the
+    """Node pools the refinement tries, most local first (the search's
+    :func:`~planner.search.grow.neighbourhood_pools`): the job's nodes; plus the free nodes of
+    its clusters; plus those of the 1 and 2 nearest other clusters; and the
     ``MIGRATE_CLUSTERS`` largest free clusters elsewhere on their own (a job that wants many
     nodes joined by fast links may do better there). Also the indices of the pools that get
     the dense re-solve whatever their first score: its own neighbourhood and the migrations."""
-    mine = np.unique(labels[group])
-    same = free[np.isin(labels[free], mine)]
-    near = np.union1d(group, same)
-    pools = [group] + ([near] if same.size else [])
-    deep = [len(pools) - 1]
-    others = free[~np.isin(labels[free], mine)]
-    if others.size == 0:
-        return pools, deep
-    lab = labels[others]
-    dist = net.rtt_ms[np.ix_(others, group)].min(axis=1)
-    ranked = sorted(np.unique(lab).tolist(), key=lambda c: (float(dist[lab == c].min()), c))
-    for count in (1, 2):
-        if count <= len(ranked):
-            pools.append(np.union1d(near, others[np.isin(lab, ranked[:count])]))
-    sizes = {c: int((lab == c).sum()) for c in ranked}
-    for c in sorted(ranked, key=lambda c: (-sizes[c], c))[:MIGRATE_CLUSTERS]:
-        deep.append(len(pools))
-        pools.append(others[lab == c])
-    return pools, deep
+    pools, own, moves = neighbourhood_pools(net, labels, group, free, nearest=(1, 2),
+                                            migrate=MIGRATE_CLUSTERS, larger_than_own=False)
+    return pools, [own] + moves
 
 
 def _refined(start: Placement, net: Network, free: np.ndarray, labels: np.ndarray,
