@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -17,8 +18,13 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Annotation  # noqa: E402
 
 from hulk.errors import InputError  # noqa: E402
-from planner.core.fleet import Fleet  # noqa: E402
-from planner.service.graph import fleet_graph  # noqa: E402
+from planner.core.fleet import Fleet, Network, complete  # noqa: E402
+
+MARKER_NODES = 300        # past this many nodes the dots shrink (by the square root)
+CIRCLE_NODES = 12         # a place with more nodes draws them as a disc, not a larger circle
+GOLDEN_ANGLE = math.pi * (3 - math.sqrt(5))
+MAX_NODE_LINKS = 20_000   # node pairs beyond which links are drawn between sites (a hairball)
+SITE_SAMPLE = 4           # members per site whose pairs give a site pair's drawn RTT
 
 
 def layout(fleet: Fleet) -> dict[str, tuple[float, float]]:
@@ -44,10 +50,14 @@ def layout(fleet: Fleet) -> dict[str, tuple[float, float]]:
         # A circle small enough not to reach the nearest other city.
         nearest = min((math.hypot(lat - a, lon - b) for a, b in places if (a, b) != (lat, lon)),
                       default=span)
-        r = min(span * 0.03, 0.4 * nearest) * (1 + len(ids) / 12)
+        r = min(span * 0.03, 0.4 * nearest) * (1 + min(len(ids), CIRCLE_NODES) / 12)
         for k, node_id in enumerate(ids):
-            angle = 2 * math.pi * k / len(ids) + math.pi / 2
-            pos[node_id] = (lon + r * math.cos(angle), lat + r * math.sin(angle))
+            if len(ids) <= CIRCLE_NODES:
+                angle = 2 * math.pi * k / len(ids) + math.pi / 2
+                pos[node_id] = (lon + r * math.cos(angle), lat + r * math.sin(angle))
+            else:   # a sunflower disc of the same radius: a big site stays where it is
+                rho, angle = r * math.sqrt((k + 0.5) / len(ids)), k * GOLDEN_ANGLE
+                pos[node_id] = (lon + rho * math.cos(angle), lat + rho * math.sin(angle))
     if unplaced:
         y = min(lats) - span * 0.15
         x0, x1 = min(lons), max(lons) if len(lons) > 1 else min(lons) + span
@@ -125,35 +135,86 @@ def place_city_labels(ax: Axes, anchors: list[tuple[str, float, float, int]],
         groups = list(joined.values())
 
 
+def fleet_links(net: Network, show_imputed: bool, site_linked: frozenset = frozenset()
+                ) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What to draw: ("node", i, j, rtt, imputed) for every measured node pair (and completed
+    ones with ``show_imputed``) when the fleet has at most MAX_NODE_LINKS pairs; otherwise
+    ("site", a, b, rtt, imputed) over site indices (:func:`site_members` order): one line per
+    pair of sites, the median RTT of up to SITE_SAMPLE x SITE_SAMPLE of their node pairs,
+    measured when the pair is in ``site_linked`` (frozensets of site keys with a site link) or
+    any of those node pairs is. Never an n x n loop: a 10,000-server fleet has 50 million
+    pairs."""
+    n = net.n
+    if n * (n - 1) // 2 <= MAX_NODE_LINKS:
+        i, j = np.triu_indices(n, 1)
+        rtt, imputed = net.rtt_ms[i, j], net.imputed[i, j]
+        keep = np.isfinite(rtt) & (show_imputed | ~imputed)
+        return "node", i[keep], j[keep], rtt[keep].astype(float), imputed[keep]
+    members = site_members(net)
+    keys = list(members)
+    sample = [m[:SITE_SAMPLE] for m in members.values()]
+    rows = []
+    for a in range(len(sample)):
+        for b in range(a + 1, len(sample)):
+            block = np.ix_(sample[a], sample[b])
+            rtt = net.rtt_ms[block]
+            imputed = bool(net.imputed[block].all()) and \
+                frozenset((keys[a], keys[b])) not in site_linked
+            if not np.isfinite(rtt).any() or (imputed and not show_imputed):
+                continue
+            rows.append((a, b, float(np.median(rtt[np.isfinite(rtt)])), imputed))
+    if not rows:
+        empty = np.zeros(0, dtype=np.int64)
+        return "site", empty, empty, np.zeros(0), np.zeros(0, dtype=bool)
+    a, b, rtt, imputed = (np.array(col) for col in zip(*rows))
+    return "site", a, b, rtt, imputed
+
+
+def site_members(net: Network) -> dict[str, list[int]]:
+    """Node indices by site (a node's site, else its city; a node with neither is its own)."""
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, node in enumerate(net.nodes):
+        members[node.site_key or f"node {node.id}"].append(i)
+    return members
+
+
 def draw_fleet(fleet: Fleet, *, title: str | None = None, show_imputed: bool = False,
                dpi: int = 150) -> Figure:
     """The fleet's figure: measured links coloured by RTT (log scale), nodes sized by GPU count
-    and coloured by throughput, one label per city (close cities share one)."""
+    and coloured by throughput, one label per city (close cities share one). A fleet of more
+    than MAX_NODE_LINKS node pairs gets one line per pair of sites instead (:func:`fleet_links`)."""
     if not fleet.nodes:
         raise InputError("the fleet has no nodes to draw")
-    g = fleet_graph(fleet)
+    net = complete(fleet)
     pos = layout(fleet)
     fig, ax = plt.subplots(figsize=(12, 8), dpi=dpi)
-    edges = [(u, v, d) for u, v, d in g.edges(data=True) if show_imputed or not d["imputed"]]
-    rtts = [d["rtt_ms"] for _, _, d in edges]
-    if rtts:
-        lo, hi = max(min(rtts), 0.1), max(max(rtts), 0.2)
+    site_linked = frozenset(frozenset((k.src, k.dst)) for k in fleet.site_links)
+    level, a, b, rtts, imputed = fleet_links(net, show_imputed, site_linked)
+    if level == "node":
+        anchor = [pos[node.id] for node in net.nodes]
+    else:
+        anchor = [(sum(pos[net.nodes[i].id][0] for i in m) / len(m),
+                   sum(pos[net.nodes[i].id][1] for i in m) / len(m))
+                  for m in site_members(net).values()]
+    if rtts.size:
+        lo, hi = max(float(rtts.min()), 0.1), max(float(rtts.max()), 0.2)
         norm = LogNorm(vmin=lo, vmax=hi) if hi / lo > 10 else Normalize(vmin=lo, vmax=hi)
         # Slow links underneath, fast links on top so the nearby structure stays visible.
-        edges.sort(key=lambda e: -e[2]["rtt_ms"])
-        segments = [(pos[u], pos[v]) for u, v, _ in edges]
-        colours = [max(d["rtt_ms"], lo) for _, _, d in edges]
-        styles = ["dotted" if d["imputed"] else "solid" for _, _, d in edges]
+        order = np.argsort(-rtts, kind="stable")
+        segments = [(anchor[a[k]], anchor[b[k]]) for k in order.tolist()]
+        styles = ["dotted" if imputed[k] else "solid" for k in order.tolist()]
         lines = LineCollection(segments, cmap="plasma_r", norm=norm, linewidths=0.7, alpha=0.55,
                                linestyles=styles, zorder=1)
-        lines.set_array(colours)
+        lines.set_array(np.maximum(rtts[order], lo))
         ax.add_collection(lines)
         bar = fig.colorbar(lines, ax=ax, shrink=0.85, pad=0.01)
-        bar.set_label("round-trip time (ms)")
+        bar.set_label("round-trip time (ms)" + (" between sites (median)" if level == "site"
+                                                else ""))
     xs = [pos[n.id][0] for n in fleet.nodes]
     ys = [pos[n.id][1] for n in fleet.nodes]
-    thr = [g.nodes[n.id]["throughput"] / 1e12 for n in fleet.nodes]
-    sizes = [30 + 12 * max(n.gpus, 0) for n in fleet.nodes]
+    thr = (net.thr / 1e12).tolist()
+    shrink = min(1.0, math.sqrt(MARKER_NODES / len(fleet.nodes)))   # many nodes: smaller dots
+    sizes = [(30 + 12 * max(n.gpus, 0)) * shrink for n in fleet.nodes]
     low, high = throughput_limits(thr)
     points = ax.scatter(xs, ys, s=sizes, c=thr, cmap="Greens", edgecolors="black",
                         linewidths=0.6, zorder=3, vmin=low, vmax=high)
@@ -162,10 +223,15 @@ def draw_fleet(fleet: Fleet, *, title: str | None = None, show_imputed: bool = F
             ax.annotate(n.id, pos[n.id], fontsize=5, ha="center", va="center", zorder=5)
     cb = fig.colorbar(points, ax=ax, shrink=0.5, pad=0.08, location="bottom", aspect=40)
     cb.set_label("node throughput (TFLOP/s, 0.4 MFU)")
-    measured = sum(1 for *_, d in g.edges(data=True) if not d["imputed"])
     n = len(fleet.nodes)
-    ax.set_title(title or f"{fleet.name}: {n} nodes, {measured} of {n * (n - 1) // 2} pairs "
-                 f"measured" + ("" if not show_imputed else ", imputed dotted"))
+    # Measured pairs, counted without an n x n temporary beyond the imputed matrix itself.
+    measured = (sum(int(np.count_nonzero(~row & np.isfinite(r)))
+                    for row, r in zip(net.imputed, net.rtt_ms)) - n) // 2
+    ax.set_title(title or f"{fleet.name}: {n:,} nodes, {measured:,} of {n * (n - 1) // 2:,} pairs "
+                 f"measured" + ("" if not show_imputed else ", imputed dotted")
+                 + ("" if level == "node" else
+                    f"; one line per pair of the {len(anchor)} sites, {int((~imputed).sum())} "
+                    f"measured"))
     ax.set_xlabel("longitude (°)")
     ax.set_ylabel("latitude (°)")
     ax.grid(True, linewidth=0.3, alpha=0.5)

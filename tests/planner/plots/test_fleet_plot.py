@@ -75,3 +75,34 @@ def test_a_label_for_very_many_cities_names_the_biggest_and_counts_the_rest():
     named = [m[0] for m in members if m[0] in text]
     assert named == [m[0] for m in members[-(MAX_NAMES_PER_LABEL - 1):]]   # the biggest ones
     assert len(text.splitlines()) <= MAX_NAMES_PER_LABEL // 2 + 1
+
+
+def _segments(fig):
+    from matplotlib.collections import LineCollection
+
+    lines = [c for c in fig.axes[0].collections if isinstance(c, LineCollection)]
+    return lines[0] if lines else None
+
+
+def test_a_small_fleet_draws_every_measured_node_pair():
+    fleet = _fleet([("Paris", 3), ("Tokyo", 2)])
+    fig = draw_fleet(fleet)
+    assert len(_segments(fig).get_segments()) == 10     # 5 nodes, every pair measured
+    assert "10 of 10 pairs measured" in fig.axes[0].get_title()
+    plt.close(fig)
+
+
+def test_a_large_regional_fleet_draws_one_line_per_pair_of_sites():
+    from planner.core.generate import generate_regional_fleet
+    from planner.plots.fleet import MAX_NODE_LINKS
+
+    fleet = generate_regional_fleet(240, 6, seed=3)      # 28,680 node pairs, site links only
+    assert 240 * 239 // 2 > MAX_NODE_LINKS
+    fig = draw_fleet(fleet)
+    lines = _segments(fig)
+    linked = {frozenset((k.src, k.dst)) for k in fleet.site_links if k.src != k.dst}
+    assert len(lines.get_segments()) == len(linked) <= 15     # 6 sites: at most 15 pairs
+    title = fig.axes[0].get_title()
+    assert "one line per pair of the 6 sites" in title and f"{len(linked)} measured" in title
+    assert "0 of 28,680 pairs measured" in title   # no node links: the sites carry the figures
+    plt.close(fig)
