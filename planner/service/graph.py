@@ -124,7 +124,9 @@ def fleet_graph(source: Fleet | Network,
                 stats: dict[frozenset[str], WindowStats] | None = None) -> nx.Graph:
     """The undirected fleet graph. Every pair that can communicate is an edge with ``rtt_ms``,
     ``bandwidth_gbps`` and ``imputed``; measured edges also carry ``samples``, ``loss`` and, when
-    ``stats`` is given, ``jitter_ms``, ``p50_ms``, ``p99_ms``, ``min_ms``, ``max_ms``."""
+    ``stats`` is given, ``jitter_ms``, ``p50_ms``, ``p99_ms``, ``min_ms``, ``max_ms``.
+    One Python edge per pair: for fleets of hundreds of nodes (10,000 servers would be 50
+    million edges); the planners and the plots read the completed Network's arrays instead."""
     network = complete(source) if isinstance(source, Fleet) else source
     link_info: dict[frozenset[str], dict] = {}
     if isinstance(source, Fleet):
