@@ -245,7 +245,8 @@ def summarize(doc: dict) -> str:
         lines.append(
             f"| {r['fleet']} | {fmt_s(b['makespan_s'])} in {b['planning_s']:.1f} s "
             f"({b['cpu_s']:.1f}) | {fmt_s(p['makespan_s'])} in {p['planning_s']:.1f} s "
-            f"{_budget_text(r['budget_s'])}{' cut' if p['cut_short'] else ''} | {r['gain']:.1%} | "
+            f"({p['cpu_s']:.1f}){_budget_text(r['budget_s'])}{' cut' if p['cut_short'] else ''} | "
+            f"{r['gain']:.1%} | "
             f"{fmt_s(f['makespan_s'])} in {f['planning_s']:.1f} s ({f['cpu_s']:.1f}), "
             f"{r['starts']} | {r['gain_uncapped']:.1%} | {p['load_1min_before']:.1f} |")
     s = doc["summary"]
