@@ -34,7 +34,9 @@ to return: it takes what has arrived and kills the workers.
 - by default (the default of `hulk-planner plan`): when the heuristic start finishes, so the
   portfolio takes the plain search's wall time (plus forking the workers, a few milliseconds);
   the other starts get what the other cores have free meanwhile (workers run at the lowest CPU
-  priority, nice 19 and SCHED_IDLE, so they do not slow the plain search down).
+  priority, nice 19 and SCHED_IDLE, so they do not slow the plain search down, and unless
+  ``workers`` is given, one is forked only per core idle when planning begins: on a busy
+  machine they would get nothing and only cost the fork).
   :data:`DEFAULT_STARTS` starts are queued (or one per usable core where that is more), plus
   the caller's extra starts; with ``workers=1`` the plan is the plain search's;
 - with ``budget_s``: ``budget_s`` after the start (the heuristic start still runs to its end),
@@ -68,7 +70,7 @@ from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan
 from planner.search.starts import GREEDY_ORDERS, greedy_grouping
-from planner.search.workers import StartWorkers, can_fork
+from planner.search.workers import StartWorkers, can_fork, idle_cores
 
 MIN_STARTS = 3       # with a budget given: heuristic and the two greedy starts at least
 DEFAULT_STARTS = 8   # queued by default: heuristic, greedy x2, uniform, 4 random
@@ -289,13 +291,14 @@ def _run_forked(build_starts: Callable[[], list[Start]], total: int, jobs, net, 
 @dataclass(frozen=True)
 class PortfolioRun:
     """Every start's result (in start order; those not begun or not back by the stop are left
-    out), how many starts were queued, the budget (None: the default stop) and the seconds the
-    run took."""
+    out), how many starts were queued, the budget (None: the default stop), the seconds the
+    run took and the processes it ran in (the caller's included)."""
 
     results: tuple[StartResult, ...]
     total: int
     budget_s: float | None
     seconds: float
+    workers: int = 1
 
     @property
     def dropped(self) -> int:
@@ -337,6 +340,10 @@ def refine_starts(jobs: list[Job], net: Network, *, seed: int = 0,
                                        extra=len(extra_starts))
     t0 = time.monotonic()
     total = max(1, count)
+    if workers is None and budget_s is None:
+        # By default the other starts get only idle cores: where none is idle now, forking
+        # workers would cost the planner time (the fork, copy-on-write) and give nothing.
+        workers = 1 + idle_cores(default_workers())
     workers = min(workers or default_workers(), total)
 
     def build_starts() -> list[Start]:
@@ -358,7 +365,7 @@ def refine_starts(jobs: list[Job], net: Network, *, seed: int = 0,
         raise PlanningError(heuristic.error)
     tick(total)
     returned = sorted((r for r in results if r.started), key=lambda r: r.index)
-    return PortfolioRun(tuple(returned), total, budget_s, time.monotonic() - t0)
+    return PortfolioRun(tuple(returned), total, budget_s, time.monotonic() - t0, workers)
 
 
 def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
@@ -371,8 +378,9 @@ def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
     ``budget_s``: when the starts other than the heuristic stop (default: when the heuristic
     start, the plain search, finishes); given, it also sets the number of starts unless
     ``starts`` does. ``starts``: how many (default :data:`DEFAULT_STARTS` or one per usable
-    core). ``workers``: processes (default all usable cores; when no start is stopped the plan
-    does not depend on it). ``extra_starts``: (name, class scores n x (jobs + 1)) tried right
+    core). ``workers``: processes (default: with ``budget_s``, all usable cores; without, this
+    one plus one per usable core idle when planning begins, planner.search.workers.idle_cores;
+    when no start is stopped the plan does not depend on it). ``extra_starts``: (name, class scores n x (jobs + 1)) tried right
     after the heuristic, e.g. the GNN's. ``progress(done, total)`` is called as starts finish.
     """
     jobs = list(jobs)
@@ -396,9 +404,10 @@ def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
     if run.budget_s is None:
         if run.total > 1:
             finished = sum(r.plan is not None and not r.cut_short for r in run.results)
+            idle = "" if run.workers > 1 else "; no idle core for the others"
             notes.append(f"portfolio: {finished} of {run.total} starts finished within the plain "
                          f"search's time ({run.seconds:.1f} s; {cut} cut short, {run.dropped} "
-                         "not begun or not back); the plan may differ between runs: give "
+                         f"not begun or not back{idle}); the plan may differ between runs: give "
                          "--time-budget and --starts to fix it")
     elif run.dropped or cut:
         notes.append(f"portfolio: the time budget ran out after {run.seconds:.1f} s (budget "

@@ -38,6 +38,18 @@ _FRAME = struct.Struct("<Q")    # length of one pickled result
 _STOP = struct.Struct("<d")     # the stop time, time.monotonic
 
 
+def idle_cores(cores: int) -> int:
+    """How many of ``cores`` nothing else wants right now: ``cores`` minus the tasks runnable
+    at this instant, this process included (Linux /proc/loadavg); ``cores - 1`` where that is
+    unknown. A worker at SCHED_IDLE gets no CPU time where there is none."""
+    try:
+        with open("/proc/loadavg", "rb") as fh:
+            running = int(fh.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return max(0, cores - 1)
+    return max(0, cores - max(1, running))
+
+
 def can_fork() -> bool:
     """True where worker processes can be forked (POSIX)."""
     return hasattr(os, "fork")

@@ -12,9 +12,9 @@ import pytest
 from planner.core.costmodel import estimate_plan
 from planner.core.generate import generate_jobs, generate_network
 from planner.search import plan_search
-from planner.search.portfolio import Start, _run_start
+from planner.search.portfolio import Start, _run_start, plan_portfolio, refine_starts
 from planner.search.starts import greedy_grouping
-from planner.search.workers import StartWorkers, can_fork, wait_reaped
+from planner.search.workers import StartWorkers, can_fork, idle_cores, wait_reaped
 from tests.planner.search.test_search import assert_valid, same_plan
 
 pytestmark = pytest.mark.skipif(not can_fork(), reason="needs os.fork")
@@ -112,3 +112,24 @@ def test_snapshots_are_valid_plans_that_only_improve_and_change_nothing():
     assert result.final and result.makespan_s <= spans[-1] * (1 + 1e-12)
     # The hook only watches: the start's plan is the plain refinement's from that grouping.
     assert same_plan(result.plan, plan_search(jobs, net, initial=grouping))
+
+
+def test_idle_cores_leaves_this_process_its_core():
+    for cores in (1, 2, 8):
+        assert 0 <= idle_cores(cores) <= cores - 1
+
+
+def test_by_default_no_worker_is_forked_where_no_core_is_idle(monkeypatch):
+    import planner.search.portfolio as portfolio
+
+    net = generate_network(24, seed=21)
+    jobs = generate_jobs(2, seed=21)
+    monkeypatch.setattr(portfolio, "idle_cores", lambda cores: 0)
+    forked = []
+    monkeypatch.setattr(portfolio, "StartWorkers", lambda *a, **k: forked.append(a))
+    run = refine_starts(jobs, net)
+    assert not forked and run.workers == 1
+    assert [r.name for r in run.results] == ["heuristic"]
+    plan = plan_portfolio(jobs, net)
+    assert same_plan(plan, plan_search(jobs, net))
+    assert any("no idle core" in note for note in plan.notes)
