@@ -18,8 +18,9 @@ The starts, in this order (the index breaks ties between equal makespans):
 Each start is its grouping (Algorithm 1 on its scores, or the constructive one) and then the
 search's refinement (plan_search with ``initial=``). The heuristic start runs in the calling
 process, the others in worker processes forked when the portfolio begins
-(planner.search.workers: ``workers`` processes in all, the caller's included; default every
-core this process may use, ``os.sched_getaffinity``), each worker taking the next start in order
+(planner.search.workers: ``workers`` processes in all, the caller's included; by default one
+more per core idle when planning begins, and with ``budget_s`` every core this process may use,
+``os.sched_getaffinity``), each worker taking the next start in order
 as it finishes one and sending back its best plan so far whenever it improves; with
 ``workers=1`` (or where there is no fork) they run one after another here. The winner is the
 lowest (makespan by the reference cost model, start index).
@@ -32,7 +33,8 @@ none), and a start not begun by then is dropped. The planner does not wait for a
 to return: it takes what has arrived and kills the workers.
 
 - by default (the default of `hulk-planner plan`): when the heuristic start finishes, so the
-  portfolio takes the plain search's wall time (plus forking the workers, a few milliseconds);
+  portfolio takes the plain search's wall time (plus forking the workers: a few milliseconds,
+  and the copy-on-write of the memory this process then writes, a few percent);
   the other starts get what the other cores have free meanwhile (workers run at the lowest CPU
   priority, nice 19 and SCHED_IDLE, so they do not slow the plain search down, and unless
   ``workers`` is given, one is forked only per core idle when planning begins: on a busy
