@@ -60,8 +60,9 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
                         "the portfolio takes its wall time); given, it also sets the number "
                         "of starts")
     p.add_argument("--workers", type=_positive_int, metavar="N",
-                   help="processes the portfolio refines its starts in (default: all cores; "
-                        "the plan depends on it only when starts are stopped)")
+                   help="processes the portfolio refines its starts in (default: this one "
+                        "plus one per core idle when planning begins, or all cores with "
+                        "--time-budget; the plan depends on it only when starts are stopped)")
     p.add_argument("--starts", type=_positive_int, metavar="N",
                    help="number of portfolio starts (default: 8, or one per usable core where "
                         "that is more; with --time-budget, as many as it fits)")

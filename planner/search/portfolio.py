@@ -17,29 +17,34 @@ The starts, in this order (the index breaks ties between equal makespans):
 
 Each start is its grouping (Algorithm 1 on its scores, or the constructive one) and then the
 search's refinement (plan_search with ``initial=``). The heuristic start runs in the calling
-process, the others in worker processes (``workers`` processes in all, the caller's included;
-default every core this process may use, ``os.sched_getaffinity``), each worker taking the next
-start in order as it finishes one; with ``workers=1`` they run one after another here. The
-winner is the lowest (makespan by the reference cost model, start index).
+process, the others in worker processes forked when the portfolio begins
+(planner.search.workers: ``workers`` processes in all, the caller's included; by default one
+more per core idle when planning begins, and with ``budget_s`` every core this process may use,
+``os.sched_getaffinity``), each worker taking the next start in order
+as it finishes one and sending back its best plan so far whenever it improves; with
+``workers=1`` (or where there is no fork) they run one after another here. The winner is the
+lowest (makespan by the reference cost model, start index).
 
 The stop. The heuristic start is never stopped: it is the plain search, so the portfolio always
-returns a valid plan at least as good as ``plan_search``'s. Every other start is stopped where
-it is (between refinement rounds and candidate moves, keeping its best plan so far, valid; a
-constructive start not yet complete gives none) once the stop time has passed, and a start not
-begun by then is dropped:
+returns a valid plan at least as good as ``plan_search``'s. Every other start stops once the
+stop time has passed; what it gives is the best plan it had sent by then (valid: a snapshot of
+the refinement between two rounds; a constructive start whose grouping was not complete gives
+none), and a start not begun by then is dropped. The planner does not wait for a stopped start
+to return: it takes what has arrived and kills the workers.
 
 - by default (the default of `hulk-planner plan`): when the heuristic start finishes, so the
-  portfolio takes the plain search's wall time (plus the fork and the grace below); the other
-  starts get what the other cores have free meanwhile (workers run at the lowest CPU priority,
-  :data:`WORKER_NICE`, so they do not slow the plain search down). :data:`DEFAULT_STARTS`
-  starts are queued (or one per usable core where that is more), plus the caller's extra
-  starts; with ``workers=1`` the plan is the plain search's;
-- with ``budget_s``: ``budget_s`` after the start (the heuristic start still runs to its end);
-  unless ``starts`` is given, as many starts as fit it by a size-based estimate of one start's
-  seconds (:func:`start_cost_s`, :func:`start_count`).
+  portfolio takes the plain search's wall time (plus forking the workers: a few milliseconds,
+  and the copy-on-write of the memory this process then writes, a few percent);
+  the other starts get what the other cores have free meanwhile (workers run at the lowest CPU
+  priority, nice 19 and SCHED_IDLE, so they do not slow the plain search down, and unless
+  ``workers`` is given, one is forked only per core idle when planning begins: on a busy
+  machine they would get nothing and only cost the fork).
+  :data:`DEFAULT_STARTS` starts are queued (or one per usable core where that is more), plus
+  the caller's extra starts; with ``workers=1`` the plan is the plain search's;
+- with ``budget_s``: ``budget_s`` after the start (the heuristic start still runs to its end),
+  or sooner when every start has finished; unless ``starts`` is given, as many starts as fit it
+  by a size-based estimate of one start's seconds (:func:`start_cost_s`, :func:`start_count`).
 
-A stopped start still busy :data:`GRACE` times the stop time later (by default
-:data:`DEFAULT_GRACE` times the heuristic start's seconds plus :data:`DEFAULT_GRACE_S`) is dropped.
 A worker whose planner process is gone stops too.
 
 Determinism. The starts are fixed by the inputs, ``seed`` and their number. When no start is
@@ -54,9 +59,7 @@ the inputs and the seed.
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
 import os
-import queue
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -64,24 +67,17 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hulk.errors import HulkError, PlanningError
-from planner.core.costmodel import estimate_plan
+from planner.core.costmodel import Placement, estimate_plan
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan
 from planner.search.starts import GREEDY_ORDERS, greedy_grouping
+from planner.search.workers import StartWorkers, can_fork, idle_cores
 
 MIN_STARTS = 3       # with a budget given: heuristic and the two greedy starts at least
 DEFAULT_STARTS = 8   # queued by default: heuristic, greedy x2, uniform, 4 random
 MAX_STARTS = 32
 REFERENCE_CORES = 2  # the start count for a given budget assumes a host with this many cores
-WORKER_NICE = 19     # worker processes run at the lowest CPU priority (_init_pool_worker)
-GRACE = 0.1          # a stopped start may take this fraction of the stop time more to return
-# By default (stop at the heuristic start's end) a stopped start gets only this fraction of the
-# heuristic start's seconds, plus DEFAULT_GRACE_S, to return (a stopped start answers after its
-# current solve, usually within a few tens of milliseconds; less grace dropped the starts that
-# had won), so the portfolio stays close to the plain search's wall time.
-DEFAULT_GRACE = 0.08
-DEFAULT_GRACE_S = 0.025
 
 
 @dataclass(frozen=True)
@@ -97,7 +93,8 @@ class Start:
 @dataclass(frozen=True)
 class StartResult:
     """What one refined start gave: its plan, that plan's makespan, the seconds it took and
-    whether the stop cut it short (``started`` False: the stop came before it began)."""
+    whether the stop cut it short (``started`` False: the stop came before it began; ``final``
+    False: the best plan so far of a start still being refined)."""
 
     index: int
     name: str
@@ -107,6 +104,7 @@ class StartResult:
     cut_short: bool
     error: str | None = None
     started: bool = True
+    final: bool = True   # False: a snapshot of a start still being refined
 
 
 def start_cost_s(n_nodes: int, n_jobs: int) -> float:
@@ -131,6 +129,19 @@ def default_start_count(cores: int, extra: int = 0) -> int:
     return extra + max(DEFAULT_STARTS, min(MAX_STARTS, cores))
 
 
+def check_extra_starts(extra_starts: Sequence[tuple[str, np.ndarray]], n: int, width: int
+                       ) -> list[tuple[str, np.ndarray]]:
+    """The caller's starts as float arrays; PlanningError when one is not ``n`` x ``width``."""
+    out = []
+    for name, scores in extra_starts:
+        scores = np.asarray(scores, dtype=float)
+        if scores.shape != (n, width):
+            raise PlanningError(f"start {name!r}: scores must have shape ({n}, {width}), "
+                                f"got {scores.shape}")
+        out.append((name, scores))
+    return out
+
+
 def portfolio_starts(jobs: list[Job], net: Network, *, seed: int, count: int,
                      extra_starts: Sequence[tuple[str, np.ndarray]] = (),
                      labels: np.ndarray | None = None) -> list[Start]:
@@ -139,11 +150,7 @@ def portfolio_starts(jobs: list[Job], net: Network, *, seed: int, count: int,
 
     n, width = net.n, len(jobs) + 1
     starts = [Start(0, "heuristic", None)]
-    for name, scores in extra_starts:
-        scores = np.asarray(scores, dtype=float)
-        if scores.shape != (n, width):
-            raise PlanningError(f"start {name!r}: scores must have shape ({n}, {width}), "
-                                f"got {scores.shape}")
+    for name, scores in check_extra_starts(extra_starts, n, width):
         starts.append(Start(len(starts), name, scores))
     for order in GREEDY_ORDERS:
         starts.append(Start(len(starts), order, None, build=order))
@@ -164,49 +171,42 @@ def portfolio_starts(jobs: list[Job], net: Network, *, seed: int, count: int,
     return starts[:max(1, count)]
 
 
-# ----------------------------------------------------------------------------------- workers
+# ------------------------------------------------------------------------------ running starts
 
-_WORKER: dict = {}
+def _snapshots(start: Start, net: Network, t0: float, send: Callable[[StartResult], None]):
+    """A plan_search ``snapshot`` callback that sends ``start``'s best plan so far (its phases'
+    job states) whenever its makespan drops: what a stopped start gives."""
+    job_order: dict[str, int] = {}
+    best = [math.inf]
 
+    def snapshot(phase_states) -> None:
+        quick = sum(max(s.est.job_s for s in states.values()) for states in phase_states if states)
+        if not quick < best[0] * (1 - 1e-9):
+            return
+        best[0] = quick
+        placements = [Placement(s.placement.job, s.placement.stages, s.placement.micro_batch, ph)
+                      for ph, states in enumerate(x for x in phase_states if x)
+                      for s in states.values()]
+        if not job_order:
+            job_order.update({p.job.name: k for k, p in enumerate(placements)})
+        placements.sort(key=lambda p: (p.phase, job_order.get(p.job.name, 0), p.job.name))
+        makespan = estimate_plan(placements, net).makespan_s
+        send(StartResult(start.index, start.name, makespan, Plan("search", placements),
+                         time.monotonic() - t0, True, final=False))
 
-class _Cell:
-    """The stop time when starts run in this process (a shared RawValue in workers): the
-    time.monotonic (system-wide on Linux) after which starts other than the heuristic stop."""
-
-    def __init__(self, value: float):
-        self.value = value
-
-
-def _init_worker(jobs: list[Job], net: Network, max_rounds: int | None, stop_cell) -> None:
-    """Pool initializer: the inputs every start shares (inherited, not copied, under fork)."""
-    _WORKER.update(jobs=jobs, net=net, max_rounds=max_rounds, stop=stop_cell)
-
-
-def _init_pool_worker(jobs: list[Job], net: Network, max_rounds: int | None, stop_cell) -> None:
-    """Pool initializer of a worker process: the shared inputs, and the lowest CPU priority, so
-    that on a busy machine the workers take only what the heuristic start (the plain search, in
-    the caller's process) and other programs leave: the portfolio then takes the plain search's
-    wall time however busy the machine is."""
-    try:
-        os.nice(WORKER_NICE)
-    except (AttributeError, OSError):   # not on Unix, or not allowed: run at equal priority
-        pass
-    _init_worker(jobs, net, max_rounds, stop_cell)
-    _WORKER["parent"] = os.getppid()
+    return snapshot
 
 
-def _run_start(start: Start) -> StartResult:
-    """Refine one start (in a worker, or in the caller's process when workers=1)."""
+def _run_start(start: Start, jobs: list[Job], net: Network, max_rounds: int | None,
+               should_stop: Callable[[], bool] | None,
+               send: Callable[[StartResult], None] | None = None) -> StartResult:
+    """Refine one start: its grouping, then the search's refinement until ``should_stop()``
+    (None for the heuristic start: the plain search always runs to its end, so the portfolio
+    is never worse than `search`, however busy the machine). With ``send``, its best plan so
+    far is also sent whenever it improves."""
     from planner.search.refine import plan_search
 
-    jobs, net, stop = _WORKER["jobs"], _WORKER["net"], _WORKER["stop"]
     t0 = time.monotonic()
-    # The heuristic start is the plain search and always runs to its end: the portfolio is
-    # never worse than `search`, however busy the machine.
-    # A worker whose parent is gone (the planner was killed) stops too, instead of running on.
-    parent = _WORKER.get("parent")
-    should_stop = None if start.index == 0 else (
-        lambda: time.monotonic() >= stop.value or (parent is not None and os.getppid() != parent))
     if should_stop is not None and should_stop():
         return StartResult(start.index, start.name, math.inf, None, 0.0, False, started=False)
     try:
@@ -216,22 +216,15 @@ def _run_start(start: Start) -> StartResult:
             if initial is None:   # stopped before its grouping was complete: no plan
                 return StartResult(start.index, start.name, math.inf, None,
                                    time.monotonic() - t0, True)
-        plan = plan_search(jobs, net, max_rounds=_WORKER["max_rounds"], initial=initial,
-                           should_stop=should_stop)
+        plan = plan_search(jobs, net, max_rounds=max_rounds, initial=initial,
+                           should_stop=should_stop,
+                           snapshot=None if send is None else _snapshots(start, net, t0, send))
     except HulkError as exc:
         return StartResult(start.index, start.name, math.inf, None, time.monotonic() - t0,
                            False, str(exc))
     makespan = estimate_plan(plan.placements, net).makespan_s if plan.placements else 0.0
     cut = any("safety cap" in note for note in plan.notes)
     return StartResult(start.index, start.name, makespan, plan, time.monotonic() - t0, cut)
-
-
-def _pool_context():
-    """fork where the platform has it (workers inherit the network without copying it and
-    start in milliseconds; they import nothing new, so torch is never loaded by them); spawn
-    elsewhere."""
-    methods = mp.get_all_start_methods()
-    return mp.get_context("fork" if "fork" in methods else "spawn")
 
 
 def default_workers() -> int:
@@ -242,83 +235,72 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _run_all(starts: list[Start], jobs, net, max_rounds, workers: int, budget_at: float | None,
-             tick: Callable[[int], None]) -> list[StartResult]:
-    """Every start refined until the stop (module docstring: ``budget_at`` None is the
-    default, the heuristic start's end); returns the results that came back."""
+def _run_here(starts: list[Start], jobs, net, max_rounds, budget_at: float | None,
+              tick: Callable[[int], None]) -> list[StartResult]:
+    """Every start one after another in this process (``workers=1``, or no fork)."""
     results: list[StartResult] = []
-    t0 = time.monotonic()
-    first_stop = math.inf if budget_at is None else budget_at
+    stop_at = math.inf if budget_at is None else budget_at
+    for st in starts:
+        results.append(_run_start(st, jobs, net, max_rounds,
+                                  None if st.index == 0 else lambda: time.monotonic() >= stop_at))
+        if st.index == 0 and budget_at is None:
+            stop_at = time.monotonic()   # the default stop: the heuristic start's end
+        tick(len(results))
+    return results
 
-    def stop_after_heuristic() -> float:
-        return time.monotonic() if budget_at is None else budget_at
 
-    if workers <= 1:
-        stop_cell = _Cell(first_stop)
-        _init_worker(jobs, net, max_rounds, stop_cell)
-        try:
-            for st in starts:
-                results.append(_run_start(st))
-                if st.index == 0:
-                    stop_cell.value = stop_after_heuristic()
-                tick(len(results))
-        finally:
-            _WORKER.clear()
-        return results
-    # The heuristic start runs here (no copy of its plan, no pool in its way), the others in
-    # worker processes, each taking the next start in order.
-    ctx = _pool_context()
-    stop_cell = ctx.RawValue("d", first_stop)
-    others = [st for st in starts if st.index != 0]
-    pool = ctx.Pool(processes=max(1, min(workers - 1, len(others))), initializer=_init_pool_worker,
-                    initargs=(jobs, net, max_rounds, stop_cell))
-    done: queue.SimpleQueue = queue.SimpleQueue()
+def _run_forked(build_starts: Callable[[], list[Start]], total: int, jobs, net, max_rounds,
+                workers: int, budget_at: float | None,
+                tick: Callable[[int], None]) -> list[StartResult]:
+    """The heuristic start here, the others in ``workers - 1`` forked processes
+    (planner.search.workers) that build the starts themselves (the planner's process goes
+    straight to the plain search) and stream their best plans; at the stop this process takes
+    what has arrived and kills them (module docstring)."""
+    latest: dict[int, StartResult] = {}
+    finished = 0
+
+    def collect(items) -> None:
+        nonlocal finished
+        for res in items:
+            old = latest.get(res.index)
+            if old is None or not old.final:
+                latest[res.index] = res
+                finished += res.final
+        if items:
+            tick(1 + finished)
+
+    child_starts: list[Start] = []   # built once in each worker
+
+    def run_one(index: int, send, should_stop) -> None:
+        if not child_starts:
+            child_starts.extend(build_starts())
+        send(_run_start(child_starts[index], jobs, net, max_rounds, should_stop, send))
+
+    pool = StartWorkers(max(1, min(workers - 1, total - 1)), list(range(1, total)), run_one,
+                        math.inf if budget_at is None else budget_at)
     try:
-        pending = set()
-        for st in others:
-            pool.apply_async(_run_start, (st,), callback=done.put,
-                             error_callback=lambda exc, st=st: done.put(StartResult(
-                                 st.index, st.name, math.inf, None, 0.0, False, str(exc))))
-            pending.add(st.index)
-        if len(others) < len(starts):
-            _init_worker(jobs, net, max_rounds, stop_cell)
-            try:
-                results.append(_run_start(starts[0]))
-            finally:
-                _WORKER.clear()
-            stop_cell.value = stop_after_heuristic()
-        while pending:
-            # The others are told to stop at the stop time and get GRACE more to hand back
-            # their best plan so far; a start not begun by then returns at once.
-            stop = stop_cell.value
-            grace = (GRACE * max(stop - t0, 1.0) if budget_at is not None
-                     else DEFAULT_GRACE * (stop - t0) + DEFAULT_GRACE_S)
-            wait = stop + grace - time.monotonic()
-            if wait <= 0:
-                break
-            try:
-                res = done.get(timeout=min(wait, 3600.0))
-            except queue.Empty:
-                break
-            pending.discard(res.index)
-            results.append(res)
-            tick(len(results))
-        return results
+        heuristic = _run_start(Start(0, "heuristic", None), jobs, net, max_rounds, None)
+        stop_at = time.monotonic() if budget_at is None else budget_at
+        pool.set_stop(stop_at)
+        collect(pool.poll(0.0))
+        while pool.running and finished < total - 1 and time.monotonic() < stop_at:
+            collect(pool.poll(stop_at - time.monotonic()))
     finally:
-        pool.terminate()
-        pool.join()
+        pool.close()
+    return [heuristic] + [r for r in latest.values() if r.started]
 
 
 @dataclass(frozen=True)
 class PortfolioRun:
     """Every start's result (in start order; those not begun or not back by the stop are left
-    out), how many starts were queued, the budget (None: the default stop) and the seconds the
-    run took."""
+    out), how many starts were queued, the budget (None: the default stop), the seconds the
+    run took and the processes it ran in (the caller's included)."""
 
     results: tuple[StartResult, ...]
     total: int
     budget_s: float | None
     seconds: float
+    workers: int = 1
 
     @property
     def dropped(self) -> int:
@@ -359,22 +341,33 @@ def refine_starts(jobs: list[Job], net: Network, *, seed: int = 0,
     count, budget_s = resolve_defaults(net.n, len(jobs), budget_s=budget_s, starts=starts,
                                        extra=len(extra_starts))
     t0 = time.monotonic()
-    plan_starts = portfolio_starts(jobs, net, seed=seed, count=count, extra_starts=extra_starts)
-    workers = min(workers or default_workers(), len(plan_starts))
-    total = len(plan_starts)
+    total = max(1, count)
+    if workers is None and budget_s is None:
+        # By default the other starts get only idle cores: where none is idle now, forking
+        # workers would cost the planner time (the fork, copy-on-write) and give nothing.
+        workers = 1 + idle_cores(default_workers())
+    workers = min(workers or default_workers(), total)
+
+    def build_starts() -> list[Start]:
+        return portfolio_starts(jobs, net, seed=seed, count=count, extra_starts=extra_starts)
 
     def tick(done: int) -> None:
         if progress is not None:
             progress(done, total)
 
-    results = _run_all(plan_starts, jobs, net, max_rounds, workers,
-                       None if budget_s is None else t0 + budget_s, tick)
+    budget_at = None if budget_s is None else t0 + budget_s
+    if workers > 1 and can_fork():
+        check_extra_starts(extra_starts, net.n, len(jobs) + 1)   # here, not in a worker
+        results = _run_forked(build_starts, total, jobs, net, max_rounds, workers, budget_at,
+                              tick)
+    else:
+        results = _run_here(build_starts(), jobs, net, max_rounds, budget_at, tick)
     heuristic = next((r for r in results if r.index == 0), None)
     if heuristic is not None and heuristic.error is not None:
         raise PlanningError(heuristic.error)
     tick(total)
     returned = sorted((r for r in results if r.started), key=lambda r: r.index)
-    return PortfolioRun(tuple(returned), total, budget_s, time.monotonic() - t0)
+    return PortfolioRun(tuple(returned), total, budget_s, time.monotonic() - t0, workers)
 
 
 def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
@@ -387,8 +380,9 @@ def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
     ``budget_s``: when the starts other than the heuristic stop (default: when the heuristic
     start, the plain search, finishes); given, it also sets the number of starts unless
     ``starts`` does. ``starts``: how many (default :data:`DEFAULT_STARTS` or one per usable
-    core). ``workers``: processes (default all usable cores; when no start is stopped the plan
-    does not depend on it). ``extra_starts``: (name, class scores n x (jobs + 1)) tried right
+    core). ``workers``: processes (default: with ``budget_s``, all usable cores; without, this
+    one plus one per usable core idle when planning begins, planner.search.workers.idle_cores;
+    when no start is stopped the plan does not depend on it). ``extra_starts``: (name, class scores n x (jobs + 1)) tried right
     after the heuristic, e.g. the GNN's. ``progress(done, total)`` is called as starts finish.
     """
     jobs = list(jobs)
@@ -412,9 +406,10 @@ def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
     if run.budget_s is None:
         if run.total > 1:
             finished = sum(r.plan is not None and not r.cut_short for r in run.results)
+            idle = "" if run.workers > 1 else "; no idle core for the others"
             notes.append(f"portfolio: {finished} of {run.total} starts finished within the plain "
                          f"search's time ({run.seconds:.1f} s; {cut} cut short, {run.dropped} "
-                         "not begun or not back); the plan may differ between runs: give "
+                         f"not begun or not back{idle}); the plan may differ between runs: give "
                          "--time-budget and --starts to fix it")
     elif run.dropped or cut:
         notes.append(f"portfolio: the time budget ran out after {run.seconds:.1f} s (budget "

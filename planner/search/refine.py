@@ -215,6 +215,8 @@ def _run_phases(run: SearchRun, grouping: alg1.Grouping) -> Plan:
         done[0] += 1
         if run.progress is not None:
             run.progress(min(done[0], total_ticks), total_ticks)
+        if run.snapshot is not None and len(phase_states) == len(phases) - 1:
+            run.snapshot(phase_states + [states])   # every phase has a valid solution now
 
     by_name = {j.name: j for j in run.jobs}
     phase_states: list[dict[str, JobState]] = []
@@ -235,6 +237,8 @@ def _run_phases(run: SearchRun, grouping: alg1.Grouping) -> Plan:
             _refine_phase(run, states, second_rounds, tick)
         phase_states.append(states)
     phase_states = _pull_forward(run, phase_states)
+    if run.snapshot is not None:
+        run.snapshot(phase_states)
     placements = []
     for ph, states in enumerate(phase_states):
         if not run.out_of_time():   # stopped: the states are valid as they are
@@ -300,7 +304,8 @@ def plan_search(jobs: list[Job], net: Network, *, seed: int = 0, budget_s: float
                 max_rounds: int | None = None,
                 progress: Callable[[int, int], None] | None = None,
                 initial: alg1.Grouping | np.ndarray | None = None,
-                should_stop: Callable[[], bool] | None = None) -> Plan:
+                should_stop: Callable[[], bool] | None = None,
+                snapshot: Callable[[list[dict[str, JobState]]], None] | None = None) -> Plan:
     """Plan all ``jobs`` on ``net`` (method "search"; the pipeline is described in planner.search).
 
     ``initial``: a Grouping (e.g. the GNN's, after Algorithm 1) or a class-score array
@@ -308,7 +313,9 @@ def plan_search(jobs: list[Job], net: Network, *, seed: int = 0, budget_s: float
     cross-group moves (default 12 + 6 per job); ``budget_s`` is a wall-clock safety cap only.
     ``should_stop()``, asked between rounds, is a second safety stop (the portfolio's, which can
     move while the search runs). ``progress(done, total)`` is called once per round. ``seed`` changes nothing (the search is
-    deterministic); it is accepted so that every method is called alike.
+    deterministic); it is accepted so that every method is called alike. ``snapshot(phases)``
+    (the portfolio's anytime results) gets each phase's job states once per round once every
+    phase has them; it must not change them.
     """
     jobs = list(jobs)
     if net.n == 0:
@@ -319,6 +326,7 @@ def plan_search(jobs: list[Job], net: Network, *, seed: int = 0, budget_s: float
     if len(set(names)) != len(names):
         raise PlanningError("job names must be unique")
     run = SearchRun(jobs, net, budget_s, max_rounds, progress, should_stop)
+    run.snapshot = snapshot
     if isinstance(initial, alg1.Grouping):
         grouping = initial
         missing = set(names) - set(grouping.groups)

@@ -50,6 +50,7 @@ class SearchRun:
         self.components = alg1.component_labels(net)
         self.labels = network_clusters(net)
         self.cut_short = False
+        self.snapshot: Callable[[list[dict[str, JobState]]], None] | None = None
 
     def critical(self, states: dict[str, JobState]) -> tuple[str, dict[str, float], np.ndarray]:
         """The job that sets the makespan, every job's time, and the nodes no job uses in the
