@@ -28,6 +28,9 @@ $(VENV)/.installed: pyproject.toml
 	# The CPU wheel on local disk; an unpinned torch would pull a multi-gigabyte CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[planner,dev]'
+	# Byte-code for the project's own modules, as a non-editable install has: where
+	# PYTHONDONTWRITEBYTECODE is set, every command would otherwise compile them afresh.
+	$(BIN)/python -m compileall -q agent hulk planner >/dev/null
 	touch $@
 
 test: install
