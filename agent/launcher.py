@@ -32,7 +32,7 @@ States (exposed for the Heartbeat): idle, starting (spawned), running (alive aft
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import errno
 import logging
 import os
 import re
@@ -86,19 +86,30 @@ class _SubprocessHandle:
             pass
 
 
-def drop_capabilities() -> None:
-    """In the child before exec: no ambient, inheritable or bounding capabilities, and
-    no_new_privs, so the job runs without any capability even as root (Linux prctl/capset)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(38, 1, 0, 0, 0)                      # PR_SET_NO_NEW_PRIVS
-    libc.prctl(47, 4, 0, 0, 0)                      # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
-    for cap in range(64):                           # PR_CAPBSET_DROP each (EINVAL past the last)
-        libc.prctl(24, cap, 0, 0, 0)
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)   # _LINUX_CAPABILITY_VERSION_3, this process
-    data = (ctypes.c_uint32 * 6)()                  # {effective, permitted, inheritable} x 2
-    if libc.capget(header, data) == 0:
-        data[2] = data[5] = 0                       # inheritable: none
-        libc.capset(header, data)
+# Run by a fresh interpreter between the agent and the job (``python -I -S -c`` this, then the
+# job's argv): no ambient, inheritable or bounding capabilities and no_new_privs (Linux
+# prctl/capset), so the job runs without any capability even as root, then exec the job. Not a
+# preexec_fn: Python code between fork and exec in the agent, whose gRPC and DNS threads may
+# hold locks, can deadlock or abort the child (seen: gRPC's fork handler killed a relaunch with
+# SIGABRT, "epoll_wait error: Bad file descriptor"); without one the child is vforked and execs.
+DROP_CAPABILITIES_AND_EXEC = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(38, 1, 0, 0, 0)                      # PR_SET_NO_NEW_PRIVS
+libc.prctl(47, 4, 0, 0, 0)                      # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+for cap in range(64):                           # PR_CAPBSET_DROP each (EINVAL past the last)
+    libc.prctl(24, cap, 0, 0, 0)
+header = (ctypes.c_uint32 * 2)(0x20080522, 0)   # _LINUX_CAPABILITY_VERSION_3, this process
+data = (ctypes.c_uint32 * 6)()                  # {effective, permitted, inheritable} x 2
+if libc.capget(header, data) == 0:
+    data[0] = data[1] = data[2] = data[3] = data[4] = data[5] = 0
+    libc.capset(header, data)
+try:
+    os.execvp(sys.argv[1], sys.argv[1:])
+except OSError as exc:
+    sys.stderr.write(f"hulk-agent: cannot start {sys.argv[1]}: {exc.strerror}\n")
+    os._exit(127)
+"""
 
 
 class SubprocessRunner:
@@ -110,6 +121,13 @@ class SubprocessRunner:
 
     async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None,
                     log_path: Path | None) -> ProcessHandle:
+        if not argv:
+            raise ValueError("empty command")
+        if self.drop_caps:
+            # The wrapper would report a missing program only in the job's log: say it here.
+            if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:
+                raise FileNotFoundError(errno.ENOENT, "no such program on the job's PATH", argv[0])
+            argv = [sys.executable, "-I", "-S", "-c", DROP_CAPABILITIES_AND_EXEC, *argv]
         out = None
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +136,7 @@ class SubprocessRunner:
             proc = await asyncio.create_subprocess_exec(
                 *argv, env=dict(env), cwd=str(cwd) if cwd else None, stdin=asyncio.subprocess.DEVNULL,
                 stdout=out or asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True, preexec_fn=drop_capabilities if self.drop_caps else None)
+                start_new_session=True)
         finally:
             if out is not None:
                 out.close()
