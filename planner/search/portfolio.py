@@ -67,7 +67,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hulk.errors import HulkError, PlanningError
-from planner.core.costmodel import Placement, estimate_plan
+from planner.core.costmodel import estimate_plan
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan
@@ -173,23 +173,20 @@ def portfolio_starts(jobs: list[Job], net: Network, *, seed: int, count: int,
 
 # ------------------------------------------------------------------------------ running starts
 
-def _snapshots(start: Start, net: Network, t0: float, send: Callable[[StartResult], None]):
+def _snapshots(start: Start, jobs: list[Job], net: Network, t0: float,
+               send: Callable[[StartResult], None]):
     """A plan_search ``snapshot`` callback that sends ``start``'s best plan so far (its phases'
     job states) whenever its makespan drops: what a stopped start gives."""
-    job_order: dict[str, int] = {}
+    from planner.search.refine import phase_placements, phases_makespan
+
     best = [math.inf]
 
     def snapshot(phase_states) -> None:
-        quick = sum(max(s.est.job_s for s in states.values()) for states in phase_states if states)
+        quick = phases_makespan(phase_states)
         if not quick < best[0] * (1 - 1e-9):
             return
         best[0] = quick
-        placements = [Placement(s.placement.job, s.placement.stages, s.placement.micro_batch, ph)
-                      for ph, states in enumerate(x for x in phase_states if x)
-                      for s in states.values()]
-        if not job_order:
-            job_order.update({p.job.name: k for k, p in enumerate(placements)})
-        placements.sort(key=lambda p: (p.phase, job_order.get(p.job.name, 0), p.job.name))
+        placements = phase_placements([x for x in phase_states if x], jobs)
         makespan = estimate_plan(placements, net).makespan_s
         send(StartResult(start.index, start.name, makespan, Plan("search", placements),
                          time.monotonic() - t0, True, final=False))
@@ -218,7 +215,7 @@ def _run_start(start: Start, jobs: list[Job], net: Network, max_rounds: int | No
                                    time.monotonic() - t0, True)
         plan = plan_search(jobs, net, max_rounds=max_rounds, initial=initial,
                            should_stop=should_stop,
-                           snapshot=None if send is None else _snapshots(start, net, t0, send))
+                           snapshot=None if send is None else _snapshots(start, jobs, net, t0, send))
     except HulkError as exc:
         return StartResult(start.index, start.name, math.inf, None, time.monotonic() - t0,
                            False, str(exc))

@@ -239,21 +239,26 @@ def _run_phases(run: SearchRun, grouping: alg1.Grouping) -> Plan:
     phase_states = _pull_forward(run, phase_states)
     if run.snapshot is not None:
         run.snapshot(phase_states)
-    placements = []
-    for ph, states in enumerate(phase_states):
+    for states in phase_states:
         if not run.out_of_time():   # stopped: the states are valid as they are
             _polish(run, states)
-        for name in states:
-            p = states[name].placement
-            placements.append(Placement(p.job, p.stages, p.micro_batch, ph))
+    placements = phase_placements(phase_states, run.jobs)
     if run.progress is not None:
         run.progress(total_ticks, total_ticks)
     notes = list(grouping.notes)
     if run.cut_short:
         notes.append("search stopped at the budget_s safety cap; the plan is valid but may "
                      "differ from an uncapped run")
-    placements.sort(key=lambda p: (p.phase, [j.name for j in run.jobs].index(p.job.name)))
     return Plan("search", placements, notes=notes)
+
+
+def phase_placements(phase_states: list[dict[str, JobState]], jobs: list[Job]) -> list[Placement]:
+    """Every job's placement with its phase's index, in (phase, ``jobs``' order)."""
+    order = {j.name: k for k, j in enumerate(jobs)}
+    placements = [Placement(s.placement.job, s.placement.stages, s.placement.micro_batch, ph)
+                  for ph, states in enumerate(phase_states) for s in states.values()]
+    placements.sort(key=lambda p: (p.phase, order[p.job.name]))
+    return placements
 
 
 def _pull_forward(run: SearchRun, phase_states: list[dict[str, JobState]]
@@ -279,12 +284,12 @@ def _pull_forward(run: SearchRun, phase_states: list[dict[str, JobState]]
                     new = run.state(s.job, free, "normal")
                     if new is None:
                         continue
-                    before = _phases_makespan(phase_states)
+                    before = phases_makespan(phase_states)
                     trial = [dict(x) for x in phase_states]
                     del trial[ph][name]
                     trial[target][name] = new
                     trial = [x for x in trial if x]
-                    if _phases_makespan(trial) < before * (1 - 1e-9):
+                    if phases_makespan(trial) < before * (1 - 1e-9):
                         phase_states = trial
                         changed = True
                         break
@@ -295,7 +300,7 @@ def _pull_forward(run: SearchRun, phase_states: list[dict[str, JobState]]
     return phase_states
 
 
-def _phases_makespan(phase_states) -> float:
+def phases_makespan(phase_states: list[dict[str, JobState]]) -> float:
     """Makespan of phases run one after another: the sum of each phase's longest job."""
     return sum(max(s.est.job_s for s in states.values()) for states in phase_states if states)
 
