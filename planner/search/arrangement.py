@@ -66,6 +66,56 @@ def match_rows(net: Network, grid: np.ndarray, act: float) -> np.ndarray:
     return grid
 
 
+def order_rows(net: Network, grid: np.ndarray, act: float, passes: int = 8) -> np.ndarray | None:
+    """The grid's rows (stage groups) in a better pipeline order, or None when none was found.
+
+    With M micro-batches a pipeline pays its largest stage-to-stage transfer M - 1 times, so
+    the order of the stage groups matters as much as which nodes they are: on WAN fleets the
+    clusters' path order can put a slow link between two consecutive stages that another order
+    avoids. Row i -> j costs the largest of its replicas' transfers (replica p to replica p);
+    2-opt segment reversals lower the sum of these costs to the 4th power (close to the
+    bottleneck, as in :func:`match_rows`) over an open path (a zero-cost depot at index K
+    makes the ends free). O(passes x K^2) numpy work; the caller judges the result by the cost
+    model."""
+    k, d = grid.shape
+    if k < 3:
+        return None
+    src, dst = grid[:, None, :], grid[None, :, :]
+    with np.errstate(divide="ignore"):
+        hop = 2.0 * (net.rtt_ms[src, dst] / 2000.0 + act / net.bw[src, dst])   # (K, K, D)
+    cost = hop.max(axis=2)
+    cost = np.where(np.isfinite(cost), cost, 1e12)
+    scale = cost[~np.eye(k, dtype=bool)].max()
+    if not scale > 0:
+        return None
+    w = np.zeros((k + 1, k + 1))
+    w[:k, :k] = (cost / scale) ** 4
+    tour = np.arange(k + 1)             # depot k closes the open path into a cycle
+    changed = False
+    i_idx, j_idx = np.triu_indices(k + 1, 2)
+    keep = ~((i_idx == 0) & (j_idx == k))
+    i_idx, j_idx = i_idx[keep], j_idx[keep]
+    for _ in range(passes):
+        a, b = tour[i_idx], tour[i_idx + 1]
+        c, e = tour[j_idx], tour[(j_idx + 1) % (k + 1)]
+        delta = w[a, c] + w[b, e] - w[a, b] - w[c, e]
+        best = int(np.argmin(delta))
+        if not delta[best] < -1e-12:
+            break
+        i, j = int(i_idx[best]), int(j_idx[best])
+        tour[i + 1:j + 1] = tour[i + 1:j + 1][::-1].copy()
+        changed = True
+    if not changed:
+        return None
+    at = int(np.flatnonzero(tour == k)[0])
+    order = np.concatenate([tour[at + 1:], tour[:at]])
+    if order[0] > order[-1]:   # a path and its reverse cost the same: keep the first row first
+        order = order[::-1]
+    if np.array_equal(order, np.arange(k)):
+        return None
+    return grid[order]
+
+
 def balance_layers(job: Job, stage_thr: np.ndarray, caps: np.ndarray) -> np.ndarray | None:
     """Layers per stage minimising max(l_k / thr_k) with 1 <= l_k <= cap_k, sum = L (greedy
     water-filling, exact for this objective). None when memory cannot hold the model."""

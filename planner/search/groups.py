@@ -21,7 +21,8 @@ from planner.core.costmodel import INFEASIBLE, Estimate, Placement, estimate
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.search import algorithm1 as alg1
-from planner.search.arrangement import balance_layers, match_rows, placement_from_grid, stage_grid
+from planner.search.arrangement import (balance_layers, match_rows, order_rows, placement_from_grid,
+                                        stage_grid)
 from planner.search.clusters import cluster_distance, cluster_labels, open_path, ordered_clusters
 
 MICRO_BATCH_CANDIDATES = (1, 2, 4, 8)
@@ -205,6 +206,19 @@ def _approx_time(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool
     return best_t, best_rows
 
 
+def reorder_stages(job: Job, net: Network, placement: Placement, est: Estimate
+                   ) -> tuple[Placement, Estimate]:
+    """``placement`` with its stage groups in a better pipeline order
+    (planner.search.arrangement.order_rows) when the cost model says that is faster."""
+    grid = order_rows(net, placement.node_matrix(), job.activation_bytes(placement.micro_batch))
+    if grid is None:
+        return placement, est
+    p, e = evaluate_grid(job, net, grid, placement.micro_batch)
+    if p is not None and e.iteration_s < est.iteration_s * (1 - 1e-9):
+        return p, e
+    return placement, est
+
+
 def _prune(job: Job, net: Network, placement: Placement, est: Estimate, passes: int,
            labels_of: dict[int, int], trim: bool = False) -> tuple[Placement, Estimate]:
     """Local search over stage groups: drop a whole cluster's stages, the slowest stage, or the
@@ -382,6 +396,7 @@ def solve_group(job: Job, net: Network, nodes: np.ndarray, effort: Effort,
     labels_of = {int(i): ci for ci, cl in enumerate(clusters) for i in cl}
     best: tuple[Placement | None, Estimate] = (None, INFEASIBLE)
     for _, _, _, p, e in results[:effort.keep]:
+        p, e = reorder_stages(job, net, p, e)
         p, e = _prune(job, net, p, e, effort.prune_passes, labels_of)
         if best[0] is None or e.iteration_s < best[1].iteration_s:
             best = (p, e)
@@ -419,6 +434,7 @@ def deep_solve(job: Job, net: Network, nodes: np.ndarray, labels: np.ndarray,
     labels_of = {int(i): ci for ci, cl in enumerate(clusters) for i in cl}
     best: tuple[Placement | None, Estimate] = (None, INFEASIBLE)
     for _, _, _, p, e in results[:3]:
+        p, e = reorder_stages(job, net, p, e)
         p, e = _prune(job, net, p, e, 4, labels_of, trim=True)
         if best[0] is None or e.iteration_s < best[1].iteration_s:
             best = (p, e)
