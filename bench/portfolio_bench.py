@@ -29,6 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE, PORTFOLIO, FULL = "search", "portfolio", "portfolio_uncapped"
+ISSUE_BASELINE = "search_before_stage_order"   # issue 14's "today's search"
 TARGET_GAIN = 0.15
 REPEAT_BELOW_S = 5.0   # searches shorter than this are timed twice (load noise)
 UNCAPPED_S = 3600.0   # a budget no start reaches: the safety stop never fires
@@ -115,8 +116,20 @@ def _forget_grids(net) -> None:
     forget_evaluations(net)
 
 
-def measure(method: str, jobs, net, **options) -> dict:
-    """Plan with ``method`` as `hulk-planner plan --method M` would (``options``: its flags)."""
+def measure(method: str, jobs, net, stage_order: bool = True, **options) -> dict:
+    """Plan with ``method`` as `hulk-planner plan --method M` would (``options``: its flags);
+    ``stage_order=False``: the search as it was before stage ordering (issue 14's baseline,
+    planner.search.groups.STAGE_ORDER)."""
+    from planner.search import groups
+
+    groups.STAGE_ORDER = stage_order
+    try:
+        return _measure(method, jobs, net, **options)
+    finally:
+        groups.STAGE_ORDER = True
+
+
+def _measure(method: str, jobs, net, **options) -> dict:
     from planner.commands.plan import planner_for
     from planner.files.plan import evaluate
     from planner.search.workers import wait_reaped
@@ -172,9 +185,12 @@ def run(out_dir: Path, shared: Path, quick: bool = False, log=print) -> dict:
             continue
         jobs, net = load(fl, Path(shared))
         count, budget = resolve_defaults(net.n, len(jobs))   # budget None: the default stop
+        old = measure(BASELINE, jobs, net, stage_order=False)
         base = measure(BASELINE, jobs, net)
         port = measure(PORTFOLIO, jobs, net)
         if base["planning_s"] < REPEAT_BELOW_S:   # short runs: the faster of two, alternated
+            old = min(old, measure(BASELINE, jobs, net, stage_order=False),
+                      key=lambda m: m["planning_s"])
             base = min(base, measure(BASELINE, jobs, net), key=lambda m: m["planning_s"])
             port = min(port, measure(PORTFOLIO, jobs, net), key=lambda m: m["planning_s"])
         # The same starts with no stop: what the default gives when no start is stopped
@@ -182,14 +198,19 @@ def run(out_dir: Path, shared: Path, quick: bool = False, log=print) -> dict:
         full = measure_starts(jobs, net, count)
         row = {"fleet": fl.name, "kind": fl.kind, "nodes": net.n, "jobs": len(jobs),
                "budget_s": budget, "starts": count,
-               BASELINE: base, PORTFOLIO: port, FULL: full,
+               ISSUE_BASELINE: old, BASELINE: base, PORTFOLIO: port, FULL: full,
                "gain": _gain(port, base), "gain_uncapped": _gain(full, base),
+               "gain_vs_issue_baseline": _gain(port, old),
+               "search_gain_vs_issue_baseline": _gain(base, old),
+               "time_ratio_vs_issue_baseline": port["planning_s"] / old["planning_s"],
                "gain_best_of_first": {k: (1 - v / base["makespan_s"]) if v else None
                                       for k, v in full["best_of_first"].items()},
                "time_ratio": port["planning_s"] / base["planning_s"],
                "cpu_ratio_uncapped": full["cpu_s"] / max(base["cpu_s"], 1e-9)}
         rows.append(row)
-        log(f"{fl.name}: search {base['makespan_s'] / 3600:.3f} h in {base['planning_s']:.1f} s, "
+        log(f"{fl.name}: search before stage order {old['makespan_s'] / 3600:.3f} h in "
+            f"{old['planning_s']:.2f} s, search {base['makespan_s'] / 3600:.3f} h in "
+            f"{base['planning_s']:.2f} s, "
             f"portfolio {port['makespan_s'] / 3600:.3f} h in {port['planning_s']:.1f} s "
             f"(gain {row['gain']:.1%}, load {port['load_1min_before']}), uncapped "
             f"{full['makespan_s'] / 3600:.3f} h in {full['planning_s']:.1f} s "
@@ -213,12 +234,20 @@ def run(out_dir: Path, shared: Path, quick: bool = False, log=print) -> dict:
             "region_fleets": len(region),
             "region_geomean_gain": geomean_gain("gain"),
             "region_geomean_gain_uncapped": geomean_gain("gain_uncapped"),
+            "region_geomean_gain_vs_issue_baseline": geomean_gain("gain_vs_issue_baseline"),
+            "region_search_geomean_gain_vs_issue_baseline":
+                geomean_gain("search_gain_vs_issue_baseline"),
+            "region_median_time_ratio_vs_issue_baseline": sorted(
+                r["time_ratio_vs_issue_baseline"] for r in region)[len(region) // 2],
+            "region_fleets_with_gain_15pct_vs_issue_baseline": sum(
+                r["gain_vs_issue_baseline"] >= TARGET_GAIN for r in region),
             "region_fleets_with_gain_15pct": sum(r["gain"] >= TARGET_GAIN for r in region),
             "region_median_time_ratio": sorted(r["time_ratio"] for r in region)[len(region) // 2],
             "region_time_ratios": [r["time_ratio"] for r in region],
             "region_median_cpu_ratio_uncapped": sorted(
                 r["cpu_ratio_uncapped"] for r in region)[len(region) // 2],
-            "paper_not_worse": all(r["gain"] is not None and r["gain"] >= -1e-12 for r in paper),
+            "paper_not_worse": all(r["gain"] is not None and r["gain"] >= -1e-12
+                                   and r["gain_vs_issue_baseline"] >= -1e-12 for r in paper),
         },
     }
     (out_dir / "portfolio.json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -235,21 +264,34 @@ def summarize(doc: dict) -> str:
 
     lines = [f"Default `plan` (portfolio, {doc['workers']} worker(s), default starts and stop: the "
              "other starts stop when the plain search's own start ends) and the same starts with "
-             "no stop, against `--method search`; makespan by the reference cost model, planning "
+             "no stop, against `--method search` and against the search before stage ordering "
+             "(issue 14's baseline); makespan by the reference cost model, planning "
              "wall time (CPU seconds of all processes), 1-minute load average before the "
              "portfolio ran.", "",
-             "| fleet | search | portfolio | shorter by | uncapped, N starts | "
-             "shorter by | load |", "|---|---|---|---|---|---|---|"]
+             "| fleet | search before stage order | search | portfolio | shorter than search "
+             "(than before) | uncapped, N starts | shorter by | load |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in doc["results"]:
-        b, p, f = r[BASELINE], r[PORTFOLIO], r[FULL]
+        o, b, p, f = r.get(ISSUE_BASELINE), r[BASELINE], r[PORTFOLIO], r[FULL]
+        before = "-" if o is None else f"{fmt_s(o['makespan_s'])} in {o['planning_s']:.2f} s"
+        versus = "" if o is None else f" ({r['gain_vs_issue_baseline']:.1%})"
         lines.append(
-            f"| {r['fleet']} | {fmt_s(b['makespan_s'])} in {b['planning_s']:.1f} s "
+            f"| {r['fleet']} | {before} | {fmt_s(b['makespan_s'])} in {b['planning_s']:.2f} s "
             f"({b['cpu_s']:.1f}) | {fmt_s(p['makespan_s'])} in {p['planning_s']:.1f} s "
             f"({p['cpu_s']:.1f}){_budget_text(r['budget_s'])}{' cut' if p['cut_short'] else ''} | "
-            f"{r['gain']:.1%} | "
+            f"{r['gain']:.1%}{versus} | "
             f"{fmt_s(f['makespan_s'])} in {f['planning_s']:.1f} s ({f['cpu_s']:.1f}), "
             f"{r['starts']} | {r['gain_uncapped']:.1%} | {p['load_1min_before']:.1f} |")
     s = doc["summary"]
+    if "region_geomean_gain_vs_issue_baseline" in s:
+        lines += ["", "Against the search before stage ordering (issue 14's baseline), on the "
+                  f"real-region fleets: the default's makespan is "
+                  f"{s['region_geomean_gain_vs_issue_baseline']:.1%} shorter (geometric mean; "
+                  f"{s['region_fleets_with_gain_15pct_vs_issue_baseline']} of "
+                  f"{s['region_fleets']} fleets at least 15% shorter) in "
+                  f"{s['region_median_time_ratio_vs_issue_baseline']:.2f}x its wall time "
+                  f"(median); the plain search alone is "
+                  f"{s['region_search_geomean_gain_vs_issue_baseline']:.1%} shorter."]
     lines += ["", f"Real-region fleets: default makespan {s['region_geomean_gain']:.1%} shorter "
               f"(geometric mean over {s['region_fleets']}), {s['region_fleets_with_gain_15pct']} "
               f"of them at least 15% shorter, planning {s['region_median_time_ratio']:.1f}x the "

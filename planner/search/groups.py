@@ -31,6 +31,9 @@ TRIM_FRACTIONS = (0.85, 0.7, 0.55, 0.4, 0.25, 0.12)   # shares of a grid's rows 
 CITY_SPLIT_MIN_NODES = 64   # smaller pools: rings are short, the latency term is small
 DEEP_SCREEN = 16   # grids of deep_solve judged by the cost model: the best by approx_time
 FINALIST_SCREEN = 16   # the same for solve_group's finalist sets
+# reorder_stages on or off. Off gives the search as it was before stage ordering (issue 14's
+# "today's search"), the baseline bench.portfolio_bench measures the default against.
+STAGE_ORDER = True
 DEEP_REPLICAS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128,
                  160, 192, 256)
 
@@ -210,6 +213,8 @@ def reorder_stages(job: Job, net: Network, placement: Placement, est: Estimate
                    ) -> tuple[Placement, Estimate]:
     """``placement`` with its stage groups in a better pipeline order
     (planner.search.arrangement.order_rows) when the cost model says that is faster."""
+    if not STAGE_ORDER:
+        return placement, est
     grid = order_rows(net, placement.node_matrix(), job.activation_bytes(placement.micro_batch))
     if grid is None:
         return placement, est
