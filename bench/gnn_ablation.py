@@ -33,7 +33,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 AZURE_CSV = REPO / "bench" / "data" / "azure_rtt_p95_2026.csv"
-CACHE_VERSION = 2           # 2: raw = Algorithm 1 on the scores (v1: the gnn-raw decoder only)
+CACHE_VERSION = 3           # 3: the solver orders stage groups (2: raw = Algorithm 1 on the
+                            # scores; v1: the gnn-raw decoder only). Bump on search changes.
 HELD_OUT_BASE_SEED = 910_000      # generated fleets: seeds 910000 + i (training: data seed 7)
 RANDOM_SEEDS = (1, 2, 3)
 NON_LEARNED = ("uniform", "random-1", "random-2", "random-3", "heuristic")
@@ -140,11 +141,10 @@ def start_scores(name: str, jobs, net, model):
     return random_scores(jobs, net, int(name.split("-")[1]))
 
 
-def run_start(name: str, jobs, net, model, decoded: dict | None = None) -> dict:
+def run_start(name: str, jobs, net, model) -> dict:
     """One start: *raw* is Algorithm 1 on its scores with each group's best placement (what the
     search's refinement starts from), *refined* is the search refined from it; *decoded* is the
-    same scores through ``gnn-raw``'s decoder (cluster-coherent groups; taken from ``decoded``
-    when given, since it does not depend on the model for non-learned starts)."""
+    same scores through ``gnn-raw``'s decoder (cluster-coherent groups)."""
     from planner.core.costmodel import estimate_plan
     from planner.gnn.infer import grouping_plan
     from planner.gnn.starts import decode
@@ -160,13 +160,10 @@ def run_start(name: str, jobs, net, model, decoded: dict | None = None) -> dict:
     out = {"raw_h": float(estimate_plan(raw.placements, net).makespan_s) / 3600,
            "refined_h": float(estimate_plan(refined.placements, net).makespan_s) / 3600,
            "raw_s": raw_s, "refine_s": refine_s}
-    if decoded is not None:
-        out["decoded_h"], out["decoded_s"] = decoded["raw_h"], decoded["raw_s"]
-    else:
-        t = time.perf_counter()
-        plan, _ = decode(jobs, net, scores)
-        out["decoded_s"] = time.perf_counter() - t
-        out["decoded_h"] = float(estimate_plan(plan.placements, net).makespan_s) / 3600
+    t = time.perf_counter()
+    plan, _ = decode(jobs, net, scores)
+    out["decoded_s"] = time.perf_counter() - t
+    out["decoded_h"] = float(estimate_plan(plan.placements, net).makespan_s) / 3600
     out["scores"], out["refined_plan"] = scores, refined
     return out
 
@@ -195,9 +192,7 @@ def fleet_row(spec: dict, shared: Path, model, log=print) -> dict:
         if start != "gnn" and cached.is_file():
             row["starts"][start] = json.loads(cached.read_text())
             continue
-        old = _cache_file(spec["key"], start, version=1)
-        decoded = json.loads(old.read_text()) if start != "gnn" and old.is_file() else None
-        result = run_start(start, jobs, net, model, decoded)
+        result = run_start(start, jobs, net, model)
         if start == "gnn":
             gnn_scores = result["scores"]
         if result["refined_h"] < best_h:
@@ -406,9 +401,7 @@ def warm_cache(shared: Path, log=print, part: int = 0, parts: int = 1) -> None:
             cached = _cache_file(spec["key"], start)
             if cached.is_file():
                 continue
-            old = _cache_file(spec["key"], start, version=1)
-            result = run_start(start, jobs, net, None,
-                               json.loads(old.read_text()) if old.is_file() else None)
+            result = run_start(start, jobs, net, None)
             cached.parent.mkdir(parents=True, exist_ok=True)
             cached.write_text(json.dumps({k: result[k] for k in ("raw_h", "refined_h", "raw_s",
                                                                   "refine_s", "decoded_h",

@@ -18,7 +18,10 @@ Pipeline of the planner, one module per step, every step judged by the reference
    groups of D similar nodes inside a cluster, stage groups ordered along an open path over
    clusters, bottleneck matching of replicas between consecutive stages, layer ranges balanced
    by throughput within memory, with a cap on the largest stage's all-reduce where that pays),
-   micro-batch size from 1, 2, 4, 8 and the job's own; then a local search that drops stage
+   micro-batch size from 1, 2, 4, 8 and the job's own; the best configurations' stage groups
+   put in a better pipeline order (2-opt over the stage-to-stage transfer costs: the path over
+   clusters can leave a slow WAN hop between consecutive stages that another order avoids,
+   and the pipeline pays its largest hop M - 1 times); then a local search that drops stage
    groups / whole clusters when that makes the job faster.
 5. **Across groups** (:mod:`.refine`, :func:`plan_search`): moves of free nodes and of cluster
    chunks (all, 1/2, 1/4, 1/8) from other jobs (the nearest ones and those with most slack,

@@ -2,7 +2,8 @@
 
 A grid row is a stage group of D nodes (one per data-parallel replica), rows in pipeline order.
 :func:`stage_grid` chunks ordered clusters into rows, :func:`match_rows` reorders each row so
-that consecutive stages' replicas pair up over cheap links, and :func:`placement_from_grid`
+that consecutive stages' replicas pair up over cheap links, :func:`order_rows` puts the stage
+groups in a cheaper pipeline order, and :func:`placement_from_grid`
 gives each stage its layers (balanced by throughput within memory, with a cap on the largest
 stage's all-reduce where that pays).
 """

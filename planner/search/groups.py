@@ -4,7 +4,8 @@
 roomiest clusters (:func:`growth_sets`; far clusters are left idle when they do not pay) with a
 few (D replicas, micro-batch b) configurations, gives the best sets every configuration (a
 log-spread of replica counts, :func:`micro_batches`), and refines the best placements by
-dropping stage groups. :func:`deep_solve` is the denser variant the bottleneck job gets. Every
+putting their stage groups in a better pipeline order (:func:`reorder_stages`) and dropping
+stage groups. :func:`deep_solve` is the denser variant the bottleneck job gets. Every
 candidate grid is judged by the cost model (:func:`evaluate_grid`), optionally trimmed to its
 fastest rows first. :func:`best_placement` is the entry point for one job on one group.
 """
