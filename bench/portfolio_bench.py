@@ -277,7 +277,7 @@ def summarize(doc: dict) -> str:
         versus = "" if o is None else f" ({r['gain_vs_issue_baseline']:.1%})"
         lines.append(
             f"| {r['fleet']} | {before} | {fmt_s(b['makespan_s'])} in {b['planning_s']:.2f} s "
-            f"({b['cpu_s']:.1f}) | {fmt_s(p['makespan_s'])} in {p['planning_s']:.1f} s "
+            f"({b['cpu_s']:.1f}) | {fmt_s(p['makespan_s'])} in {p['planning_s']:.2f} s "
             f"({p['cpu_s']:.1f}){_budget_text(r['budget_s'])}{' cut' if p['cut_short'] else ''} | "
             f"{r['gain']:.1%}{versus} | "
             f"{fmt_s(f['makespan_s'])} in {f['planning_s']:.1f} s ({f['cpu_s']:.1f}), "
