@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from hulk.errors import PlanningError
-from planner.core.costmodel import INFEASIBLE, Estimate, Placement, estimate
+from planner.core.costmodel import INFEASIBLE, Estimate, Placement, estimate, transfer_s
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan, Unplaced
@@ -53,7 +53,7 @@ def _group_path_cost(net: Network, groups: np.ndarray, act: float) -> np.ndarray
     groups = groups[:, :GROUP_SAMPLE]   # a sample keeps the (K, K, D, D) tensor small
     a = groups[:, None, :, None]
     b = groups[None, :, None, :]
-    cost = 2.0 * (net.rtt_ms[a, b] / 2000.0 + act / net.bw[a, b])       # (K, K, D, D)
+    cost = transfer_s(net, a, b, act)       # (K, K, D, D)
     cost = np.where(np.isfinite(cost), cost, 1e12)
     bound = np.maximum(cost.min(axis=3).max(axis=2), cost.min(axis=2).max(axis=2))
     np.fill_diagonal(bound, 0.0)

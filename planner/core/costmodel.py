@@ -122,6 +122,14 @@ def problems(placement: Placement, net: Network) -> list[str]:
     return out
 
 
+def transfer_s(net: Network, src, dst, act: float):
+    """Seconds of one pipeline hop from ``src`` to ``dst`` (node indices or arrays of them):
+    2 (a + A / bw), a = RTT / 2, for activations of ``act`` bytes (section 4). Between
+    components bw is 0 and RTT inf: inf, with numpy's divide warning unless the caller silences
+    it."""
+    return 2.0 * (net.rtt_ms[src, dst] / 2000.0 + act / net.bw[src, dst])
+
+
 def estimate(placement: Placement, net: Network) -> Estimate:
     """Iteration time T = max_p T_pipe(p) + max_k T_ar(k), its compute and communication parts."""
     # Links between components have bw 0 and rtt inf: the division gives inf, which is the answer.
@@ -142,8 +150,7 @@ def _estimate(placement: Placement, net: Network) -> Estimate:
 
     if k_stages > 1:
         src, dst = nodes[:-1], nodes[1:]                # (K-1, D)
-        latency = net.rtt_ms[src, dst] / 2000.0
-        transfer = 2.0 * (latency + act / net.bw[src, dst])
+        transfer = transfer_s(net, src, dst, act)
     else:
         transfer = np.zeros((0, d))
     longest = np.maximum(compute.max(axis=0), transfer.max(axis=0, initial=0.0))

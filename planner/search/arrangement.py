@@ -16,7 +16,7 @@ import math
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from planner.core.costmodel import Placement, Stage
+from planner.core.costmodel import Placement, Stage, transfer_s
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 
@@ -49,7 +49,7 @@ def match_rows(net: Network, grid: np.ndarray, act: float) -> np.ndarray:
     if d == 1 or k == 1:
         return grid
     src, dst = grid[:-1, :, None], grid[1:, None, :]
-    cost = 2.0 * (net.rtt_ms[src, dst] / 2000.0 + act / net.bw[src, dst])   # (K-1, D, D)
+    cost = transfer_s(net, src, dst, act)   # (K-1, D, D)
     cost = np.where(np.isfinite(cost), cost, 1e12)
     hi, lo = cost.max(axis=(1, 2)), cost.min(axis=(1, 2))
     bound = np.maximum(cost.min(axis=2).max(axis=1), cost.min(axis=1).max(axis=1))
@@ -83,7 +83,7 @@ def order_rows(net: Network, grid: np.ndarray, act: float, passes: int = 8) -> n
         return None
     src, dst = grid[:, None, :], grid[None, :, :]
     with np.errstate(divide="ignore"):
-        hop = 2.0 * (net.rtt_ms[src, dst] / 2000.0 + act / net.bw[src, dst])   # (K, K, D)
+        hop = transfer_s(net, src, dst, act)   # (K, K, D)
     cost = hop.max(axis=2)
     cost = np.where(np.isfinite(cost), cost, 1e12)
     scale = cost[~np.eye(k, dtype=bool)].max()
@@ -92,7 +92,6 @@ def order_rows(net: Network, grid: np.ndarray, act: float, passes: int = 8) -> n
     w = np.zeros((k + 1, k + 1))
     w[:k, :k] = (cost / scale) ** 4
     tour = np.arange(k + 1)             # depot k closes the open path into a cycle
-    changed = False
     i_idx, j_idx = np.triu_indices(k + 1, 2)
     keep = ~((i_idx == 0) & (j_idx == k))
     i_idx, j_idx = i_idx[keep], j_idx[keep]
@@ -105,9 +104,6 @@ def order_rows(net: Network, grid: np.ndarray, act: float, passes: int = 8) -> n
             break
         i, j = int(i_idx[best]), int(j_idx[best])
         tour[i + 1:j + 1] = tour[i + 1:j + 1][::-1].copy()
-        changed = True
-    if not changed:
-        return None
     at = int(np.flatnonzero(tour == k)[0])
     order = np.concatenate([tour[at + 1:], tour[:at]])
     if order[0] > order[-1]:   # a path and its reverse cost the same: keep the first row first
@@ -228,7 +224,7 @@ def _trade_allreduce(job: Job, net: Network, grid: np.ndarray, b: int, m: int,
     f = job.flops_per_layer(b)
     if k > 1:
         src, dst = grid[:-1], grid[1:]
-        hops = (2.0 * (net.rtt_ms[src, dst] / 2000.0 + job.activation_bytes(b) / net.bw[src, dst])).max(axis=1)
+        hops = transfer_s(net, src, dst, job.activation_bytes(b)).max(axis=1)
         hop_max, hop_sum = float(hops.max()), float(hops.sum())
     else:
         hop_max = hop_sum = 0.0

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hulk.errors import PlanningError
-from planner.core.costmodel import INFEASIBLE, Estimate, Placement, estimate
+from planner.core.costmodel import INFEASIBLE, Estimate, Placement, estimate, transfer_s
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.search import algorithm1 as alg1
@@ -185,7 +185,7 @@ def _approx_time(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool
         if kk > 1:
             src, dst = grid[rows[:-1]], grid[rows[1:]]
             with np.errstate(divide="ignore", invalid="ignore"):
-                hop = (2.0 * (net.rtt_ms[src, dst] / 2000.0 + act / net.bw[src, dst])).max(axis=1)
+                hop = transfer_s(net, src, dst, act).max(axis=1)
             hop_sum, hop_max = float(hop.sum()), float(hop.max())
         else:
             hop_sum = hop_max = 0.0
