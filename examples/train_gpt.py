@@ -464,7 +464,11 @@ def main(argv: list[str] | None = None) -> int:
         if ifname:
             os.environ["GLOO_SOCKET_IFNAME"] = ifname
     if args.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        problem = cuda_problem(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        if problem:
+            print(f"train_gpt: --device cuda: {problem}", file=sys.stderr)
+            return 2
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -477,6 +481,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         dist.destroy_process_group()
+
+
+def cuda_problem(local_ranks: int) -> str:
+    """Why this host cannot give each of its ``local_ranks`` processes a GPU of its own, or "".
+
+    NCCL refuses two ranks on one GPU ("Duplicate GPU detected") only after the rendezvous, as a
+    traceback from every rank; this says it first, in one line."""
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible (torch.cuda.is_available() is False)"
+    gpus = torch.cuda.device_count()
+    if local_ranks > gpus:
+        return (f"{local_ranks} processes on this host but {gpus} GPU(s); NCCL needs one GPU per "
+                f"process (torchrun --nproc-per-node {gpus}, or --device cpu)")
+    return ""
 
 
 def train(me: Role, args: argparse.Namespace, device: torch.device = torch.device("cpu")) -> int:

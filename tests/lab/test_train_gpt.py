@@ -46,6 +46,22 @@ def test_an_inconsistent_role_is_one_line_and_exit_2():
     assert proc.stderr.strip().splitlines()[-1] == "train_gpt: HULK_STAGE must be an integer, got 'zero'"
 
 
+def test_cuda_without_a_gpu_per_process_is_one_line_and_exit_2():
+    """NCCL would fail only after the rendezvous, with a traceback from every rank."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": str(gpus + 1), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, str(EXAMPLE), "--steps", "1", "--device", "cuda"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("train_gpt: --device cuda: "), line
+    assert "Traceback" not in proc.stderr
+    if gpus:
+        assert f"{gpus + 1} processes on this host but {gpus} GPU(s)" in line
+
+
 @pytest.mark.root
 def test_two_stages_across_two_lab_namespaces(wan_lab):
     beijing, neimeng = wan_lab.hosts[0], wan_lab.hosts[1]
