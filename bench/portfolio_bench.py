@@ -8,6 +8,9 @@ up to 1,000 servers, the last one left out by --quick), the paper's fleet with i
 the shipped example fleets with examples/jobs.yaml and a generated fleet. Writes
 bench/results/portfolio.json. Issue 14's target: at least 15% shorter makespan on real-region
 fleets at the same wall time as the search or less; the paper's fleet must not get worse.
+The search of issue 14's day itself (bench.issue_day: its own commit's tree, in a child
+process, judged by today's cost model) is measured on the real-region and paper fleets after
+the others, where the clone holds that commit.
 Both methods run one after the other in this process with their default settings (the
 portfolio on every core this process may use); the load average next to each row says how busy
 the machine was. The portfolio's workers take only idle cores (SCHED_IDLE): where another
@@ -29,7 +32,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE, PORTFOLIO, FULL = "search", "portfolio", "portfolio_uncapped"
-ISSUE_BASELINE = "search_before_stage_order"   # issue 14's "today's search"
+ISSUE_BASELINE = "search_before_stage_order"   # a stand-in for issue 14's "today's search"
+ISSUE_DAY = "search_issue_day"   # issue 14's "today's search" itself, from its commit (issue_day)
 TARGET_GAIN = 0.15
 REPEAT_BELOW_S = 5.0   # searches shorter than this are timed twice (load noise)
 UNCAPPED_S = 3600.0   # a budget no start reaches: the safety stop never fires
@@ -180,10 +184,13 @@ def run(out_dir: Path, shared: Path, quick: bool = False, log=print) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
+    day_cases = []   # (name, jobs, net) for the issue-day search, run after the others
     for fl in fleets(quick):
         if fl.kind == "example" and not (REPO / fl.path).exists():
             continue
         jobs, net = load(fl, Path(shared))
+        if fl.kind in ("regions", "paper"):
+            day_cases.append((fl.name, jobs, net))
         count, budget = resolve_defaults(net.n, len(jobs))   # budget None: the default stop
         old = measure(BASELINE, jobs, net, stage_order=False)
         base = measure(BASELINE, jobs, net)
@@ -217,6 +224,7 @@ def run(out_dir: Path, shared: Path, quick: bool = False, log=print) -> dict:
             f"(gain {row['gain_uncapped']:.1%}, winner {full['winner']}, by first k starts "
             f"{ {k: round(v, 3) for k, v in row['gain_best_of_first'].items() if v is not None} })",
             flush=True)
+    day_note = _add_issue_day(rows, day_cases, log)
     region = [r for r in rows if r["kind"] == "regions" and r["gain"] is not None]
     paper = [r for r in rows if r["kind"] == "paper"]
 
@@ -247,11 +255,43 @@ def run(out_dir: Path, shared: Path, quick: bool = False, log=print) -> dict:
             "region_median_cpu_ratio_uncapped": sorted(
                 r["cpu_ratio_uncapped"] for r in region)[len(region) // 2],
             "paper_not_worse": all(r["gain"] is not None and r["gain"] >= -1e-12
-                                   and r["gain_vs_issue_baseline"] >= -1e-12 for r in paper),
+                                   and r["gain_vs_issue_baseline"] >= -1e-12
+                                   and r.get("gain_vs_issue_day", 0.0) >= -1e-12 for r in paper),
+            "issue_day": day_note,
         },
     }
+    if all(r.get("gain_vs_issue_day") is not None for r in region):
+        doc["summary"].update({
+            "region_geomean_gain_vs_issue_day": geomean_gain("gain_vs_issue_day"),
+            "region_fleets_with_gain_15pct_vs_issue_day": sum(
+                r["gain_vs_issue_day"] >= TARGET_GAIN for r in region),
+            "region_median_time_ratio_vs_issue_day": sorted(
+                r["time_ratio_vs_issue_day"] for r in region)[len(region) // 2],
+            "region_time_ratios_vs_issue_day": [r["time_ratio_vs_issue_day"] for r in region],
+        })
     (out_dir / "portfolio.json").write_text(json.dumps(doc, indent=2) + "\n")
     return doc
+
+
+def _add_issue_day(rows: list[dict], cases: list, log) -> str:
+    """The search of issue 14's day (bench.issue_day: its own commit, in a child process) on
+    ``cases``; each matching row gets it with the default's gain and wall-time ratio against it.
+    Returns a note: which commit, or why it could not run."""
+    from bench.issue_day import ISSUE_DAY_COMMIT, Unavailable, measure_fleets
+
+    try:
+        day = measure_fleets(cases, repeat_below_s=REPEAT_BELOW_S, log=log)
+    except Unavailable as err:
+        log(f"issue-day search left out: {err}", flush=True)
+        return f"not measured: {err}"
+    for r in rows:
+        if r["fleet"] in day:
+            d = day[r["fleet"]]
+            r[ISSUE_DAY] = d
+            r["gain_vs_issue_day"] = _gain(r[PORTFOLIO], d)
+            r["search_gain_vs_issue_day"] = _gain(r[BASELINE], d)
+            r["time_ratio_vs_issue_day"] = r[PORTFOLIO]["planning_s"] / d["planning_s"]
+    return f"commit {ISSUE_DAY_COMMIT}"
 
 
 def _budget_text(budget_s: float | None) -> str:
@@ -268,15 +308,18 @@ def summarize(doc: dict) -> str:
              "(issue 14's baseline); makespan by the reference cost model, planning "
              "wall time (CPU seconds of all processes), 1-minute load average before the "
              "portfolio ran.", "",
-             "| fleet | search before stage order | search | portfolio | shorter than search "
-             "(than before) | uncapped, N starts | shorter by | load |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| fleet | search of issue 14's day | search before stage order | search | "
+             "portfolio | shorter than search (than before) | uncapped, N starts | shorter by "
+             "| load |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["results"]:
         o, b, p, f = r.get(ISSUE_BASELINE), r[BASELINE], r[PORTFOLIO], r[FULL]
         before = "-" if o is None else f"{fmt_s(o['makespan_s'])} in {o['planning_s']:.2f} s"
+        d = r.get(ISSUE_DAY)
+        day = "-" if d is None else f"{fmt_s(d['makespan_s'])} in {d['planning_s']:.2f} s"
         versus = "" if o is None else f" ({r['gain_vs_issue_baseline']:.1%})"
         lines.append(
-            f"| {r['fleet']} | {before} | {fmt_s(b['makespan_s'])} in {b['planning_s']:.2f} s "
+            f"| {r['fleet']} | {day} | {before} | {fmt_s(b['makespan_s'])} in {b['planning_s']:.2f} s "
             f"({b['cpu_s']:.1f}) | {fmt_s(p['makespan_s'])} in {p['planning_s']:.2f} s "
             f"({p['cpu_s']:.1f}){_budget_text(r['budget_s'])}{' cut' if p['cut_short'] else ''} | "
             f"{r['gain']:.1%}{versus} | "
@@ -292,6 +335,16 @@ def summarize(doc: dict) -> str:
                   f"{s['region_median_time_ratio_vs_issue_baseline']:.2f}x its wall time "
                   f"(median); the plain search alone is "
                   f"{s['region_search_geomean_gain_vs_issue_baseline']:.1%} shorter."]
+    if "region_geomean_gain_vs_issue_day" in s:
+        lines += ["", "Against the search of issue 14's day itself (its own commit, "
+                  f"{s['issue_day'].removeprefix('commit ')[:10]}, in a child process): the "
+                  f"default's makespan is {s['region_geomean_gain_vs_issue_day']:.1%} shorter "
+                  f"(geometric mean; {s['region_fleets_with_gain_15pct_vs_issue_day']} of "
+                  f"{s['region_fleets']} fleets at least 15% shorter) in "
+                  f"{s['region_median_time_ratio_vs_issue_day']:.2f}x its wall time (median; "
+                  + ", ".join(f"{x:.2f}" for x in s["region_time_ratios_vs_issue_day"]) + ")."]
+    elif s.get("issue_day"):
+        lines += ["", f"The search of issue 14's day: {s['issue_day']}."]
     lines += ["", f"Real-region fleets: default makespan {s['region_geomean_gain']:.1%} shorter "
               f"(geometric mean over {s['region_fleets']}), {s['region_fleets_with_gain_15pct']} "
               f"of them at least 15% shorter, planning {s['region_median_time_ratio']:.1f}x the "
