@@ -449,6 +449,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.checkpoint_every < 1 or args.keep < 1:
         p.error("--checkpoint-every and --keep must be at least 1")
+    # Sequences are cut from the built-in text: one longer than it fails deep in torch.
+    if not 1 <= args.seq_len <= len(TEXT) - 2:
+        p.error(f"--seq-len must be 1..{len(TEXT) - 2} (the built-in text has {len(TEXT)} "
+                f"characters), got {args.seq_len}")
+    if args.heads < 1 or args.dim % args.heads:
+        p.error(f"--dim ({args.dim}) must be a multiple of --heads ({args.heads})")
     torch.set_num_threads(args.threads)
 
     try:

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
 
 from hulk import __version__
 from hulk.errors import HulkError
@@ -58,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings()
     except HulkError as exc:
         return _fail(exc)
-    parser = build_parser(settings, chosen_command(sys.argv[1:] if argv is None else argv))
+    words = sys.argv[1:] if argv is None else argv
+    try:
+        parser = build_parser(settings, chosen_command(words))
+    except Exception as exc:   # e.g. an installed gRPC older than the generated stubs need
+        return _internal(exc, settings.log_level == "DEBUG" or "DEBUG" in words)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -75,6 +80,16 @@ def main(argv: list[str] | None = None) -> int:
         # Output piped into `head` and closed early: not an error worth a traceback.
         sys.stderr.close()
         return 0
+    except Exception as exc:   # a bug or a broken install: one line, the traceback at DEBUG
+        return _internal(exc, args.log_level == "DEBUG")
+
+
+def _internal(exc: Exception, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    print(f"hulk-planner: internal error: {type(exc).__name__}: {exc} "
+          "(--log-level DEBUG shows the traceback)", file=sys.stderr)
+    return 1
 
 
 def _fail(exc: HulkError) -> int:

@@ -46,6 +46,18 @@ def test_an_inconsistent_role_is_one_line_and_exit_2():
     assert proc.stderr.strip().splitlines()[-1] == "train_gpt: HULK_STAGE must be an integer, got 'zero'"
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--seq-len", "4096"], "--seq-len must be 1.."),
+    (["--dim", "64", "--heads", "5"], "--dim (64) must be a multiple of --heads (5)"),
+])
+def test_sizes_the_model_cannot_take_are_one_line_and_exit_2(args, message):
+    proc = subprocess.run([sys.executable, str(EXAMPLE), "--steps", "1", *args],
+                          env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in proc.stderr
+
+
 def test_cuda_without_a_gpu_per_process_is_one_line_and_exit_2():
     """NCCL would fail only after the rendezvous, with a traceback from every rank."""
     import torch
