@@ -582,6 +582,8 @@ def train(me: Role, args: argparse.Namespace, device: torch.device = torch.devic
             optimizer.step()
         else:
             skipped += 1
+        if device.type == "cuda":   # kernels run after their launch: time the step's work
+            torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - t0
         times.append(elapsed)
         line = f"step {step + 1}/{args.steps} stage {me.stage} replica {me.replica} time {elapsed:.3f}s"
