@@ -281,7 +281,7 @@ def _add_issue_day(rows: list[dict], cases: list, log) -> str:
 
     try:
         day = measure_fleets(cases, repeat_below_s=REPEAT_BELOW_S, log=log)
-    except Unavailable as err:
+    except (Unavailable, RuntimeError) as err:   # the rows measured so far are kept
         log(f"issue-day search left out: {err}", flush=True)
         return f"not measured: {err}"
     for r in rows:

@@ -34,3 +34,14 @@ def test_the_issue_day_search_equals_the_stand_in_makespan(shared_dir):
 def test_a_commit_the_clone_lacks_is_unavailable(tmp_path):
     with pytest.raises(Unavailable, match="is not in this clone"):
         export_tree(tmp_path, "0" * 40)
+
+
+def test_a_plan_with_an_unplaced_job_has_no_makespan(shared_dir):
+    from bench.issue_day import _judge
+
+    jobs, net = load(Fleet("paper", "paper", 47, jobs="paper-4"), shared_dir)
+    # The old search placed nothing: the report is incomplete, so no makespan is compared.
+    doc = {"placements": [], "unplaced": [j.name for j in jobs]}
+    report = _judge(doc, jobs, net)
+    assert not report.complete
+    assert [u.name for u in report.unplaced] == [j.name for j in jobs]
