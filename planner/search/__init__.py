@@ -34,14 +34,19 @@ Pipeline of the planner, one module per step, every step judged by the reference
    nodes of its clusters, plus those of the 1, 2 and 4 nearest clusters, or on a larger idle
    cluster; failing that, a job sharing its clusters moves to idle clusters and leaves it the
    nodes. Each step is kept only when the makespan drops.
-7. **A portfolio of starts** (:mod:`.portfolio`, :func:`plan_portfolio`, ``--method portfolio``,
-   the default of ``plan``): the refinement (steps 5-6) from several groupings: the heuristic
+7. **Chains of relocations** (:mod:`.chain`): the critical job moves into another job's place,
+   that job into a third's (or the critical job's old one), and the third to what is left,
+   possibly a share of the first place split with the critical job; judged at the ``normal``
+   effort, the first place with a chain that shortens the makespan is taken, then steps 5-6 run
+   again (at most three chains per phase).
+8. **A portfolio of starts** (:mod:`.portfolio`, :func:`plan_portfolio`, ``--method portfolio``,
+   the default of ``plan``): the refinement (steps 5-7) from several groupings: the heuristic
    one (the plain search, never stopped), groupings built job by job on the solver's best spots
    (:mod:`.starts`), Algorithm 1 on uniform, seeded random and a caller's (the GNN's) scores,
    the others refined in worker processes until the plain search ends (or a time budget); the
    lowest makespan wins, so it is never worse than ``plan_search``.
 
-:mod:`.state` holds what the steps 5 and 6 share: each job's current solution and the run's
+:mod:`.state` holds what the steps 5 to 7 share: each job's current solution and the run's
 context. The DT-FM-style peer (planner.baselines.dtfm) and the GNN (planner.gnn) reuse the
 public parts of steps 1, 3 and 4.
 

@@ -5,8 +5,9 @@ Per phase, the job that sets the makespan gets moves of free nodes and of cluste
 1/2, 1/4, 1/8) from other jobs (the nearest ones and those with most slack, compensated with
 free nodes) or whole-group exchanges, accepted when they lower the phase's makespan; then free
 nodes go to the other jobs (sum of completion times). Every job is then re-solved with more
-effort, the bottleneck job grown (planner.search.grow), and later-phase jobs pulled into an
-earlier phase when free nodes allow it.
+effort, the bottleneck job grown (planner.search.grow), chains of relocations tried
+(planner.search.chain), and later-phase jobs pulled into an earlier phase when free nodes
+allow it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from planner.core.jobs import Job
 from planner.core.plan import Plan
 from planner.search import algorithm1 as alg1
 from planner.search.clusters import CLUSTER_RTT_MS
+from planner.search.chain import CHAIN_ROUNDS, chain_move
 from planner.search.grow import grow_bottleneck
 from planner.search.heuristics import heuristic_scores
 from planner.search.state import JobState, SearchRun
@@ -235,6 +237,11 @@ def _run_phases(run: SearchRun, grouping: alg1.Grouping) -> Plan:
             _refine_phase(run, states, second_rounds, tick)
         if grow_bottleneck(run, states):
             _refine_phase(run, states, second_rounds, tick)
+        for _ in range(CHAIN_ROUNDS if run.chains else 0):
+            if run.out_of_time() or not chain_move(run, states):
+                break
+            _refine_phase(run, states, second_rounds, tick)
+            grow_bottleneck(run, states)
         phase_states.append(states)
     phase_states = _pull_forward(run, phase_states)
     if run.snapshot is not None:
@@ -310,7 +317,8 @@ def plan_search(jobs: list[Job], net: Network, *, seed: int = 0, budget_s: float
                 progress: Callable[[int, int], None] | None = None,
                 initial: alg1.Grouping | np.ndarray | None = None,
                 should_stop: Callable[[], bool] | None = None,
-                snapshot: Callable[[list[dict[str, JobState]]], None] | None = None) -> Plan:
+                snapshot: Callable[[list[dict[str, JobState]]], None] | None = None,
+                chains: bool = True) -> Plan:
     """Plan all ``jobs`` on ``net`` (method "search"; the pipeline is described in planner.search).
 
     ``initial``: a Grouping (e.g. the GNN's, after Algorithm 1) or a class-score array
@@ -320,7 +328,8 @@ def plan_search(jobs: list[Job], net: Network, *, seed: int = 0, budget_s: float
     move while the search runs). ``progress(done, total)`` is called once per round. ``seed`` changes nothing (the search is
     deterministic); it is accepted so that every method is called alike. ``snapshot(phases)``
     (the portfolio's anytime results) gets each phase's job states once per round once every
-    phase has them; it must not change them.
+    phase has them; it must not change them. ``chains=False`` leaves out step 7 (chains of
+    relocations, planner.search.chain), the search as it was before that step.
     """
     jobs = list(jobs)
     if net.n == 0:
@@ -332,6 +341,7 @@ def plan_search(jobs: list[Job], net: Network, *, seed: int = 0, budget_s: float
         raise PlanningError("job names must be unique")
     run = SearchRun(jobs, net, budget_s, max_rounds, progress, should_stop)
     run.snapshot = snapshot
+    run.chains = chains
     if isinstance(initial, alg1.Grouping):
         grouping = initial
         missing = set(names) - set(grouping.groups)

@@ -52,6 +52,7 @@ class SearchRun:
         self.cut_short = False
         self._solved: dict[tuple, tuple[Placement | None, Estimate]] = {}
         self.snapshot: Callable[[list[dict[str, JobState]]], None] | None = None
+        self.chains = True   # step 7 (planner.search.chain) after growing the bottleneck
 
     def critical(self, states: dict[str, JobState]) -> tuple[str, dict[str, float], np.ndarray]:
         """The job that sets the makespan, every job's time, and the nodes no job uses in the

@@ -1,0 +1,81 @@
+"""Chains of relocations for the critical job (planner.search.chain), on real fleets: the
+300-server real-region fleet of the portfolio benchmark, where the plain search left gpt3-13b
+in a slow cluster, and small generated fleets."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bench.regions import region_network
+from planner.core.costmodel import estimate, estimate_plan, problems
+from planner.core.generate import generate_jobs, generate_network
+from planner.search.chain import chain_move, split_pool
+from planner.search.refine import plan_search
+from planner.search.state import JobState, SearchRun
+
+
+def _states(plan, net) -> dict[str, JobState]:
+    return {p.job.name: JobState.of(p.job, p, estimate(p, net)) for p in plan.placements}
+
+
+def _makespan(states) -> float:
+    return max(s.est.job_s for s in states.values())
+
+
+def test_split_pool_gives_two_disjoint_valid_placements_inside_the_pool():
+    net = generate_network(60, seed=4)
+    jobs = generate_jobs(2, seed=4)
+    run = SearchRun(jobs, net)
+    pool = np.arange(net.n)
+    a, b = (JobState.of(j, *run.solve(j, pool, "normal")) for j in jobs)
+    split = split_pool(run, a, b, pool, limit=np.inf)
+    assert split is not None
+    (pa, ea), (pb, eb) = split
+    assert set(pa.nodes).isdisjoint(pb.nodes)
+    assert set(pa.nodes) | set(pb.nodes) <= set(pool.tolist())
+    assert problems(pa, net) == [] and problems(pb, net) == []
+    assert ea == estimate(pa, net) and eb == estimate(pb, net)
+    # Nothing is returned when no split ends before the limit.
+    assert split_pool(run, a, b, pool, limit=min(ea.job_s, eb.job_s) / 10) is None
+
+
+def test_a_chain_moves_the_critical_job_out_of_its_slow_cluster():
+    net = region_network(300, 69, seed=7)
+    jobs = generate_jobs(10, seed=7)
+    plan = plan_search(jobs, net, chains=False)
+    states = _states(plan, net)
+    old = {k: s.placement for k, s in states.items()}
+    before = _makespan(states)
+    crit = max(states, key=lambda k: states[k].est.job_s)
+    run = SearchRun(jobs, net)
+    assert chain_move(run, states)
+    after = _makespan(states)
+    assert after < before
+    moved = [k for k in states if states[k].placement is not old[k]]
+    assert crit in moved and len(moved) >= 2
+    nodes = [i for s in states.values() for i in s.group]
+    assert len(nodes) == len(set(nodes))
+    for s in states.values():
+        assert problems(s.placement, net) == []
+        assert s.est == estimate(s.placement, net)
+
+
+def test_the_search_with_chains_is_shorter_there_and_still_deterministic():
+    net = region_network(300, 69, seed=7)
+    jobs = generate_jobs(10, seed=7)
+    with_chains = plan_search(jobs, net)
+    again = plan_search(jobs, net)
+    without = plan_search(jobs, net, chains=False)
+    a = estimate_plan(with_chains.placements, net).makespan_s
+    assert a == estimate_plan(again.placements, net).makespan_s
+    assert [p.nodes for p in with_chains.placements] == [p.nodes for p in again.placements]
+    assert a < 0.95 * estimate_plan(without.placements, net).makespan_s
+
+
+def test_no_chain_for_a_single_job():
+    net = generate_network(40, seed=2)
+    jobs = generate_jobs(1, seed=2)
+    states = _states(plan_search(jobs, net), net)
+    snapshot = {k: s.placement for k, s in states.items()}
+    assert not chain_move(SearchRun(jobs, net), states)
+    assert {k: s.placement for k, s in states.items()} == snapshot
