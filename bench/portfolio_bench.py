@@ -122,15 +122,16 @@ def _forget_grids(net) -> None:
 
 def measure(method: str, jobs, net, stage_order: bool = True, **options) -> dict:
     """Plan with ``method`` as `hulk-planner plan --method M` would (``options``: its flags);
-    ``stage_order=False``: the search as it was before stage ordering (issue 14's baseline,
-    planner.search.groups.STAGE_ORDER)."""
-    from planner.search import groups
+    ``stage_order=False``: the search as it was before stage ordering and chains of
+    relocations (issue 14's baseline, planner.search.groups.STAGE_ORDER and
+    planner.search.chain.CHAINS)."""
+    from planner.search import chain, groups
 
-    groups.STAGE_ORDER = stage_order
+    groups.STAGE_ORDER = chain.CHAINS = stage_order
     try:
         return _measure(method, jobs, net, **options)
     finally:
-        groups.STAGE_ORDER = True
+        groups.STAGE_ORDER = chain.CHAINS = True
 
 
 def _measure(method: str, jobs, net, **options) -> dict:

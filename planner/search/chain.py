@@ -30,6 +30,8 @@ import numpy as np
 from planner.core.costmodel import Estimate, Placement
 from planner.search.state import JobState, SearchRun
 
+CHAINS = True             # the default of plan_search(chains=None); benchmarks of the
+                          # search as it was before this step switch it off
 CHAIN_EFFORT = "normal"
 CHAIN_ROUNDS = 3          # chains per phase (each followed by the refinement's moves)
 CHAIN_DONORS = 4          # places tried for the critical job (the most promising ones)

@@ -23,6 +23,7 @@ from planner.core.jobs import Job
 from planner.core.plan import Plan
 from planner.search import algorithm1 as alg1
 from planner.search.clusters import CLUSTER_RTT_MS
+from planner.search import chain as chain_step
 from planner.search.chain import CHAIN_ROUNDS, chain_move
 from planner.search.grow import grow_bottleneck
 from planner.search.heuristics import heuristic_scores
@@ -318,7 +319,7 @@ def plan_search(jobs: list[Job], net: Network, *, seed: int = 0, budget_s: float
                 initial: alg1.Grouping | np.ndarray | None = None,
                 should_stop: Callable[[], bool] | None = None,
                 snapshot: Callable[[list[dict[str, JobState]]], None] | None = None,
-                chains: bool = True) -> Plan:
+                chains: bool | None = None) -> Plan:
     """Plan all ``jobs`` on ``net`` (method "search"; the pipeline is described in planner.search).
 
     ``initial``: a Grouping (e.g. the GNN's, after Algorithm 1) or a class-score array
@@ -329,7 +330,8 @@ def plan_search(jobs: list[Job], net: Network, *, seed: int = 0, budget_s: float
     deterministic); it is accepted so that every method is called alike. ``snapshot(phases)``
     (the portfolio's anytime results) gets each phase's job states once per round once every
     phase has them; it must not change them. ``chains=False`` leaves out step 7 (chains of
-    relocations, planner.search.chain), the search as it was before that step.
+    relocations, planner.search.chain), the search as it was before that step; None takes
+    ``planner.search.chain.CHAINS`` (True).
     """
     jobs = list(jobs)
     if net.n == 0:
@@ -341,7 +343,7 @@ def plan_search(jobs: list[Job], net: Network, *, seed: int = 0, budget_s: float
         raise PlanningError("job names must be unique")
     run = SearchRun(jobs, net, budget_s, max_rounds, progress, should_stop)
     run.snapshot = snapshot
-    run.chains = chains
+    run.chains = chain_step.CHAINS if chains is None else chains
     if isinstance(initial, alg1.Grouping):
         grouping = initial
         missing = set(names) - set(grouping.groups)
