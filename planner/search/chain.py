@@ -6,21 +6,25 @@ job C into another job's place when that job must itself go somewhere a third jo
 
     C -> d's place,   d -> t's place (or C's old one),   t -> what is left
 
-where "what is left" is t's own leftovers, C's old nodes, what C leaves of d's place, or a
+C is tried on the whole of d's place and on its tightest parts (:func:`tight_parts`: single-
+linkage clusters can span a continent, and the solvers judge a job on a cluster's whole
+shape), and "what is left" is t's own leftovers, C's old nodes, what C leaves of d's place, or a
 share of d's place split with C (:func:`split_pool`: C on the k fastest nodes, t on the rest,
 k by bisection where their times cross). Such a chain is kept when every job it moves ends
 before the current makespan: the makespan drops. Candidates are judged at the ``normal``
 effort, since the cheapest effort keeps the job's current (D, b) and misjudges a move to a
 cluster of another shape by up to 2.3x (gpt3-13b on a 61-server cluster: 4.02 h against
-2.40 h). Places for C are tried in order of C's time there (the best :data:`CHAIN_DONORS`),
-homes for d in order of d's time there (the best :data:`CHAIN_TARGETS`); at the first place
-where any chain shortens the makespan, the best of its chains (lowest makespan, then sum of
-times) is taken. Splits cost about ten solves each, so at most :data:`CHAIN_SPLITS` are tried
-per chain. Deterministic: ties go by job name.
+2.40 h). Places (and their parts) for C are tried in order of C's time there, those of the
+:data:`CHAIN_DONORS` jobs where C does best; homes for d in order of d's time there (the best
+:data:`CHAIN_TARGETS`); at the first place where any chain shortens the makespan, the best of
+its chains (lowest makespan, then sum of times) is taken. Splits cost about ten solves each,
+so at most :data:`CHAIN_SPLITS` are tried per chain. Deterministic: ties go by job name.
 
 On the 300-server real-region fleet this is what takes gpt3-13b out of the slow cluster it
 holds: it moves into llama-2-13b's, which moves into llama-2-7b-2's, which shares the first
-with gpt3-13b.
+with gpt3-13b. On the 150-server one llama-2-7b moves into the part of gpt3-2.7b's European
+cluster within 10 ms of the Netherlands (1.07 h, against 1.41 h on the whole cluster) and
+gpt3-2.7b takes its Tokyo servers.
 """
 
 from __future__ import annotations
@@ -34,9 +38,12 @@ CHAINS = True             # the default of plan_search(chains=None); benchmarks 
                           # search as it was before this step switch it off
 CHAIN_EFFORT = "normal"
 CHAIN_ROUNDS = 3          # chains per phase (each followed by the refinement's moves)
-CHAIN_DONORS = 4          # places tried for the critical job (the most promising ones)
+CHAIN_DONORS = 4          # jobs whose places are tried for the critical job (most promising)
 CHAIN_TARGETS = 4         # places tried for the displaced job
-CHAIN_SPLITS = 2          # pools split between C and a third job per chain (each costs ~10 solves)
+CHAIN_SPLITS = 4          # pools split between C and a third job per chain (each costs ~10 solves)
+TIGHT_RADIUS_MS = 10.0    # parts of a place tried for C: within this RTT of one node
+TIGHT_PARTS = 2
+CORE_MS = 2.0             # a city and its metro: the centre of a tight part
 
 Solution = tuple[Placement, Estimate]
 
@@ -57,6 +64,37 @@ def _solve(run: SearchRun, state: JobState, pool: np.ndarray,
         return None
     p, e = run.solve(state.job, pool, CHAIN_EFFORT, state.hint)
     return None if p is None else (p, e)
+
+
+def tight_parts(rtt_ms: np.ndarray, thr: np.ndarray, pool: np.ndarray,
+                radius_ms: float = TIGHT_RADIUS_MS, count: int = TIGHT_PARTS) -> list[np.ndarray]:
+    """Up to ``count`` parts of ``pool`` within ``radius_ms`` of one of its nodes: around the
+    node with the most throughput within :data:`CORE_MS` (its city), then around the richest
+    node outside the parts so far; none when the pool's RTT diameter is at most twice the radius (a tight pool already).
+    Locality clusters are single-linkage, so one can chain across a continent (33 ms across
+    Europe on the 150-server fleet), and the solvers, which grow sets cluster by cluster, then
+    judge a job only on the whole of it: llama-2-7b takes 1.41 h on those 32 servers and 1.07 h
+    on the 24 within 10 ms of Frankfurt."""
+    if pool.size < 2:
+        return []
+    near = rtt_ms[np.ix_(pool, pool)] <= radius_ms
+    if not np.any(~near) or rtt_ms[np.ix_(pool, pool)].max() <= 2 * radius_ms:
+        return []
+    # Centre each part on the richest city-sized core (throughput within CORE_MS), ties to
+    # the most throughput within reach, then the lower index.
+    core = (rtt_ms[np.ix_(pool, pool)] <= CORE_MS).astype(float) @ thr[pool]
+    reach = near.astype(float) @ thr[pool]
+    rank = np.lexsort((np.arange(pool.size), -reach, -core))
+    parts, covered = [], np.zeros(pool.size, dtype=bool)
+    for _ in range(count):
+        left = rank[~covered[rank]]
+        if left.size == 0:
+            break
+        seed = int(left[0])
+        part = near[seed]
+        parts.append(pool[part])
+        covered |= part
+    return parts
 
 
 def split_pool(run: SearchRun, a: JobState, b: JobState, pool: np.ndarray,
@@ -92,18 +130,21 @@ def chain_move(run: SearchRun, states: dict[str, JobState]) -> bool:
     comp = run.components[cs.group[0]]
     others = [k for k in sorted(states)
               if k != crit and run.components[states[k].group[0]] == comp]
-    # Places for C: each other job's group plus the free nodes of its clusters.
+    # Places for C: each other job's group plus the free nodes of its clusters (C solved on
+    # the whole place and on its tightest parts; the rest of the place is left to the others).
     places = []
     for d in others:
         if run.out_of_time():
             return False
         pool_c = np.union1d(states[d].group, _free_near(run, states[d].group, free))
-        sc = _solve(run, cs, pool_c, limit)
-        if sc is not None and sc[1].job_s < limit:
-            places.append((sc[1].job_s, d, pool_c, sc))
-    places.sort(key=lambda x: (x[0], x[1]))
+        for part, pool in enumerate([pool_c] + tight_parts(run.net.rtt_ms, run.net.thr, pool_c)):
+            sc = _solve(run, cs, pool, limit)
+            if sc is not None and sc[1].job_s < limit:
+                places.append((sc[1].job_s, d, part, pool_c, sc))
+    places.sort(key=lambda x: (x[0], x[1], x[2]))
+    donors = list(dict.fromkeys(x[1] for x in places))[:CHAIN_DONORS]
     splits = [CHAIN_SPLITS]
-    for _, d, pool_c, sc in places[:CHAIN_DONORS]:
+    for _, d, _, pool_c, sc in (x for x in places if x[1] in donors):
         ds = states[d]
         left_c = np.setdiff1d(pool_c, sc[0].nodes)
         # Free once C has moved: the free nodes outside d's place, C's old group, C's leftovers.

@@ -9,7 +9,7 @@ import numpy as np
 from bench.regions import region_network
 from planner.core.costmodel import estimate, estimate_plan, problems
 from planner.core.generate import generate_jobs, generate_network
-from planner.search.chain import chain_move, split_pool
+from planner.search.chain import chain_move, split_pool, tight_parts
 from planner.search.refine import plan_search
 from planner.search.state import JobState, SearchRun
 
@@ -79,3 +79,28 @@ def test_no_chain_for_a_single_job():
     snapshot = {k: s.placement for k, s in states.items()}
     assert not chain_move(SearchRun(jobs, net), states)
     assert {k: s.placement for k, s in states.items()} == snapshot
+
+
+def test_tight_parts_split_a_chained_cluster_at_its_richest_city():
+    # Four cities on a line, 6 ms apart: one single-linkage cluster 18 ms across. City B has
+    # the most servers, so the first part is centred on it and holds what lies within 10 ms.
+    pos = np.repeat([0.0, 6.0, 12.0, 18.0], [2, 4, 2, 2])
+    rtt = np.abs(pos[:, None] - pos[None, :]) + 0.5 * (pos[:, None] != pos[None, :])
+    np.fill_diagonal(rtt, 0.0)
+    thr = np.ones(pos.size)
+    pool = np.arange(pos.size)
+    parts = tight_parts(rtt, thr, pool, radius_ms=8.0, count=2)
+    assert [p.tolist() for p in parts] == [[0, 1, 2, 3, 4, 5, 6, 7], [6, 7, 8, 9]]
+    # A pool whose diameter is at most twice the radius is tight already.
+    assert tight_parts(rtt, thr, pool, radius_ms=10.0) == []
+    assert tight_parts(rtt, thr, pool[:1]) == []
+
+
+def test_a_chain_finds_the_tight_part_of_a_continental_cluster():
+    # The 150-server real-region fleet: llama-2-7b sets the makespan and does better on the
+    # European servers within 10 ms of one city than on the whole European cluster.
+    net = region_network(150, 60, seed=4)
+    jobs = generate_jobs(8, seed=4)
+    with_chains = estimate_plan(plan_search(jobs, net).placements, net).makespan_s
+    without = estimate_plan(plan_search(jobs, net, chains=False).placements, net).makespan_s
+    assert with_chains < 0.8 * without
