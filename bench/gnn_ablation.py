@@ -16,14 +16,15 @@ GNN's balanced same-group pair accuracy against the best refined plan is reporte
 always-idle's (0.5 by construction).
 
 Writes bench/results/gnn_ablation.json and bench/results/gnn_ablation.png. Results of the
-non-learned starts are cached (~/.cache/hulk/gnn-ablation, keyed by fleet and start) because
-they do not depend on the model.
+non-learned starts are cached (~/.cache/hulk/gnn-ablation, keyed by fleet, start and a digest of
+the code they depend on, :func:`code_key`) because they do not depend on the model.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import os
 import time
@@ -34,7 +35,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 AZURE_CSV = REPO / "bench" / "data" / "azure_rtt_p95_2026.csv"
 CACHE_VERSION = 3           # 3: the solver orders stage groups (2: raw = Algorithm 1 on the
-                            # scores; v1: the gnn-raw decoder only). Bump on search changes.
+                            # scores; v1: the gnn-raw decoder only); code changes are keyed
+                            # by code_key()
 HELD_OUT_BASE_SEED = 910_000      # generated fleets: seeds 910000 + i (training: data seed 7)
 RANDOM_SEEDS = (1, 2, 3)
 NON_LEARNED = ("uniform", "random-1", "random-2", "random-3", "heuristic")
@@ -168,9 +170,23 @@ def run_start(name: str, jobs, net, model) -> dict:
     return out
 
 
+def code_key(root: Path = REPO) -> str:
+    """A digest of the code a non-learned start's result depends on (the search, the cost
+    model, the fleet and job generators, the starts' scores and decoder), so that a cached
+    result never outlives a change to it (a bumped CACHE_VERSION alone once let results of
+    the search before its chains of relocations stand in for today's)."""
+    digest = hashlib.sha256()
+    for folder in ("planner/search", "planner/core"):
+        for path in sorted((root / folder).glob("*.py")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in ("planner/gnn/starts.py", "bench/gnn_ablation.py"):
+        digest.update((root / path).read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def _cache_file(key: str, start: str, version: int = CACHE_VERSION) -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "hulk" / "gnn-ablation" / f"v{version}" / f"{key}-{start}.json"
+    return base / "hulk" / "gnn-ablation" / f"v{version}-{code_key()}" / f"{key}-{start}.json"
 
 
 def fleet_row(spec: dict, shared: Path, model, log=print) -> dict:
