@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import hashlib
 import json
 import os
@@ -184,9 +185,14 @@ def code_key(root: Path = REPO) -> str:
     return digest.hexdigest()[:12]
 
 
-def _cache_file(key: str, start: str, version: int = CACHE_VERSION) -> Path:
+@functools.lru_cache(maxsize=None)   # the code is hashed once per run, not once per start
+def _cache_dir(version: int = CACHE_VERSION) -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "hulk" / "gnn-ablation" / f"v{version}-{code_key()}" / f"{key}-{start}.json"
+    return base / "hulk" / "gnn-ablation" / f"v{version}-{code_key()}"
+
+
+def _cache_file(key: str, start: str, version: int = CACHE_VERSION) -> Path:
+    return _cache_dir(version) / f"{key}-{start}.json"
 
 
 def fleet_row(spec: dict, shared: Path, model, log=print) -> dict:

@@ -70,19 +70,20 @@ def tight_parts(rtt_ms: np.ndarray, thr: np.ndarray, pool: np.ndarray,
                 radius_ms: float = TIGHT_RADIUS_MS, count: int = TIGHT_PARTS) -> list[np.ndarray]:
     """Up to ``count`` parts of ``pool`` within ``radius_ms`` of one of its nodes: around the
     node with the most throughput within :data:`CORE_MS` (its city), then around the richest
-    node outside the parts so far; none when the pool's RTT diameter is at most twice the radius (a tight pool already).
-    Locality clusters are single-linkage, so one can chain across a continent (33 ms across
-    Europe on the 150-server fleet), and the solvers, which grow sets cluster by cluster, then
-    judge a job only on the whole of it: llama-2-7b takes 1.41 h on those 32 servers and 1.07 h
-    on the 24 within 10 ms of Frankfurt."""
+    node outside the parts so far; none when the pool's RTT diameter is at most twice the
+    radius (a tight pool already). Locality clusters are single-linkage, so one can chain
+    across a continent (33 ms across Europe on the 150-server fleet), and the solvers, which
+    grow sets cluster by cluster, then judge a job only on the whole of it: llama-2-7b takes
+    1.41 h on those 32 servers and 1.07 h on the 24 within 10 ms of the Netherlands."""
     if pool.size < 2:
         return []
-    near = rtt_ms[np.ix_(pool, pool)] <= radius_ms
-    if not np.any(~near) or rtt_ms[np.ix_(pool, pool)].max() <= 2 * radius_ms:
+    rtt = rtt_ms[np.ix_(pool, pool)]
+    if rtt.max() <= 2 * radius_ms:
         return []
+    near = rtt <= radius_ms
     # Centre each part on the richest city-sized core (throughput within CORE_MS), ties to
     # the most throughput within reach, then the lower index.
-    core = (rtt_ms[np.ix_(pool, pool)] <= CORE_MS).astype(float) @ thr[pool]
+    core = (rtt <= CORE_MS).astype(float) @ thr[pool]
     reach = near.astype(float) @ thr[pool]
     rank = np.lexsort((np.arange(pool.size), -reach, -core))
     parts, covered = [], np.zeros(pool.size, dtype=bool)
@@ -162,7 +163,7 @@ def chain_move(run: SearchRun, states: dict[str, JobState]) -> bool:
         for _, _, t, sd in homes[:CHAIN_TARGETS]:
             upd = {crit: sc, d: sd}
             if t is not None:
-                third = _place_third(run, states, cs, states[t], sd, pool_c, left_c,
+                third = _place_third(run, cs, states[t], sd, pool_c, left_c,
                                      np.union1d(free2, states[t].group), limit, splits)
                 if third is None:
                     continue
@@ -180,7 +181,7 @@ def chain_move(run: SearchRun, states: dict[str, JobState]) -> bool:
     return False
 
 
-def _place_third(run: SearchRun, states, cs: JobState, ts: JobState, sd: Solution,
+def _place_third(run: SearchRun, cs: JobState, ts: JobState, sd: Solution,
                  pool_c: np.ndarray, left_c: np.ndarray, free3: np.ndarray, limit: float,
                  budget: list[int]) -> tuple[Solution | None, Solution] | None:
     """Where the job t displaced by d goes: (C's new solution or None for unchanged, t's),

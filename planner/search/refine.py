@@ -24,7 +24,6 @@ from planner.core.plan import Plan
 from planner.search import algorithm1 as alg1
 from planner.search.clusters import CLUSTER_RTT_MS
 from planner.search import chain as chain_step
-from planner.search.chain import CHAIN_ROUNDS, chain_move
 from planner.search.grow import grow_bottleneck
 from planner.search.heuristics import heuristic_scores
 from planner.search.state import JobState, SearchRun
@@ -238,8 +237,8 @@ def _run_phases(run: SearchRun, grouping: alg1.Grouping) -> Plan:
             _refine_phase(run, states, second_rounds, tick)
         if grow_bottleneck(run, states):
             _refine_phase(run, states, second_rounds, tick)
-        for _ in range(CHAIN_ROUNDS if run.chains else 0):
-            if run.out_of_time() or not chain_move(run, states):
+        for _ in range(chain_step.CHAIN_ROUNDS if run.chains else 0):
+            if run.out_of_time() or not chain_step.chain_move(run, states):
                 break
             _refine_phase(run, states, second_rounds, tick)
             grow_bottleneck(run, states)
