@@ -12,7 +12,7 @@ interpreter of this virtual environment with only that tree on its path, one fle
 The child gets each fleet as plain values (the Network's nodes, RTT, bandwidth and imputed
 matrices, the jobs' fields), plans it with ``--method search`` as `hulk-planner plan` of that day
 would, and sends back each plan as node indices; the parent judges every plan with today's
-reference cost model (``planner.files.plan.evaluate``; the cost model's formulas have not changed
+reference cost model (``planner.core.evaluate.evaluate``; the cost model's formulas have not changed
 since, only refactored). Timing is the plan call alone, as bench.portfolio_bench times its
 methods, on a fresh Network each run; runs under ``repeat_below_s`` are timed twice and the
 faster kept.
@@ -105,7 +105,7 @@ def _judge(doc: dict, jobs, net):
     job the old search left unplaced makes the report incomplete, with no makespan to compare)."""
     from planner.core.costmodel import Placement, Stage
     from planner.core.plan import Plan, Unplaced
-    from planner.files.plan import evaluate
+    from planner.core.evaluate import evaluate
 
     by_name = {j.name: j for j in jobs}
     placements = [Placement(by_name[p["job"]],

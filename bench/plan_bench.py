@@ -76,7 +76,7 @@ def _plan_row(method: str, jobs, net, bound: float) -> dict:
     """Plan with ``method`` and measure it (runs in a forked child; see :func:`_measure`)."""
     from hulk.errors import HulkError, InputError
     from planner.commands.plan import planner_for
-    from planner.files.plan import evaluate
+    from planner.core.evaluate import evaluate
 
     try:
         fn = planner_for(method)

@@ -136,7 +136,7 @@ def measure(method: str, jobs, net, stage_order: bool = True, **options) -> dict
 
 def _measure(method: str, jobs, net, **options) -> dict:
     from planner.commands.plan import planner_for
-    from planner.files.plan import evaluate
+    from planner.core.evaluate import evaluate
     from planner.search.workers import wait_reaped
 
     _forget_grids(net)
@@ -236,7 +236,7 @@ def run(out_dir: Path, shared: Path, quick: bool = False, log=print) -> dict:
     doc = {
         "benchmark": "portfolio", "quick": quick, "python": platform.python_version(),
         "machine": platform.machine(), "cores": os.cpu_count(), "workers": default_workers(),
-        "cost_model": "reference (docs/COSTMODEL.md), planner.files.plan.evaluate",
+        "cost_model": "reference (docs/COSTMODEL.md), planner.core.evaluate.evaluate",
         "regions_source": "bench/regions.py (own coordinates of AWS/GCP/Azure region cities)",
         "results": rows,
         "summary": {

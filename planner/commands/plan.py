@@ -238,7 +238,7 @@ class MethodResult:
 
 def run_method(method, jobs, net, seed, progress: LazyProgress, *, required: bool,
                options: dict | None = None) -> MethodResult:
-    from planner.files.plan import evaluate
+    from planner.core.evaluate import evaluate
 
     fn = planner_for(method)
     progress.begin(f"planning: {LABELS.get(method, method)}")

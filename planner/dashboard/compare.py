@@ -59,7 +59,7 @@ class Comparison:
 
 
 def run_method(method: str, jobs: list[Job], net, seed: int) -> MethodOutcome:
-    from planner.files.plan import evaluate
+    from planner.core.evaluate import evaluate
 
     module, function, label = METHODS[method]
     fn = getattr(importlib.import_module(module), function)

@@ -1,8 +1,6 @@
-"""Plan JSON, format ``hulk-plan/1`` exactly as docs/DESIGN.md gives it, and the plan's evaluation.
+"""Plan JSON, format ``hulk-plan/1`` exactly as docs/DESIGN.md gives it.
 
-``evaluate(plan, net)``: any Plan's per-job estimates and totals by docs/COSTMODEL.md (phases for
-staged jobs; jobs given only as times, System C, run after them one after another, shortest
-first). ``plan_to_json`` / ``write_plan`` write the document with node ids; ``read_plan`` /
+``plan_to_json`` / ``write_plan`` write the document with node ids; ``read_plan`` /
 ``parse_plan`` validate a document (structure, contiguous layer ranges, equal replicas per stage,
 known node ids, disjoint nodes per phase) and raise ``InputError`` naming the file and field.
 """
@@ -11,12 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hulk.errors import InputError
-from planner.core.costmodel import Estimate, Placement, Stage, estimate_plan
+from planner.core.costmodel import Placement, Stage
+from planner.core.evaluate import PlanReport, evaluate
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan, Unplaced
@@ -27,53 +26,6 @@ TOP_KEYS = ("format", "method", "fleet", "jobs", "totals", "unplaced")
 JOB_KEYS = ("name", "phase", "micro_batch", "stages", "estimate")
 ESTIMATE_KEYS = ("iteration_s", "compute_s", "communication_s", "job_s")
 TOTAL_KEYS = ("makespan_s", "sum_jct_s")
-
-
-@dataclass(frozen=True)
-class JobReport:
-    name: str
-    phase: int
-    estimate: Estimate
-    start_s: float
-    end_s: float
-    placement: Placement | None   # None for jobs given only as times (System C)
-
-
-@dataclass(frozen=True)
-class PlanReport:
-    method: str
-    jobs: list[JobReport]
-    makespan_s: float
-    sum_jct_s: float
-    unplaced: list[Unplaced] = field(default_factory=list)
-
-    @property
-    def complete(self) -> bool:
-        """Every job placed: only then are totals comparable across methods."""
-        return not self.unplaced
-
-    def job(self, name: str) -> JobReport:
-        return next(j for j in self.jobs if j.name == name)
-
-
-def evaluate(plan: Plan, net: Network) -> PlanReport:
-    """Estimates and totals of a plan by the reference cost model."""
-    est = estimate_plan(plan.placements, net) if plan.placements else None
-    reports: list[JobReport] = []
-    t_end = est.makespan_s if est else 0.0
-    for p in sorted(plan.placements, key=lambda p: (p.phase, est.start_s[p.job.name], p.job.name)):
-        reports.append(JobReport(p.job.name, p.phase, est.estimates[p.job.name],
-                                 est.start_s[p.job.name], est.end_s[p.job.name], p))
-    next_phase = max((p.phase for p in plan.placements), default=-1) + 1
-    t = t_end
-    for k, (name, job_s) in enumerate(sorted(plan.job_s_override.items(), key=lambda kv: (kv[1], kv[0]))):
-        e = plan.estimate_override.get(name) or Estimate(job_s, math.nan, math.nan, job_s, 0,
-                                                         math.nan, math.nan, True, math.nan)
-        reports.append(JobReport(name, next_phase + k, e, t, t + job_s, None))
-        t += job_s
-    makespan = max((r.end_s for r in reports), default=0.0)
-    return PlanReport(plan.method, reports, makespan, sum(r.end_s for r in reports),
-                      list(plan.unplaced))
 
 
 def _num(x: float) -> float | None:

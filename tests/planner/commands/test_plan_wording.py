@@ -8,7 +8,7 @@ from rich.console import Console
 
 from planner.commands.plan import MethodResult, print_plan
 from planner.core.placements import build_node_placements
-from planner.files.plan import evaluate
+from planner.core.evaluate import evaluate
 from tests.helpers.plans import manual_plan, two_city_net
 
 

@@ -12,7 +12,8 @@ from planner.baselines.systems import plan_system_b, plan_system_c
 from planner.core.costmodel import estimate, estimate_plan
 from planner.core.fleet import complete
 from planner.core.generate import generate_fleet, generate_jobs
-from planner.files.plan import evaluate, parse_plan, plan_to_json, read_plan, write_plan
+from planner.core.evaluate import evaluate
+from planner.files.plan import parse_plan, plan_to_json, read_plan, write_plan
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ from planner.commands.plan import METHODS, planner_for
 from planner.core.costmodel import estimate, problems
 from planner.core.fleet import complete
 from planner.files.jobs import load_jobs
-from planner.files.plan import evaluate, parse_plan, plan_to_json
+from planner.core.evaluate import evaluate
+from planner.files.plan import parse_plan, plan_to_json
 
 pytestmark = pytest.mark.slow   # plans the paper's fleet with every method
 
