@@ -57,13 +57,13 @@ def _makespans(jobs, net, model_path, search_makespan=None):
     out = {}
     if search_makespan is None:
         t = time.perf_counter()
-        plan = plan_search(jobs, net, seed=0)
+        plan = plan_search(jobs, net)
         out["search_s"] = time.perf_counter() - t
         search_makespan = estimate_plan(plan.placements, net).makespan_s
     out["search"] = search_makespan
     for method, refine in (("gnn-raw", False), ("gnn", True)):
         t = time.perf_counter()
-        plan = plan_gnn(jobs, net, seed=0, checkpoint=model_path, refine=refine)
+        plan = plan_gnn(jobs, net, checkpoint=model_path, refine=refine)
         out[f"{method}_s"] = time.perf_counter() - t
         out[method] = estimate_plan(plan.placements, net).makespan_s
     return out
@@ -119,7 +119,7 @@ def run(out_dir: Path, shared: Path, quick: bool = False) -> dict:
 
         from planner.gnn.train import pair_accuracy
 
-        teacher = plan_search(jobs, net, seed=0)
+        teacher = plan_search(jobs, net)
         groups, _ = gdata.labels_from_plan(teacher, jobs, net)
         scores = node_scores(jobs, net, model)
         m = _makespans(jobs, net, model_path)
@@ -170,7 +170,7 @@ def run(out_dir: Path, shared: Path, quick: bool = False) -> dict:
         "gnn_raw_within_15pct_mean": held["makespan_ratio_gnn_raw_vs_search"]["mean"] <= 1.15,
         "gnn_within_2pct_mean": held["makespan_ratio_gnn_vs_search"]["mean"] <= 1.02,
         "gnn_3x_faster_at_1000": (t1000.get("gnn", 0) >= 3.0) if t1000 else None,
-        # Issue 14: at 5,000 servers, within 1.15x of search's makespan in at most 1/5 its time.
+        # The target: at 5,000 servers, within 1.15x of search's makespan in at most 1/5 its time.
         "gnn_raw_5000_within_1_15x_in_a_fifth_of_the_time": (
             s5000["makespan_ratio_vs_search"]["gnn-raw"] <= 1.15
             and s5000["speedup_vs_search"]["gnn-raw"] >= 5.0) if s5000 else None,

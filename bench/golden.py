@@ -39,34 +39,18 @@ def digest(plan, net) -> str:
 
 def plan_with(method: str, jobs, net):
     """``search-unordered``: the search without stage ordering and chains of relocations."""
-    options = {"budget_s": NO_STOP_S, "workers": 1, "starts": 8}
-    try:
-        from planner.methods import planner_for
-    except ImportError:
-        from planner.commands.plan import planner_for
-    if method != "search-unordered":
-        return planner_for(method)(jobs, net, seed=0, **options)
-    try:
-        from planner.search.options import SearchOptions
-    except ImportError:
-        from planner.search import chain, groups
-
-        groups.STAGE_ORDER = chain.CHAINS = False
-        try:
-            return planner_for("search")(jobs, net, seed=0, **options)
-        finally:
-            groups.STAGE_ORDER = chain.CHAINS = True
+    from planner.methods import planner_for
     from planner.search import plan_search
+    from planner.search.options import SearchOptions
 
-    return plan_search(jobs, net, options=SearchOptions(stage_order=False, chains=False))
+    if method == "search-unordered":
+        return plan_search(jobs, net, options=SearchOptions(stage_order=False, chains=False))
+    return planner_for(method)(jobs, net, seed=0, budget_s=NO_STOP_S, workers=1, starts=8)
 
 
 def collect(shared: Path, log=print) -> dict:
     from bench.portfolio_bench import fleets, load
-    try:
-        from planner.core.evaluate import evaluate
-    except ImportError:
-        from planner.files.plan import evaluate
+    from planner.core.evaluate import evaluate
 
     out: dict[str, dict] = {}
     for fl in fleets(quick=True):

@@ -6,7 +6,7 @@ generated fleets of 100, 1,000 and 5,000 nodes.
 Writes bench/results/plan.json. For every scenario and method: makespan and sum of job completion
 times by the reference cost model, how many times better than the best of Systems A/B/C and than
 the DT-FM-style peer, the makespan as a multiple of the compute bound, and the planning time.
-Issue 3's targets: Hulk >= 10x better than the best of A/B/C, better than DT-FM, planning < 5 s on
+The targets: Hulk >= 10x better than the best of A/B/C, better than DT-FM, planning < 5 s on
 the paper's fleet with 6 jobs and < 60 s at 1,000 nodes with 20 jobs. A method that leaves a job
 unplaced has no comparable makespan and is reported as infeasible.
 """
@@ -75,7 +75,7 @@ def _finite(x: float) -> float | None:
 def _plan_row(method: str, jobs, net, bound: float) -> dict:
     """Plan with ``method`` and measure it (runs in a forked child; see :func:`_measure`)."""
     from hulk.errors import HulkError, InputError
-    from planner.commands.plan import planner_for
+    from planner.methods import planner_for
     from planner.core.evaluate import evaluate
 
     try:
@@ -175,7 +175,7 @@ def run_scenario(sc: Scenario, shared: Path, methods=METHODS, log=_log,
 
 
 def targets(results: list[dict]) -> dict:
-    """Issue 3's targets, checked on what was measured."""
+    """The targets (module docstring), checked on what was measured."""
     def row(name_prefix, method):
         for r in results:
             if r["scenario"].startswith(name_prefix):
@@ -216,7 +216,7 @@ def _fmt_x(x) -> str:
 
 
 def summarize(doc: dict) -> str:
-    """A markdown table per scenario (what `bench.run` puts in SUMMARY.md and the README)."""
+    """A markdown table per scenario (what `bench.run` puts in SUMMARY.md)."""
     from planner.commands.plan import fmt_s
 
     lines = ["Makespan by the reference cost model; *best A/B/C ÷ this* and *DT-FM ÷ this* say how "
@@ -244,7 +244,7 @@ def summarize(doc: dict) -> str:
                          f"{_fmt_x(row['best_abc_over_this'])} | {_fmt_x(row['dtfm_over_this'])} | "
                          f"{_fmt_x(row['x_compute_bound'])} | {row['planning_s']:.2f} s |")
         lines.append("")
-    lines.append("Targets (issue 3):")
+    lines.append("Targets:")
     lines.append("")
     for name, ok in doc["targets"].items():
         lines.append(f"- {name}: {'met' if ok else 'not measured' if ok is None else 'NOT met'}")

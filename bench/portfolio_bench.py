@@ -112,39 +112,33 @@ def _cpu_s() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def _forget_grids(net) -> None:
-    """Drop the stage grids the search keeps on the network object (planner.search.groups), so
-    that no run is timed with answers an earlier run computed."""
-    from planner.search.groups import forget_evaluations
-
-    forget_evaluations(net)
-
-
 def measure(method: str, jobs, net, stage_order: bool = True, **options) -> dict:
     """Plan with ``method`` as `hulk-planner plan --method M` would (``options``: its flags);
-    ``stage_order=False``: the search as it was before stage ordering and chains of
-    relocations (issue 14's baseline, planner.search.groups.STAGE_ORDER and
-    planner.search.chain.CHAINS)."""
-    from planner.search import chain, groups
-
-    groups.STAGE_ORDER = chain.CHAINS = stage_order
-    try:
-        return _measure(method, jobs, net, **options)
-    finally:
-        groups.STAGE_ORDER = chain.CHAINS = True
-
-
-def _measure(method: str, jobs, net, **options) -> dict:
+    ``stage_order=False`` (``search`` only): the search without stage ordering and chains of
+    relocations (``SearchOptions(stage_order=False, chains=False)``), the issue's baseline.
+    Every run starts cold: a search keeps its answers in its own run, never on the network."""
     from planner.commands.plan import planner_for
+
+    if stage_order:
+        fn = planner_for(method)
+        return _measure(lambda: fn(jobs, net, seed=0, **options), net)
+    if method != "search" or options:
+        raise ValueError("stage_order=False measures the plain search with its defaults only")
+    from planner.search import plan_search
+    from planner.search.options import SearchOptions
+
+    baseline = SearchOptions(stage_order=False, chains=False)
+    return _measure(lambda: plan_search(jobs, net, options=baseline), net)
+
+
+def _measure(plan_now, net) -> dict:
     from planner.core.evaluate import evaluate
     from planner.search.workers import wait_reaped
 
-    _forget_grids(net)
-    fn = planner_for(method)
     load_before = os.getloadavg()[0]
     cpu = _cpu_s()
     t = time.perf_counter()
-    plan = fn(jobs, net, seed=0, **options)
+    plan = plan_now()
     seconds = time.perf_counter() - t
     wait_reaped()   # the portfolio's killed workers count once reaped (after the timed part)
     cpu = _cpu_s() - cpu
@@ -152,7 +146,7 @@ def _measure(method: str, jobs, net, **options) -> dict:
     return {"makespan_s": report.makespan_s if math.isfinite(report.makespan_s) else None,
             "complete": report.complete, "planning_s": seconds, "cpu_s": cpu,
             "load_1min_before": round(load_before, 2), "notes": list(plan.notes),
-            "cut_short": any("budget ran out" in n or "safety cap" in n for n in plan.notes)}
+            "cut_short": plan.facts.cut_short}
 
 
 def measure_starts(jobs, net, count: int) -> dict:
@@ -161,7 +155,6 @@ def measure_starts(jobs, net, count: int) -> dict:
     from planner.search.portfolio import refine_starts
     from planner.search.workers import wait_reaped
 
-    _forget_grids(net)
     load_before = os.getloadavg()[0]
     cpu = _cpu_s()
     t = time.perf_counter()
@@ -300,7 +293,7 @@ def _budget_text(budget_s: float | None) -> str:
 
 
 def summarize(doc: dict) -> str:
-    """A markdown table (what `bench.run` puts in SUMMARY.md and the README)."""
+    """A markdown table (what `bench.run` puts in SUMMARY.md)."""
     from planner.commands.plan import fmt_s
 
     lines = [f"Default `plan` (portfolio, {doc['workers']} worker(s), default starts and stop: the "

@@ -31,7 +31,8 @@ from typing import Callable
 import numpy as np
 
 from hulk.errors import PlanningError
-from planner.core.costmodel import INFEASIBLE, Estimate, Placement, estimate, transfer_s
+from planner.core.costmodel import (INFEASIBLE, Estimate, Placement, estimate, max_replicas,
+                                    transfer_s)
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan, Unplaced
@@ -203,7 +204,7 @@ def dtfm_placement(job: Job, net: Network, nodes=None, *, seed: int = 0,
     screened = []
     for pool in pools:
         pool_nodes = np.concatenate(pool)
-        max_d = max(1, min(pool_nodes.size, int(net.mem[pool_nodes].sum() // job.state_bytes),
+        max_d = max(1, min(pool_nodes.size, max_replicas(job, net.mem[pool_nodes].sum()),
                            job.global_batch))
         ds = sorted({d for d in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128) if d <= max_d})
         for d in ds:

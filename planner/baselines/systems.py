@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from planner.core import costmodel as cm
 from planner.core.costmodel import (Estimate, Placement, Stage, estimate, micro_batches,
                                     sequential_totals)
 from planner.core.fleet import Network
@@ -50,7 +51,7 @@ def _order_shortest_first(placements: list[Placement], times: dict[str, float]) 
 
 def system_a_placement(job: Job, net: Network) -> Placement | Unplaced:
     """Data parallel: every node holding the whole model (16 P + A L bytes) is a replica, K = 1."""
-    need = job.state_bytes + job.activation_bytes() * job.layers
+    need = cm.whole_model_bytes(job)
     holders = np.flatnonzero(net.mem >= need).tolist()
     if not holders:
         biggest = float(net.mem.max()) if net.n else 0.0
@@ -68,7 +69,7 @@ def system_a_placement(job: Job, net: Network) -> Placement | Unplaced:
 def _per_layer_bytes(job: Job, num_stages: int) -> float:
     """One layer's memory on a GPipe stage (D = 1): 16 P / L + A min(M, K)."""
     m = micro_batches(job, 1, job.micro_batch)
-    return job.state_bytes / job.layers + job.activation_bytes() * min(m, num_stages)
+    return cm.layer_memory_bytes(job, job.micro_batch, m, num_stages)
 
 
 def _proportional_layers(total: int, weights: np.ndarray, caps: np.ndarray) -> np.ndarray | None:
@@ -145,13 +146,10 @@ def ring_allreduce_s(net: Network, ring: list[int], nbytes: float) -> float:
     n = len(ring)
     if n <= 1:
         return 0.0
-    src = np.array(ring)
-    dst = np.roll(src, -1)
-    a_max = float((net.rtt_ms[src, dst] / 2000.0).max())
-    bw_min = float(net.bw[src, dst].min())
+    a_max, bw_min = (float(x[0]) for x in cm.ring_links(net, np.array(ring)[None, :]))
     if not math.isfinite(a_max) or bw_min <= 0:
         return math.inf
-    return 2.0 * (n - 1) * (a_max + nbytes / (n * bw_min))
+    return cm.allreduce_s(n, a_max, nbytes, bw_min)
 
 
 def system_c_estimate(job: Job, net: Network, ring: list[int] | None = None) -> Estimate | Unplaced:
@@ -166,8 +164,10 @@ def system_c_estimate(job: Job, net: Network, ring: list[int] | None = None) -> 
         return Unplaced(job.name, f"System C: each node must hold {share / GB:.1f} GB, node "
                                   f"{net.nodes[short].id} has {net.mem[short] / GB:.1f} GB")
     ring = ring if ring is not None else nearest_neighbour_chain(net, range(n))
-    compute = 6.0 * job.params * job.seq_len * job.global_batch / (n * float(net.thr.min()))
-    m = math.ceil(job.global_batch / job.micro_batch)
+    # Every node computes 1/n of the iteration's 6 P s B FLOPs at the slowest node's pace.
+    compute = cm.compute_floor_s(6.0 * job.params * job.seq_len * job.global_batch,
+                                 n * float(net.thr.min()))
+    m = micro_batches(job, 1, job.micro_batch)
     communication = m * job.layers * 4 * ring_allreduce_s(net, ring, job.activation_bytes())
     if not math.isfinite(communication):
         return Unplaced(job.name, "System C: the nodes cannot all communicate (the fleet is split)")

@@ -3,6 +3,12 @@
 Every number a plan prints comes from :func:`estimate` and :func:`estimate_plan`; every planner
 (baselines, DT-FM-style peer, search, GNN) is judged by them. Keep this module a literal reading of
 the document: richer models go beside it as options, never into it.
+
+It is also the only home of the formulas' building blocks (stage and layer memory, micro-batch
+count, pipeline hop, pipeline time, ring all-reduce, compute floor): the search's screens, the
+baselines, Algorithm 1 and the GNN features call them, so they cannot drift from estimate().
+The per-layer forms the screens use (:func:`layer_memory_bytes`, :func:`allreduce_terms`) agree
+with it up to rounding; tests/planner/core/test_costmodel_agreement.py checks every promise.
 """
 
 from __future__ import annotations
@@ -82,11 +88,33 @@ def micro_batches(job: Job, replicas: int, micro_batch: int) -> int:
     return math.ceil(job.global_batch / replicas / micro_batch)
 
 
-def stage_memory_bytes(job: Job, layers: int, micro_batch: int, num_micro_batches: int,
-                       num_stages: int) -> float:
-    """Bytes every node of a stage with ``layers`` layers holds: 16 P l/L + A l min(M, K)."""
+def stage_memory_bytes(job: Job, layers, micro_batch: int, num_micro_batches: int,
+                       num_stages: int):
+    """Bytes every node of a stage with ``layers`` layers (an int or an array of them) holds:
+    16 P l/L + A l min(M, K)."""
     return (job.state_bytes * layers / job.layers
             + job.activation_bytes(micro_batch) * layers * min(num_micro_batches, num_stages))
+
+
+def layer_memory_bytes(job: Job, micro_batch: int, num_micro_batches: int,
+                       num_stages: int) -> float:
+    """Bytes one layer adds on every node of its stage: 16 P / L + A min(M, K), the slope of
+    :func:`stage_memory_bytes` (a node of memory m holds floor(m / this) layers, up to
+    rounding)."""
+    return (job.state_bytes / job.layers
+            + job.activation_bytes(micro_batch) * min(num_micro_batches, num_stages))
+
+
+def whole_model_bytes(job: Job) -> float:
+    """Bytes one node holding every layer needs at the job's micro-batch: 16 P + A L, that is
+    :func:`stage_memory_bytes` with l = L and K = 1 (without the l / L, which can round)."""
+    return job.state_bytes + job.activation_bytes() * job.layers
+
+
+def max_replicas(job: Job, total_memory: float) -> int:
+    """Most data-parallel replicas ``total_memory`` bytes can hold: each replica holds the
+    model's whole state, 16 P (activations left out, so an upper bound)."""
+    return int(total_memory // job.state_bytes)
 
 
 def problems(placement: Placement, net: Network) -> list[str]:
@@ -130,6 +158,50 @@ def transfer_s(net: Network, src, dst, act: float):
     return 2.0 * (net.rtt_ms[src, dst] / 2000.0 + act / net.bw[src, dst])
 
 
+def pipeline_s(compute, transfer, num_micro_batches: int):
+    """T_pipe = sum_k c_k + sum_k x_k + (M - 1) max(max_k c_k, max_k x_k) over the stages
+    (axis 0) of ``compute`` (K, ...) and ``transfer`` (K - 1, ...): one time per replica.
+    ``transfer`` None leaves the hops out (the compute part of the pipeline)."""
+    if transfer is None:
+        return compute.sum(axis=0) + (num_micro_batches - 1) * compute.max(axis=0)
+    longest = np.maximum(compute.max(axis=0), transfer.max(axis=0, initial=0.0))
+    return compute.sum(axis=0) + transfer.sum(axis=0) + (num_micro_batches - 1) * longest
+
+
+def ring_links(net: Network, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a_max, bw_min) of each row of ``grid`` (K, D) taken as a cyclic ring: the largest
+    one-way latency a = RTT / 2 (seconds) and the smallest bandwidth between ring neighbours."""
+    ring_next = np.concatenate((grid[:, 1:], grid[:, :1]), axis=1)   # np.roll(grid, -1, 1)
+    a_max = (net.rtt_ms[grid, ring_next] / 2000.0).max(axis=1)
+    bw_min = net.bw[grid, ring_next].min(axis=1)
+    return a_max, bw_min
+
+
+def gradient_bytes(job: Job, layers):
+    """S = 2 P l / L: bytes of the gradients of ``layers`` layers (fp16)."""
+    return 2.0 * job.params * layers / job.layers
+
+
+def allreduce_s(replicas: int, a_max, nbytes, bw_min):
+    """Ring all-reduce of ``nbytes`` over ``replicas`` nodes: 2 (D - 1) (a_max + S / (D bw_min))."""
+    return 2.0 * (replicas - 1) * (a_max + nbytes / (replicas * bw_min))
+
+
+def allreduce_terms(replicas: int, a_max, layer_bytes, bw_min):
+    """:func:`allreduce_s` split as base + per_layer * l for screens that vary a stage's layer
+    count l (equal up to rounding): (2 (D - 1) a_max, 2 (D - 1) S_1 / (D bw_min)), S_1 the
+    bytes of one layer."""
+    base = 2.0 * (replicas - 1) * a_max
+    per_layer = 2.0 * (replicas - 1) * layer_bytes / (replicas * bw_min)
+    return base, per_layer
+
+
+def compute_floor_s(flops: float, throughput: float) -> float:
+    """Least seconds ``flops`` FLOPs take on nodes of summed ``throughput`` FLOP/s: within an
+    iteration every node computes its share of the micro-batches, so no placement is faster."""
+    return flops / throughput
+
+
 def estimate(placement: Placement, net: Network) -> Estimate:
     """Iteration time T = max_p T_pipe(p) + max_k T_ar(k), its compute and communication parts."""
     # Links between components have bw 0 and rtt inf: the division gives inf, which is the answer.
@@ -153,27 +225,21 @@ def _estimate(placement: Placement, net: Network) -> Estimate:
         transfer = transfer_s(net, src, dst, act)
     else:
         transfer = np.zeros((0, d))
-    longest = np.maximum(compute.max(axis=0), transfer.max(axis=0, initial=0.0))
-    pipe = compute.sum(axis=0) + transfer.sum(axis=0) + (m - 1) * longest   # T_pipe(p), (D,)
-    pipe_compute = compute.sum(axis=0) + (m - 1) * compute.max(axis=0)
+    pipe = pipeline_s(compute, transfer, m)             # T_pipe(p), (D,)
+    pipe_compute = pipeline_s(compute, None, m)
 
     if d > 1:
-        ring_next = np.concatenate((nodes[:, 1:], nodes[:, :1]), axis=1)   # np.roll(nodes, -1, 1)
-        a_max = (net.rtt_ms[nodes, ring_next] / 2000.0).max(axis=1)        # (K,)
-        bw_min = net.bw[nodes, ring_next].min(axis=1)
-        grad_bytes = 2.0 * job.params * layers / job.layers
-        allreduce = 2.0 * (d - 1) * (a_max + grad_bytes / (d * bw_min))
+        a_max, bw_min = ring_links(net, nodes)          # (K,)
+        allreduce = allreduce_s(d, a_max, gradient_bytes(job, layers), bw_min)
     else:
         allreduce = np.zeros(k_stages)
 
-    pipeline_s = float(pipe.max())
-    allreduce_s = float(allreduce.max())
-    iteration = pipeline_s + allreduce_s
+    pipe_max = float(pipe.max())
+    allreduce_max = float(allreduce.max())
+    iteration = pipe_max + allreduce_max
     compute_s = float(pipe_compute.max())
 
-    # stage_memory_bytes for every stage at once (the same operations in the same order).
-    need = (job.state_bytes * layers / job.layers
-            + act * layers * min(m, k_stages))
+    need = stage_memory_bytes(job, layers, b, m, k_stages)
     mem = net.mem[nodes]
     fraction = float((need[:, None] / mem).max()) if mem.min() > 0 else math.inf
     return Estimate(
@@ -182,8 +248,8 @@ def _estimate(placement: Placement, net: Network) -> Estimate:
         communication_s=iteration - compute_s,
         job_s=job.steps * iteration,
         micro_batches=m,
-        pipeline_s=pipeline_s,
-        allreduce_s=allreduce_s,
+        pipeline_s=pipe_max,
+        allreduce_s=allreduce_max,
         memory_ok=fraction <= 1.0,
         peak_memory_fraction=fraction,
     )
@@ -233,4 +299,4 @@ def sequential_totals(job_times: dict[str, float]) -> tuple[float, float]:
 
 def compute_bound_s(jobs: list[Job], net: Network) -> float:
     """docs/COSTMODEL.md section 7: all jobs' FLOPs over the whole fleet's summed throughput."""
-    return sum(j.total_flops for j in jobs) / float(net.thr.sum())
+    return compute_floor_s(sum(j.total_flops for j in jobs), float(net.thr.sum()))

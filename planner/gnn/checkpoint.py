@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from hulk.atomic import atomic_file
 from hulk.errors import InputError
 from hulk.settings import env
 from planner.gnn.features import FeatureStats
@@ -59,9 +60,8 @@ def save(path: str | os.PathLike, model: HulkGNN, stats: FeatureStats, *, metric
         "metrics": dict(metrics or {}),
         "meta": dict(meta or {}),
     }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(blob, tmp)
-    tmp.replace(path)
+    with atomic_file(path, binary=True) as handle:
+        torch.save(blob, handle)
     return path
 
 

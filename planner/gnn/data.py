@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from hulk.atomic import atomic_file
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan
@@ -107,14 +108,14 @@ def best_of_starts(jobs: list[Job], net: Network, seed: int, budget_s: float,
     random groupings; the plan of least makespan and the name of its start."""
     from planner.core.costmodel import estimate_plan
     from planner.gnn.starts import random_scores
-    from planner.search import network_clusters, plan_search
+    from planner.search import SearchOptions, network_clusters, plan_search
 
     labels = network_clusters(net)
     best = None
     starts = [("heuristic", None)] + [(f"random-{r}", random_scores(jobs, net, seed * 31 + r, labels))
                                       for r in range(random_starts)]
     for name, scores in starts:
-        plan = plan_search(jobs, net, seed=seed, budget_s=budget_s, initial=scores)
+        plan = plan_search(jobs, net, options=SearchOptions(budget_s=budget_s), initial=scores)
         makespan = float(estimate_plan(plan.placements, net).makespan_s)
         if best is None or makespan < best[0] * (1 - 1e-9):
             best = (makespan, plan, name)
@@ -193,11 +194,10 @@ def load_examples(seed: int, count: int, *, cache: Path | None = None,
             return
         path = _cache_path(cache, spec, budget_s)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save({"groups": torch.from_numpy(result[0]), "shares": torch.from_numpy(result[1]),
-                    "makespan_s": result[2],
-                    "spec": spec.__dict__}, tmp)
-        tmp.replace(path)
+        with atomic_file(path, binary=True) as handle:
+            torch.save({"groups": torch.from_numpy(result[0]),
+                        "shares": torch.from_numpy(result[1]), "makespan_s": result[2],
+                        "spec": spec.__dict__}, handle)
 
     # Largest first so the slow instances do not end up alone at the tail.
     todo.sort(key=lambda s: -s.nodes)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from planner.core.costmodel import layer_memory_bytes
 from planner.core.fleet import GBIT, Network
 from planner.core.jobs import Job
 
@@ -210,7 +211,7 @@ def featurize(jobs: list[Job], net: Network, *, k_near: int = K_NEAR,
     job_x = np.zeros((num, JOB_DIM))
     pair_x = np.zeros((n, num, PAIR_DIM))
     for k, job in enumerate(jobs):
-        per_layer = job.state_bytes / job.layers + job.activation_bytes()
+        per_layer = layer_memory_bytes(job, job.micro_batch, 1, 1)   # one stage: min(M, K) = 1
         layers_fit = net.mem / per_layer
         pair_x[:, k, 0] = np.log2(np.clip(layers_fit, 1e-3, None) / job.layers)
         pair_x[:, k, 1] = (layers_fit >= job.layers).astype(float)

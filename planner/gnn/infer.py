@@ -29,7 +29,8 @@ from planner.core.jobs import Job
 from planner.core.plan import Plan
 from planner.gnn import checkpoint as ckpt
 from planner.gnn import features as F
-from planner.search import best_placement, network_clusters, plan_search
+from planner.search import Effort, best_placement, network_clusters, plan_search
+from planner.search.groups import GridCache
 from planner.search.algorithm1 import (Grouping, algorithm1, component_labels, fits,
                                        memory_threshold, take_until_fit)
 
@@ -215,20 +216,23 @@ def coherent_scores(jobs: list[Job], net: Network, scores: np.ndarray,
 
 
 def grouping_plan(jobs: list[Job], net: Network, scores: np.ndarray,
-                  method: str = "gnn-raw", effort: str = "normal",
-                  grouping: Grouping | None = None) -> tuple[Plan, Grouping]:
+                  method: str = "gnn-raw", effort: Effort = Effort.NORMAL,
+                  grouping: Grouping | None = None, cache: GridCache | None = None
+                  ) -> tuple[Plan, Grouping]:
     """Algorithm 1 on ``scores`` (or a ready ``grouping``), then the best placement of each job
-    inside its own group at the search planner's ``effort``."""
+    inside its own group at the search planner's ``effort`` (``cache``: the solver's answers,
+    planner.search.groups.GridCache, shared between calls on ``net``)."""
     if grouping is None:
         grouping = algorithm1(jobs, net, scores)
     by_name = {j.name: j for j in jobs}
     placements = []
     for name, members in grouping.groups.items():
-        placement, _ = best_placement(by_name[name], list(members), net, effort=effort)
+        placement, _ = best_placement(by_name[name], list(members), net, effort=effort,
+                                      cache=cache)
         placements.append(_with_phase(placement, grouping.phase[name]))
     order = {j.name: k for k, j in enumerate(jobs)}
     placements.sort(key=lambda p: (p.phase, order[p.job.name]))
-    return Plan(method=method, placements=placements, notes=list(grouping.notes)), grouping
+    return Plan(method=method, placements=placements, notes=grouping.remarks()), grouping
 
 
 def best_grouping_plan(jobs: list[Job], net: Network, probs: np.ndarray,
@@ -240,11 +244,12 @@ def best_grouping_plan(jobs: list[Job], net: Network, probs: np.ndarray,
     placement of the closest candidates (for ``plan_gnn(refine=True)``, whose search refinement
     starts from the grouping and places every job again anyway)."""
     labels = network_clusters(net)
+    cache = GridCache(net)   # the candidates share many groups
     candidates = [coherent_scores(jobs, net, probs, labels, widen=w) for w in widen]
     candidates.append(balance_scores(probs, net.thr))
     tried = []
     for scores in candidates:
-        plan, grouping = grouping_plan(jobs, net, scores, method="gnn-raw")
+        plan, grouping = grouping_plan(jobs, net, scores, method="gnn-raw", cache=cache)
         tried.append((estimate_plan(plan.placements, net).makespan_s, plan, grouping))
     tried.sort(key=lambda t: t[0])
     # The groupings close to the best once more, each job placed with the search's full effort
@@ -253,7 +258,8 @@ def best_grouping_plan(jobs: list[Job], net: Network, probs: np.ndarray,
     for makespan, _, grouping in (tried if full_effort else []):
         if makespan > 1.5 * tried[0][0]:
             break
-        plan, _ = grouping_plan(jobs, net, None, method="gnn-raw", effort="full", grouping=grouping)
+        plan, _ = grouping_plan(jobs, net, None, method="gnn-raw", effort=Effort.FULL,
+                                grouping=grouping, cache=cache)
         full = estimate_plan(plan.placements, net).makespan_s
         if full < best[0]:
             best = (full, plan, grouping)
@@ -264,30 +270,31 @@ def _with_phase(placement, phase: int):
     return replace(placement, phase=phase) if placement.phase != phase else placement
 
 
-def _search(jobs, net, *, seed, progress, initial=None, **kwargs) -> Plan:
+def _search(jobs, net, *, progress, initial=None, **kwargs) -> Plan:
     extra = {"initial": initial} if initial is not None else {}
     if progress is not None:
         extra["progress"] = progress
-    return plan_search(jobs, net, seed=seed, **extra, **kwargs)
+    return plan_search(jobs, net, **extra, **kwargs)
 
 
-def plan_gnn(jobs: list[Job], net: Network, *, seed: int = 0,
+def plan_gnn(jobs: list[Job], net: Network, *,
              checkpoint: str | os.PathLike | None = None, refine: bool = True,
              progress: Callable | None = None, **search_kwargs) -> Plan:
     """Plan ``jobs`` on ``net`` with the GNN (see module docstring). ``checkpoint`` defaults to
-    HULK_MODEL, else the shipped model. Extra keyword arguments go to ``plan_search``."""
+    HULK_MODEL, else the shipped model. Extra keyword arguments go to ``plan_search``. It takes
+    no seed: the GNN and the search are deterministic."""
     try:
         model = load_cached(checkpoint)
     except ckpt.CheckpointError as exc:
         log.warning("GNN unavailable, planning with search instead: %s", exc)
-        plan = _search(jobs, net, seed=seed, progress=progress, **search_kwargs)
+        plan = _search(jobs, net, progress=progress, **search_kwargs)
         plan.notes.append(f"GNN checkpoint unavailable ({exc}); planned by search instead")
         return plan
     raw, grouping = best_grouping_plan(jobs, net, node_scores(jobs, net, model),
                                        full_effort=not refine)
     if not refine:
         return raw
-    plan = _search(jobs, net, seed=seed, progress=progress, initial=grouping, **search_kwargs)
+    plan = _search(jobs, net, progress=progress, initial=grouping, **search_kwargs)
     plan.method = "gnn"
     plan.notes = raw.notes + [n for n in plan.notes if n not in raw.notes]
     return plan

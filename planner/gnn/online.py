@@ -8,8 +8,9 @@ its validation accuracy on held-out job sets of the current fleet beats the acti
 previous checkpoint is kept beside it as ``<name>.prev.pt``.
 
 ``hulk-planner serve --model-dir`` schedules :func:`retrain_on_change`'s check as a background
-task and re-plans with :func:`serve_search`; this module knows neither the serve runtime nor its
-flags (planner/commands/serve.py does).
+task and re-plans with planner.methods.serve_planner, the GNN's scores one more start of the
+portfolio; this module knows neither the serve runtime nor its flags (planner/commands/serve.py
+does).
 """
 
 from __future__ import annotations
@@ -237,7 +238,8 @@ def retrain_on_change(read_fleet: Callable[[], Fleet], retrainer: Retrainer,
     Each call reads the fleet with ``read_fleet`` (the caller runs it where that read may happen:
     serve's store thread) and, when the fleet has changed beyond ``thresholds``, hands it to
     ``retrainer``; it returns at once, True when fine-tuning started. Re-planning then uses the
-    retrainer's checkpoint (:func:`serve_search`); the loader notices a switched file by its mtime.
+    retrainer's checkpoint (planner.methods.serve_planner); the loader notices a switched file by
+    its mtime.
     """
     watch = RetrainWatch(retrainer, thresholds)
 
@@ -280,18 +282,3 @@ def append_result(path: Path, result: RetrainResult) -> None:
            "checkpoint": str(result.path) if result.path else None}
     with path.open("a") as f:
         f.write(json.dumps(row) + "\n")
-
-
-def serve_search(active: Path | None):
-    """The planning function serve's re-planner uses: the GNN with the active checkpoint (it
-    falls back to search with a warning when the checkpoint is missing or damaged), or the search
-    planner when there is no model dir."""
-    if active is None:
-        from planner.search import plan_search
-
-        return plan_search
-    from functools import partial
-
-    from planner.gnn.infer import plan_gnn
-
-    return partial(plan_gnn, checkpoint=active)

@@ -36,7 +36,7 @@ Pipeline of the planner, one module per step, every step judged by the reference
    nodes. Each step is kept only when the makespan drops.
 7. **Chains of relocations** (:mod:`.chain`): the critical job moves into another job's place,
    that job into a third's (or the critical job's old one), and the third to what is left,
-   possibly a share of the first place split with the critical job; judged at the ``normal``
+   possibly a share of the first place split with the critical job; judged at the NORMAL
    effort, the first place with a chain that shortens the makespan is taken, then steps 5-6 run
    again (at most three chains per phase).
 8. **A portfolio of starts** (:mod:`.portfolio`, :func:`plan_portfolio`, ``--method portfolio``,
@@ -50,17 +50,24 @@ Pipeline of the planner, one module per step, every step judged by the reference
 context. The DT-FM-style peer (planner.baselines.dtfm) and the GNN (planner.gnn) reuse the
 public parts of steps 1, 3 and 4.
 
-Determinism: all choices depend only on the inputs (ties broken by node index); ``seed`` is
-accepted like every method's and changes nothing. The amount of work is set by ``max_rounds``
-and the efforts (:data:`EFFORTS`); ``budget_s`` is only a wall-clock safety cap. When the cap is
-hit the plan is still valid but may differ between runs, and a note says so.
+Options are values (:mod:`.options`): :class:`SearchOptions` (rounds of moves, the wall-clock
+safety cap, stage ordering and chains on or off) travels with each run down to the solver, and
+the solver's effort is an :class:`Effort`. A run keeps its own tables of answers; nothing is
+kept on the network.
+
+Determinism: all choices depend only on the inputs and the options (ties broken by node index);
+the search takes no seed. The amount of work is set by ``max_rounds`` and the efforts;
+``budget_s`` is only a wall-clock safety cap. When the cap is hit the plan is still valid but
+may differ between runs: ``plan.facts.cut_short`` says so (and a note, for people).
 """
 
 from planner.search.clusters import CLUSTER_RTT_MS, cluster_labels, network_clusters
-from planner.search.groups import EFFORTS, Effort, best_placement
+from planner.search.groups import best_placement
 from planner.search.heuristics import heuristic_scores
+from planner.search.options import Effort, EffortParams, SearchOptions
 from planner.search.portfolio import plan_portfolio
 from planner.search.refine import plan_search
 
-__all__ = ["CLUSTER_RTT_MS", "EFFORTS", "Effort", "best_placement", "cluster_labels",
-           "heuristic_scores", "network_clusters", "plan_portfolio", "plan_search"]
+__all__ = ["CLUSTER_RTT_MS", "Effort", "EffortParams", "SearchOptions", "best_placement",
+           "cluster_labels", "heuristic_scores", "network_clusters", "plan_portfolio",
+           "plan_search"]

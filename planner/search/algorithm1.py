@@ -33,17 +33,34 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
 from hulk.errors import PlanningError
+from planner.core import costmodel as cm
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 
 
 @dataclass(frozen=True)
 class Grouping:
-    """Algorithm 1's output: job name -> node indices and phase (0 = now, 1, 2 ... wait)."""
+    """Algorithm 1's output: job name -> node indices and phase (0 = now, 1, 2 ... wait).
+
+    ``notes``: remarks for people on merges and waits. ``unscored``: the jobs the class scores
+    gave no node, as (place among the notes, job name, remark); a caller whose scores are only
+    a start drops them, and :meth:`remarks` gives every remark in the order they were made."""
 
     groups: dict[str, tuple[int, ...]]
     phase: dict[str, int]
     notes: list[str] = field(default_factory=list)
+    unscored: tuple[tuple[int, str, str], ...] = ()
+
+    @property
+    def unscored_jobs(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(name for _, name, _ in self.unscored))
+
+    def remarks(self) -> list[str]:
+        """The notes with the remarks on unscored jobs put back where they were made."""
+        out = list(self.notes)
+        for place, _, text in reversed(self.unscored):
+            out.insert(place, text)
+        return out
 
     def phases(self) -> list[int]:
         return sorted(set(self.phase.values()))
@@ -52,10 +69,10 @@ class Grouping:
         return [name for name, p in self.phase.items() if p == phase]
 
 
-def per_layer_bytes(job: Job, micro_batch: int, num_stages: int, replicas: int = 1) -> float:
-    """Bytes one layer costs on a node: 16 P / L + A min(M, K) (docs/COSTMODEL.md section 4)."""
-    m = math.ceil(job.global_batch / replicas / micro_batch)
-    return job.state_bytes / job.layers + job.activation_bytes(micro_batch) * min(m, num_stages)
+def _layer_bytes(job: Job, micro_batch: int, num_stages: int) -> float:
+    """Bytes one layer costs on a node of a one-replica pipeline of ``num_stages`` stages."""
+    m = cm.micro_batches(job, 1, micro_batch)
+    return cm.layer_memory_bytes(job, micro_batch, m, num_stages)
 
 
 def memory_threshold(job: Job, num_stages: int | None = None) -> float:
@@ -63,7 +80,7 @@ def memory_threshold(job: Job, num_stages: int | None = None) -> float:
     model, ``16 P + A L min(M, K)``, at the job's own micro-batch with ``K`` stages (default: as
     many as a one-layer-per-stage pipeline could need, capped by the layer count)."""
     k = job.layers if num_stages is None else max(1, min(num_stages, job.layers))
-    return per_layer_bytes(job, job.micro_batch, k) * job.layers
+    return _layer_bytes(job, job.micro_batch, k) * job.layers
 
 
 def layer_capacity(job: Job, mem: np.ndarray, micro_batch: int | None = None) -> int:
@@ -76,7 +93,7 @@ def layer_capacity(job: Job, mem: np.ndarray, micro_batch: int | None = None) ->
     # K is at most the number of nodes and the number of layers; a larger K only raises the
     # per-layer cost, so using that upper bound is conservative.
     k = max(1, min(int(mem.size), job.layers))
-    u = per_layer_bytes(job, b, k)
+    u = _layer_bytes(job, b, k)
     return int(np.floor(mem / u).sum())
 
 
@@ -128,6 +145,7 @@ def algorithm1(jobs: list[Job], net: Network, scores: np.ndarray, *,
     groups: dict[str, tuple[int, ...]] = {}
     phase_of: dict[str, int] = {}
     notes: list[str] = []
+    unscored: list[tuple[int, str, str]] = []
     pending = list(range(num))
     phase = 0
     limit = max_phases if max_phases is not None else num
@@ -136,7 +154,7 @@ def algorithm1(jobs: list[Job], net: Network, scores: np.ndarray, *,
             raise PlanningError(f"could not place jobs {[jobs[j].name for j in pending]} "
                                 f"within {limit} phases")
         placed = _one_phase(jobs, net, scores, pending, can_fit, comp_nodes, labels, threshold,
-                            notes, phase)
+                            notes, unscored, phase)
         if not placed:  # cannot happen (the hardest job always absorbs its component); be safe
             raise PlanningError(f"Algorithm 1 made no progress in phase {phase}")
         for j, members in placed.items():
@@ -144,11 +162,11 @@ def algorithm1(jobs: list[Job], net: Network, scores: np.ndarray, *,
             phase_of[jobs[j].name] = phase
         pending = [j for j in pending if j not in placed]
         phase += 1
-    return Grouping(groups, phase_of, notes)
+    return Grouping(groups, phase_of, notes, tuple(unscored))
 
 
 def _one_phase(jobs, net, scores, pending, can_fit, comp_nodes, labels, threshold, notes,
-               phase) -> dict[int, np.ndarray]:
+               unscored, phase) -> dict[int, np.ndarray]:
     n = net.n
     cols = pending + [len(jobs)]
     sub = scores[:, cols]
@@ -172,8 +190,8 @@ def _one_phase(jobs, net, scores, pending, can_fit, comp_nodes, labels, threshol
         outside = mine & (labels != best_c)
         owner[outside] = -1
         if not mine.any() or not (mine & (labels == best_c)).any():
-            notes.append(f"phase {phase}: {jobs[j].name} got no node by score; "
-                         f"grows from component {best_c}")
+            unscored.append((len(notes), jobs[j].name, f"phase {phase}: {jobs[j].name} got no "
+                             f"node by score; grows from component {best_c}"))
         home[j] = best_c
 
     order = sorted(pending, key=lambda j: (-threshold[j], j))

@@ -16,6 +16,7 @@ import math
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from planner.core import costmodel as cm
 from planner.core.costmodel import Placement, Stage, transfer_s
 from planner.core.fleet import Network
 from planner.core.jobs import Job
@@ -117,7 +118,8 @@ def balance_layers(job: Job, stage_thr: np.ndarray, caps: np.ndarray) -> np.ndar
     """Layers per stage minimising max(l_k / thr_k) with 1 <= l_k <= cap_k, sum = L (greedy
     water-filling, exact for this objective). None when memory cannot hold the model."""
     # Python scalars throughout: this runs for every candidate grid, and numpy calls on arrays
-    # of a few elements cost more than the arithmetic; every step computes what numpy did.
+    # of a few elements cost more than the arithmetic; every step gives the floats that
+    # _balance_layers_numpy would.
     k = stage_thr.size
     n_layers = job.layers
     cap = caps.tolist()
@@ -126,7 +128,7 @@ def balance_layers(job: Job, stage_thr: np.ndarray, caps: np.ndarray) -> np.ndar
     if n_layers == k:
         return np.ones(k, dtype=np.int64)
     thr = stage_thr.tolist()
-    total = float(stage_thr.sum())          # numpy's pairwise sum, as before
+    total = float(stage_thr.sum())          # numpy's pairwise sum: the numpy path's total
     # A finite total means no throughput is infinite or NaN; then all are in (0, inf) when
     # the smallest is positive.
     if not (math.isfinite(total) and total > 0 and min(thr) > 0):
@@ -170,10 +172,10 @@ def _balance_layers_numpy(job: Job, stage_thr: np.ndarray, caps: np.ndarray) -> 
 def placement_from_grid(job: Job, net: Network, grid: np.ndarray, b: int) -> Placement | None:
     """Layers for a K x D grid (dropping stages that cannot hold a layer); None if infeasible."""
     d = grid.shape[1]
-    m = math.ceil(job.global_batch / d / b)
+    m = cm.micro_batches(job, d, b)
     while grid.shape[0] > 0:
         k = grid.shape[0]
-        u = job.state_bytes / job.layers + job.activation_bytes(b) * min(m, k, job.layers)
+        u = cm.layer_memory_bytes(job, b, m, min(k, job.layers))
         caps = np.floor(net.mem[grid].min(axis=1) / u).astype(np.int64)
         if (caps < 1).any():
             grid = grid[caps >= 1]
@@ -216,22 +218,17 @@ def _trade_allreduce(job: Job, net: Network, grid: np.ndarray, b: int, m: int,
     (which grows with its layers) dominates. Try caps on every stage's all-reduce time and keep
     the split with the lowest approximate iteration time (pipeline + slowest all-reduce)."""
     k, d = grid.shape
-    ring_next = np.concatenate((grid[:, 1:], grid[:, :1]), axis=1)   # np.roll(grid, -1, 1)
-    a_max = (net.rtt_ms[grid, ring_next] / 2000.0).max(axis=1)
-    bw_min = net.bw[grid, ring_next].min(axis=1)
-    per_layer_ar = 2.0 * (d - 1) * (2.0 * job.params / job.layers) / (d * bw_min)   # s per layer
-    base_ar = 2.0 * (d - 1) * a_max
+    a_max, bw_min = cm.ring_links(net, grid)
+    base_ar, per_layer_ar = cm.allreduce_terms(d, a_max, cm.gradient_bytes(job, 1), bw_min)
     f = job.flops_per_layer(b)
+    hops = None
     if k > 1:
         src, dst = grid[:-1], grid[1:]
         hops = transfer_s(net, src, dst, job.activation_bytes(b)).max(axis=1)
-        hop_max, hop_sum = float(hops.max()), float(hops.sum())
-    else:
-        hop_max = hop_sum = 0.0
 
     def approx(lay: np.ndarray) -> float:
-        c = f * lay / stage_thr
-        return (float(c.sum()) + hop_sum + (m - 1) * max(float(c.max()), hop_max)
+        c = f * lay / stage_thr   # every stage as its slowest replica
+        return (float(cm.pipeline_s(c, hops, m))
                 + float((base_ar + per_layer_ar * lay).max()))
 
     best, best_t = layers, approx(layers)

@@ -11,7 +11,7 @@ linkage clusters can span a continent, and the solvers judge a job on a cluster'
 shape), and "what is left" is t's own leftovers, C's old nodes, what C leaves of d's place, or a
 share of d's place split with C (:func:`split_pool`: C on the k fastest nodes, t on the rest,
 k by bisection where their times cross). Such a chain is kept when every job it moves ends
-before the current makespan: the makespan drops. Candidates are judged at the ``normal``
+before the current makespan: the makespan drops. Candidates are judged at the NORMAL
 effort, since the cheapest effort keeps the job's current (D, b) and misjudges a move to a
 cluster of another shape by up to 2.3x (gpt3-13b on a 61-server cluster: 4.02 h against
 2.40 h). Places (and their parts) for C are tried in order of C's time there, those of the
@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.core.costmodel import Estimate, Placement
+from planner.core.costmodel import compute_floor_s
+from planner.search.groups import Solved
+from planner.search.options import Effort
 from planner.search.state import JobState, SearchRun
 
-CHAINS = True             # the default of plan_search(chains=None); benchmarks of the
-                          # search as it was before this step switch it off
-CHAIN_EFFORT = "normal"
+CHAIN_EFFORT = Effort.NORMAL
 CHAIN_ROUNDS = 3          # chains per phase (each followed by the refinement's moves)
 CHAIN_DONORS = 4          # jobs whose places are tried for the critical job (most promising)
 CHAIN_TARGETS = 4         # places tried for the displaced job
@@ -45,8 +45,6 @@ TIGHT_RADIUS_MS = 10.0    # parts of a place tried for C: within this RTT of one
 TIGHT_PARTS = 2
 CORE_MS = 2.0             # a city and its metro: the centre of a tight part
 
-Solution = tuple[Placement, Estimate]
-
 
 def _free_near(run: SearchRun, group: np.ndarray, free: np.ndarray) -> np.ndarray:
     """The nodes of ``free`` in ``group``'s locality clusters."""
@@ -54,16 +52,16 @@ def _free_near(run: SearchRun, group: np.ndarray, free: np.ndarray) -> np.ndarra
 
 
 def _solve(run: SearchRun, state: JobState, pool: np.ndarray,
-           limit: float = np.inf) -> Solution | None:
+           limit: float = np.inf) -> Solved | None:
     """``state``'s job solved on ``pool``; None when it does not fit, or when even all of the
     pool's FLOP/s could not finish it before ``limit`` (every node computes its share of the
     job's 6 P s B steps FLOPs within the job's time, so that time is at least the FLOPs over
     the pool's summed throughput: the solve is skipped)."""
     thr = float(run.net.thr[pool].sum()) if pool.size else 0.0
-    if not thr > 0 or state.job.total_flops / thr >= limit:
+    if not thr > 0 or compute_floor_s(state.job.total_flops, thr) >= limit:
         return None
-    p, e = run.solve(state.job, pool, CHAIN_EFFORT, state.hint)
-    return None if p is None else (p, e)
+    solved = run.solve(state.job, pool, CHAIN_EFFORT, state.hint)
+    return None if solved.placement is None else solved
 
 
 def tight_parts(rtt_ms: np.ndarray, thr: np.ndarray, pool: np.ndarray,
@@ -99,7 +97,7 @@ def tight_parts(rtt_ms: np.ndarray, thr: np.ndarray, pool: np.ndarray,
 
 
 def split_pool(run: SearchRun, a: JobState, b: JobState, pool: np.ndarray,
-               limit: float) -> tuple[Solution, Solution] | None:
+               limit: float) -> tuple[Solved, Solved] | None:
     """``a`` on the k fastest nodes of ``pool`` and ``b`` on the rest, k by bisection where
     their times cross; the split with the lowest longer time, if that is under ``limit``."""
     order = pool[np.lexsort((pool, -run.net.thr[pool]))]
@@ -108,8 +106,8 @@ def split_pool(run: SearchRun, a: JobState, b: JobState, pool: np.ndarray,
     while lo <= hi and not run.out_of_time():
         k = (lo + hi) // 2
         sa, sb = _solve(run, a, order[:k], limit), _solve(run, b, order[k:], limit)
-        ta = np.inf if sa is None else sa[1].job_s
-        tb = np.inf if sb is None else sb[1].job_s
+        ta = np.inf if sa is None else sa.estimate.job_s
+        tb = np.inf if sb is None else sb.estimate.job_s
         if sa is not None and sb is not None and (best is None or max(ta, tb) < best[0]):
             best = (max(ta, tb), sa, sb)
         if ta > tb:
@@ -140,14 +138,14 @@ def chain_move(run: SearchRun, states: dict[str, JobState]) -> bool:
         pool_c = np.union1d(states[d].group, _free_near(run, states[d].group, free))
         for part, pool in enumerate([pool_c] + tight_parts(run.net.rtt_ms, run.net.thr, pool_c)):
             sc = _solve(run, cs, pool, limit)
-            if sc is not None and sc[1].job_s < limit:
-                places.append((sc[1].job_s, d, part, pool_c, sc))
+            if sc is not None and sc.estimate.job_s < limit:
+                places.append((sc.estimate.job_s, d, part, pool_c, sc))
     places.sort(key=lambda x: (x[0], x[1], x[2]))
     donors = list(dict.fromkeys(x[1] for x in places))[:CHAIN_DONORS]
     splits = [CHAIN_SPLITS]
     for _, d, _, pool_c, sc in (x for x in places if x[1] in donors):
         ds = states[d]
-        left_c = np.setdiff1d(pool_c, sc[0].nodes)
+        left_c = np.setdiff1d(pool_c, sc.placement.nodes)
         # Free once C has moved: the free nodes outside d's place, C's old group, C's leftovers.
         free2 = np.union1d(np.union1d(np.setdiff1d(free, pool_c), cs.group), left_c)
         homes = []
@@ -156,8 +154,8 @@ def chain_move(run: SearchRun, states: dict[str, JobState]) -> bool:
                 return False
             base = cs.group if t is None else states[t].group
             sd = _solve(run, ds, np.union1d(base, _free_near(run, base, free2)), limit)
-            if sd is not None and sd[1].job_s < limit:
-                homes.append((sd[1].job_s, "" if t is None else t, t, sd))
+            if sd is not None and sd.estimate.job_s < limit:
+                homes.append((sd.estimate.job_s, "" if t is None else t, t, sd))
         homes.sort(key=lambda x: (x[0], x[1]))
         best = None
         for _, _, t, sd in homes[:CHAIN_TARGETS]:
@@ -181,25 +179,26 @@ def chain_move(run: SearchRun, states: dict[str, JobState]) -> bool:
     return False
 
 
-def _place_third(run: SearchRun, cs: JobState, ts: JobState, sd: Solution,
+def _place_third(run: SearchRun, cs: JobState, ts: JobState, sd: Solved,
                  pool_c: np.ndarray, left_c: np.ndarray, free3: np.ndarray, limit: float,
-                 budget: list[int]) -> tuple[Solution | None, Solution] | None:
+                 budget: list[int]) -> tuple[Solved | None, Solved] | None:
     """Where the job t displaced by d goes: (C's new solution or None for unchanged, t's),
     the best under ``limit`` among t's leftovers, C's old nodes, C's leftovers in d's place
     and a split of d's place between C and t."""
-    free3 = np.setdiff1d(free3, sd[0].nodes)
+    free3 = np.setdiff1d(free3, sd.placement.nodes)
     best = None
-    for base in (np.setdiff1d(ts.group, sd[0].nodes), cs.group, left_c):
+    for base in (np.setdiff1d(ts.group, sd.placement.nodes), cs.group, left_c):
         base = np.intersect1d(base, free3)
         if base.size == 0:
             continue
         st = _solve(run, ts, np.union1d(base, _free_near(run, base, free3)), limit)
-        if st is not None and st[1].job_s < limit and (best is None
-                                                       or st[1].job_s < best[0]):
-            best = (st[1].job_s, None, st)
+        if st is not None and st.estimate.job_s < limit and (best is None
+                                                             or st.estimate.job_s < best[0]):
+            best = (st.estimate.job_s, None, st)
     if best is None and budget[0] > 0:
         budget[0] -= 1
-        split = split_pool(run, cs, ts, np.setdiff1d(pool_c, sd[0].nodes), limit)
+        split = split_pool(run, cs, ts, np.setdiff1d(pool_c, sd.placement.nodes), limit)
         if split is not None:
-            best = (max(split[0][1].job_s, split[1][1].job_s), split[0], split[1])
+            sc, st = split
+            best = (max(sc.estimate.job_s, st.estimate.job_s), sc, st)
     return None if best is None else (best[1], best[2])

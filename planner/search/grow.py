@@ -14,7 +14,8 @@ import numpy as np
 
 from planner.core.fleet import Network
 from planner.search import algorithm1 as alg1
-from planner.search.groups import deep_solve
+from planner.search.groups import Solved
+from planner.search.options import Effort
 from planner.search.state import JobState, SearchRun
 
 GROW_ROUNDS = 6
@@ -29,7 +30,6 @@ def grow_bottleneck(run: SearchRun, states: dict[str, JobState]) -> bool:
     clusters (more replicas D inside a cluster), then those of the nearest clusters (longer
     pipelines, or replicas across clusters where the ring S / (D bw) pays). Repeats while the
     makespan drops; True when anything changed."""
-    net = run.net
     changed = False
     for _ in range(GROW_ROUNDS):
         if run.out_of_time() or not states:
@@ -41,14 +41,14 @@ def grow_bottleneck(run: SearchRun, states: dict[str, JobState]) -> bool:
         for pool in _grow_pools(run, cs.group, free):
             if run.out_of_time():
                 break
-            p, e = deep_solve(cs.job, net, pool, run.labels[pool], cs.hint)
+            p, e = run.deep(cs.job, pool, cs.hint)
             if p is None or e.job_s >= makespan * (1 - 1e-9):
                 continue
             key = (e.job_s, len(p.nodes))
             if best is None or key < best[0]:
-                best = (key, p, e)
+                best = (key, Solved(p, e))
         if best is not None:
-            upd = {crit: (best[1], best[2])}
+            upd = {crit: best[1]}
         elif run.out_of_time():
             break
         else:
@@ -70,8 +70,7 @@ def grow_bottleneck(run: SearchRun, states: dict[str, JobState]) -> bool:
 def _relocate(run: SearchRun, states: dict[str, JobState], crit: str, free: np.ndarray,
               makespan: float):
     """Move a job that shares the bottleneck job's clusters onto idle clusters, and give the
-    bottleneck job the nodes it leaves there. Returns {job: (placement, estimate)} for the
-    best such pair that lowers the makespan, else None."""
+    bottleneck job the nodes it leaves there. Returns {job: Solved} for the best such pair that lowers the makespan, else None."""
     net = run.net
     cs = states[crit]
     mine = np.unique(run.labels[cs.group])
@@ -99,21 +98,22 @@ def _relocate(run: SearchRun, states: dict[str, JobState], crit: str, free: np.n
         for home in homes:
             if not alg1.fits(ds.job, net, home):
                 continue
-            p, e = run.solve(ds.job, home, "fast", ds.hint)
+            p, e = run.solve(ds.job, home, Effort.FAST, ds.hint)
             if p is None or e.job_s >= makespan * (1 - 1e-9):
                 continue
-            if moved is None or (e.job_s, len(p.nodes)) < (moved[1].job_s, len(moved[0].nodes)):
-                moved = (p, e)
+            if moved is None or (e.job_s, len(p.nodes)) < (moved.estimate.job_s,
+                                                           len(moved.placement.nodes)):
+                moved = Solved(p, e)
         if moved is None:
             continue
         pool = np.setdiff1d(np.union1d(np.union1d(cs.group, same), ds.group[in_mine[ds.group]]),
-                            moved[0].nodes)
-        p, e = deep_solve(cs.job, net, pool, run.labels[pool], cs.hint)
+                            moved.placement.nodes)
+        p, e = run.deep(cs.job, pool, cs.hint)
         if p is None or e.job_s >= makespan * (1 - 1e-9):
             continue
-        key = max(e.job_s, moved[1].job_s)
+        key = max(e.job_s, moved.estimate.job_s)
         if best is None or key < best[0]:
-            best = (key, {crit: (p, e), name: moved})
+            best = (key, {crit: Solved(p, e), name: moved})
     return None if best is None else best[1]
 
 

@@ -58,6 +58,7 @@ the inputs and the seed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -70,7 +71,10 @@ from hulk.errors import HulkError, PlanningError
 from planner.core.costmodel import estimate_plan
 from planner.core.fleet import Network
 from planner.core.jobs import Job
-from planner.core.plan import Plan
+from planner.core.plan import Plan, PlanFacts
+from planner.search import algorithm1 as alg1
+from planner.search.groups import GridCache
+from planner.search.options import SearchOptions
 from planner.search.starts import GREEDY_ORDERS, greedy_grouping
 from planner.search.workers import StartWorkers, can_fork, idle_cores
 
@@ -188,40 +192,48 @@ def _snapshots(start: Start, jobs: list[Job], net: Network, t0: float,
         best[0] = quick
         placements = phase_placements([x for x in phase_states if x], jobs)
         makespan = estimate_plan(placements, net).makespan_s
-        send(StartResult(start.index, start.name, makespan, Plan("search", placements),
+        send(StartResult(start.index, start.name, makespan,
+                         Plan("search", placements, facts=PlanFacts(cut_short=True)),
                          time.monotonic() - t0, True, final=False))
 
     return snapshot
 
 
-def _run_start(start: Start, jobs: list[Job], net: Network, max_rounds: int | None,
+def _run_start(start: Start, jobs: list[Job], net: Network, search: SearchOptions,
                should_stop: Callable[[], bool] | None,
-               send: Callable[[StartResult], None] | None = None) -> StartResult:
-    """Refine one start: its grouping, then the search's refinement until ``should_stop()``
-    (None for the heuristic start: the plain search always runs to its end, so the portfolio
-    is never worse than `search`, however busy the machine). With ``send``, its best plan so
-    far is also sent whenever it improves."""
-    from planner.search.refine import plan_search
+               send: Callable[[StartResult], None] | None = None, *,
+               grids: GridCache | None = None) -> StartResult:
+    """Refine one start: its grouping, then the search's refinement (run with ``search``) until
+    ``should_stop()`` (None for the heuristic start: the plain search always runs to its end,
+    so the portfolio is never worse than `search`, however busy the machine). With ``send``,
+    its best plan so far is also sent whenever it improves. Algorithm 1's remarks on jobs a
+    start's scores gave no node say nothing about the plan and are left out. ``grids``: the
+    solver's answers shared with the other starts run in this process."""
+    from planner.search.refine import search_sharing
 
     t0 = time.monotonic()
     if should_stop is not None and should_stop():
         return StartResult(start.index, start.name, math.inf, None, 0.0, False, started=False)
     try:
-        initial = start.scores
+        initial = None
+        if start.scores is not None:
+            initial = dataclasses.replace(alg1.algorithm1(
+                jobs, net, start.scores, labels=alg1.component_labels(net)), unscored=())
         if start.build is not None:
-            initial = greedy_grouping(jobs, net, start.build, should_stop=should_stop)
+            initial = greedy_grouping(jobs, net, start.build, options=search,
+                                      should_stop=should_stop, grids=grids)
             if initial is None:   # stopped before its grouping was complete: no plan
                 return StartResult(start.index, start.name, math.inf, None,
                                    time.monotonic() - t0, True)
-        plan = plan_search(jobs, net, max_rounds=max_rounds, initial=initial,
-                           should_stop=should_stop,
-                           snapshot=None if send is None else _snapshots(start, jobs, net, t0, send))
+        plan = search_sharing(jobs, net, grids, options=search, initial=initial,
+                              should_stop=should_stop, snapshot=None if send is None
+                              else _snapshots(start, jobs, net, t0, send))
     except HulkError as exc:
         return StartResult(start.index, start.name, math.inf, None, time.monotonic() - t0,
                            False, str(exc))
     makespan = estimate_plan(plan.placements, net).makespan_s if plan.placements else 0.0
-    cut = any("safety cap" in note for note in plan.notes)
-    return StartResult(start.index, start.name, makespan, plan, time.monotonic() - t0, cut)
+    return StartResult(start.index, start.name, makespan, plan, time.monotonic() - t0,
+                       plan.facts.cut_short)
 
 
 def default_workers() -> int:
@@ -232,22 +244,24 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _run_here(starts: list[Start], jobs, net, max_rounds, budget_at: float | None,
+def _run_here(starts: list[Start], jobs, net, search: SearchOptions, budget_at: float | None,
               tick: Callable[[int], None]) -> list[StartResult]:
     """Every start one after another in this process (``workers=1``, or no fork)."""
     results: list[StartResult] = []
     stop_at = math.inf if budget_at is None else budget_at
+    grids = GridCache(net)
     for st in starts:
-        results.append(_run_start(st, jobs, net, max_rounds,
-                                  None if st.index == 0 else lambda: time.monotonic() >= stop_at))
+        results.append(_run_start(st, jobs, net, search,
+                                  None if st.index == 0 else lambda: time.monotonic() >= stop_at,
+                                  grids=grids))
         if st.index == 0 and budget_at is None:
             stop_at = time.monotonic()   # the default stop: the heuristic start's end
         tick(len(results))
     return results
 
 
-def _run_forked(build_starts: Callable[[], list[Start]], total: int, jobs, net, max_rounds,
-                workers: int, budget_at: float | None,
+def _run_forked(build_starts: Callable[[], list[Start]], total: int, jobs, net,
+                search: SearchOptions, workers: int, budget_at: float | None,
                 tick: Callable[[int], None]) -> list[StartResult]:
     """The heuristic start here, the others in ``workers - 1`` forked processes
     (planner.search.workers) that build the starts themselves (the planner's process goes
@@ -267,16 +281,19 @@ def _run_forked(build_starts: Callable[[], list[Start]], total: int, jobs, net, 
             tick(1 + finished)
 
     child_starts: list[Start] = []   # built once in each worker
+    child_grids: list[GridCache] = []   # one per worker, for the starts it runs
 
     def run_one(index: int, send, should_stop) -> None:
         if not child_starts:
             child_starts.extend(build_starts())
-        send(_run_start(child_starts[index], jobs, net, max_rounds, should_stop, send))
+            child_grids.append(GridCache(net))
+        send(_run_start(child_starts[index], jobs, net, search, should_stop, send,
+                        grids=child_grids[0]))
 
     pool = StartWorkers(max(1, min(workers - 1, total - 1)), list(range(1, total)), run_one,
                         math.inf if budget_at is None else budget_at)
     try:
-        heuristic = _run_start(Start(0, "heuristic", None), jobs, net, max_rounds, None)
+        heuristic = _run_start(Start(0, "heuristic", None), jobs, net, search, None)
         stop_at = time.monotonic() if budget_at is None else budget_at
         pool.set_stop(stop_at)
         collect(pool.poll(0.0))
@@ -331,7 +348,7 @@ def resolve_defaults(n_nodes: int, n_jobs: int, *, budget_s: float | None = None
 
 def refine_starts(jobs: list[Job], net: Network, *, seed: int = 0,
                   budget_s: float | None = None, workers: int | None = None,
-                  starts: int | None = None, max_rounds: int | None = None,
+                  starts: int | None = None, search: SearchOptions = SearchOptions(),
                   extra_starts: Sequence[tuple[str, np.ndarray]] = (),
                   progress: Callable[[int, int], None] | None = None) -> PortfolioRun:
     """Refine every start of the portfolio (arguments as :func:`plan_portfolio`)."""
@@ -355,10 +372,9 @@ def refine_starts(jobs: list[Job], net: Network, *, seed: int = 0,
     budget_at = None if budget_s is None else t0 + budget_s
     if workers > 1 and can_fork():
         check_extra_starts(extra_starts, net.n, len(jobs) + 1)   # here, not in a worker
-        results = _run_forked(build_starts, total, jobs, net, max_rounds, workers, budget_at,
-                              tick)
+        results = _run_forked(build_starts, total, jobs, net, search, workers, budget_at, tick)
     else:
-        results = _run_here(build_starts(), jobs, net, max_rounds, budget_at, tick)
+        results = _run_here(build_starts(), jobs, net, search, budget_at, tick)
     heuristic = next((r for r in results if r.index == 0), None)
     if heuristic is not None and heuristic.error is not None:
         raise PlanningError(heuristic.error)
@@ -369,7 +385,7 @@ def refine_starts(jobs: list[Job], net: Network, *, seed: int = 0,
 
 def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
                    budget_s: float | None = None, workers: int | None = None,
-                   starts: int | None = None, max_rounds: int | None = None,
+                   starts: int | None = None, search: SearchOptions = SearchOptions(),
                    extra_starts: Sequence[tuple[str, np.ndarray]] = (),
                    progress: Callable[[int, int], None] | None = None) -> Plan:
     """Plan ``jobs`` on ``net`` with the best of a portfolio of refined starts (module docstring).
@@ -379,8 +395,11 @@ def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
     ``starts`` does. ``starts``: how many (default :data:`DEFAULT_STARTS` or one per usable
     core). ``workers``: processes (default: with ``budget_s``, all usable cores; without, this
     one plus one per usable core idle when planning begins, planner.search.workers.idle_cores;
-    when no start is stopped the plan does not depend on it). ``extra_starts``: (name, class scores n x (jobs + 1)) tried right
-    after the heuristic, e.g. the GNN's. ``progress(done, total)`` is called as starts finish.
+    when no start is stopped the plan does not depend on it). ``search``: the options every
+    start's search runs with (planner.search.options). ``extra_starts``: (name, class scores
+    n x (jobs + 1)) tried right after the heuristic, e.g. the GNN's. ``progress(done, total)``
+    is called as starts finish. The plan's ``facts`` name the winning start and say whether
+    the budget cut any start short.
     """
     jobs = list(jobs)
     if net.n == 0:
@@ -388,18 +407,17 @@ def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
     if not jobs:
         return Plan("portfolio", [])
     run = refine_starts(jobs, net, seed=seed, budget_s=budget_s, workers=workers, starts=starts,
-                        max_rounds=max_rounds, extra_starts=extra_starts, progress=progress)
+                        search=search, extra_starts=extra_starts, progress=progress)
     best = run.best()
     heuristic = run.results[0] if run.results and run.results[0].index == 0 else None
-    # Algorithm 1's remarks on where a start's scores put nobody say nothing about the plan.
-    notes = [note for note in best.plan.notes
-             if best.index == 0 or "got no node by score" not in note]
+    notes = list(best.plan.notes)
     usable = sum(r.plan is not None for r in run.results)
     notes.append(f"portfolio: best of {usable} refined starts is {best.name!r}"
                  + (f" ({heuristic.makespan_s / best.makespan_s:.2f}x shorter than the "
                     f"heuristic start)" if heuristic is not None and best.index != 0
                     and best.makespan_s > 0 else ""))
     cut = sum(r.cut_short for r in run.results)
+    budget_ran_out = run.budget_s is not None and bool(run.dropped or cut)
     if run.budget_s is None:
         if run.total > 1:
             finished = sum(r.plan is not None and not r.cut_short for r in run.results)
@@ -408,10 +426,12 @@ def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
                          f"search's time ({run.seconds:.1f} s; {cut} cut short, {run.dropped} "
                          f"not begun or not back{idle}); the plan may differ between runs: give "
                          "--time-budget and --starts to fix it")
-    elif run.dropped or cut:
+    elif budget_ran_out:
         notes.append(f"portfolio: the time budget ran out after {run.seconds:.1f} s (budget "
                      f"{run.budget_s:.1f} s; {cut} start(s) cut short, {run.dropped} dropped); "
                      "the plan is valid but may differ between runs: raise --time-budget or "
                      "lower --starts")
+    facts = PlanFacts(cut_short=best.cut_short or budget_ran_out, winner=best.name,
+                      unscored_jobs=best.plan.facts.unscored_jobs)
     return Plan("portfolio", best.plan.placements, list(best.plan.unplaced),
-                dict(best.plan.job_s_override), dict(best.plan.estimate_override), notes)
+                dict(best.plan.job_s_override), dict(best.plan.estimate_override), notes, facts)

@@ -20,12 +20,14 @@ from hulk.errors import PlanningError
 from planner.core.costmodel import Placement
 from planner.core.fleet import Network
 from planner.core.jobs import Job
-from planner.core.plan import Plan
+from planner.core.plan import Plan, PlanFacts
 from planner.search import algorithm1 as alg1
 from planner.search.clusters import CLUSTER_RTT_MS
 from planner.search import chain as chain_step
 from planner.search.grow import grow_bottleneck
+from planner.search.groups import GridCache
 from planner.search.heuristics import heuristic_scores
+from planner.search.options import Effort, SearchOptions
 from planner.search.state import JobState, SearchRun
 
 
@@ -68,8 +70,9 @@ def _best_move(run: SearchRun, cs: JobState, free: np.ndarray, states, times, do
     for cand_nodes, donor, donor_nodes, extra in _candidates(run, cs, free, states, times, donors):
         if run.out_of_time():   # stopped: the best move so far (each one is valid on its own)
             break
-        new_c = run.solve(cs.job, np.concatenate([cs.group, cand_nodes]), "fast", cs.hint)
-        if new_c[0] is None or new_c[1].job_s >= makespan * (1 - 1e-9) and donor is not None:
+        new_c = run.solve(cs.job, np.concatenate([cs.group, cand_nodes]), Effort.FAST, cs.hint)
+        if new_c.placement is None or (new_c.estimate.job_s >= makespan * (1 - 1e-9)
+                                       and donor is not None):
             continue
         upd = {crit: new_c}
         if donor is not None:
@@ -77,11 +80,11 @@ def _best_move(run: SearchRun, cs: JobState, free: np.ndarray, states, times, do
             rest = np.setdiff1d(ds.group, donor_nodes)
             if extra is not None and extra.size:
                 rest = np.union1d(rest, extra)
-            rest = np.setdiff1d(rest, new_c[0].nodes)
+            rest = np.setdiff1d(rest, new_c.placement.nodes)
             if rest.size == 0:
                 continue
-            new_d = run.solve(ds.job, rest, "fast", ds.hint)
-            if new_d[0] is None:
+            new_d = run.solve(ds.job, rest, Effort.FAST, ds.hint)
+            if new_d.placement is None:
                 continue
             upd[donor] = new_d
         new_times = dict(times)
@@ -181,7 +184,7 @@ def _improve_others(run: SearchRun, states, free: np.ndarray, makespan: float) -
         cand = free[near <= max(CLUSTER_RTT_MS, near.min())]
         if cand.size == 0:
             continue
-        p, e = run.solve(s.job, np.concatenate([s.group, cand]), "fast", s.hint)
+        p, e = run.solve(s.job, np.concatenate([s.group, cand]), Effort.FAST, s.hint)
         if p is not None and e.job_s < s.est.job_s * (1 - 1e-6) and e.job_s <= makespan:
             states[name] = JobState.of(s.job, p, e)
             free = np.setdiff1d(free, p.nodes)
@@ -196,7 +199,7 @@ def _polish(run: SearchRun, states: dict[str, JobState]) -> bool:
     improved = False
     for name in sorted(states):
         s = states[name]
-        p, e = run.solve(s.job, s.group, "normal", s.hint)
+        p, e = run.solve(s.job, s.group, Effort.NORMAL, s.hint)
         if p is not None and e.iteration_s < s.est.iteration_s * (1 - 1e-9):
             states[name] = JobState.of(s.job, p, e)
             improved = True
@@ -237,7 +240,7 @@ def _run_phases(run: SearchRun, grouping: alg1.Grouping) -> Plan:
             _refine_phase(run, states, second_rounds, tick)
         if grow_bottleneck(run, states):
             _refine_phase(run, states, second_rounds, tick)
-        for _ in range(chain_step.CHAIN_ROUNDS if run.chains else 0):
+        for _ in range(chain_step.CHAIN_ROUNDS if run.options.chains else 0):
             if run.out_of_time() or not chain_step.chain_move(run, states):
                 break
             _refine_phase(run, states, second_rounds, tick)
@@ -252,11 +255,12 @@ def _run_phases(run: SearchRun, grouping: alg1.Grouping) -> Plan:
     placements = phase_placements(phase_states, run.jobs)
     if run.progress is not None:
         run.progress(total_ticks, total_ticks)
-    notes = list(grouping.notes)
+    notes = grouping.remarks()
     if run.cut_short:
         notes.append("search stopped at the budget_s safety cap; the plan is valid but may "
                      "differ from an uncapped run")
-    return Plan("search", placements, notes=notes)
+    facts = PlanFacts(cut_short=run.cut_short, unscored_jobs=grouping.unscored_jobs)
+    return Plan("search", placements, notes=notes, facts=facts)
 
 
 def phase_placements(phase_states: list[dict[str, JobState]], jobs: list[Job]) -> list[Placement]:
@@ -288,7 +292,7 @@ def _pull_forward(run: SearchRun, phase_states: list[dict[str, JobState]]
                     free = free[run.components[free] == comp]
                     if not alg1.fits(s.job, run.net, free):
                         continue
-                    new = run.state(s.job, free, "normal")
+                    new = run.state(s.job, free, Effort.NORMAL)
                     if new is None:
                         continue
                     before = phases_makespan(phase_states)
@@ -312,26 +316,35 @@ def phases_makespan(phase_states: list[dict[str, JobState]]) -> float:
     return sum(max(s.est.job_s for s in states.values()) for states in phase_states if states)
 
 
-def plan_search(jobs: list[Job], net: Network, *, seed: int = 0, budget_s: float | None = None,
-                max_rounds: int | None = None,
+def plan_search(jobs: list[Job], net: Network, *, options: SearchOptions = SearchOptions(),
                 progress: Callable[[int, int], None] | None = None,
                 initial: alg1.Grouping | np.ndarray | None = None,
                 should_stop: Callable[[], bool] | None = None,
-                snapshot: Callable[[list[dict[str, JobState]]], None] | None = None,
-                chains: bool | None = None) -> Plan:
+                snapshot: Callable[[list[dict[str, JobState]]], None] | None = None) -> Plan:
     """Plan all ``jobs`` on ``net`` (method "search"; the pipeline is described in planner.search).
 
+    ``options`` (planner.search.options.SearchOptions): the rounds of cross-group moves, the
+    wall-clock safety cap, and whether stage ordering and chains of relocations run.
     ``initial``: a Grouping (e.g. the GNN's, after Algorithm 1) or a class-score array
-    (n x (jobs + 1)) to start from instead of the heuristic scores. ``max_rounds`` bounds the
-    cross-group moves (default 12 + 6 per job); ``budget_s`` is a wall-clock safety cap only.
-    ``should_stop()``, asked between rounds, is a second safety stop (the portfolio's, which can
-    move while the search runs). ``progress(done, total)`` is called once per round. ``seed`` changes nothing (the search is
-    deterministic); it is accepted so that every method is called alike. ``snapshot(phases)``
-    (the portfolio's anytime results) gets each phase's job states once per round once every
-    phase has them; it must not change them. ``chains=False`` leaves out step 7 (chains of
-    relocations, planner.search.chain), the search as it was before that step; None takes
-    ``planner.search.chain.CHAINS`` (True).
+    (n x (jobs + 1)) to start from instead of the heuristic scores. ``should_stop()``, asked
+    between rounds, is a second safety stop (the portfolio's, which can move while the search
+    runs). ``progress(done, total)`` is called once per round. ``snapshot(phases)`` (the
+    portfolio's anytime results) gets each phase's job states once per round once every phase
+    has them; it must not change them. The plan's ``facts`` say whether a stop cut it short.
     """
+    return search_sharing(jobs, net, None, options=options, progress=progress, initial=initial,
+                          should_stop=should_stop, snapshot=snapshot)
+
+
+def search_sharing(jobs: list[Job], net: Network, grids: GridCache | None, *,
+                   options: SearchOptions = SearchOptions(),
+                   progress: Callable[[int, int], None] | None = None,
+                   initial: alg1.Grouping | np.ndarray | None = None,
+                   should_stop: Callable[[], bool] | None = None,
+                   snapshot: Callable[[list[dict[str, JobState]]], None] | None = None) -> Plan:
+    """:func:`plan_search` with the solver's answers kept in ``grids``, a GridCache its caller
+    shares between runs on ``net`` (the portfolio's starts in one process ask for many of the
+    same grids); None: one of this run's own. The plan does not depend on it."""
     jobs = list(jobs)
     if net.n == 0:
         raise PlanningError("the fleet has no nodes")
@@ -340,9 +353,7 @@ def plan_search(jobs: list[Job], net: Network, *, seed: int = 0, budget_s: float
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
         raise PlanningError("job names must be unique")
-    run = SearchRun(jobs, net, budget_s, max_rounds, progress, should_stop)
-    run.snapshot = snapshot
-    run.chains = chain_step.CHAINS if chains is None else chains
+    run = SearchRun(jobs, net, options, progress, should_stop, snapshot, grids)
     if isinstance(initial, alg1.Grouping):
         grouping = initial
         missing = set(names) - set(grouping.groups)

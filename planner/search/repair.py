@@ -12,7 +12,7 @@ already a refined solution, and changes only what the lost nodes force:
 2. **Shrink**: without a good spare, drop the lost nodes' replicas (D smaller) or stages (K
    smaller, layers re-balanced within memory), every micro-batch size tried.
 3. **Refine** (bounded, :func:`refine_pools`): from the best of those, the search's per-group
-   solver (:func:`solve_group`, "normal" effort, the start's (D, b) as the hint) on the job's
+   solver (:func:`solve_group`, NORMAL effort, the start's (D, b) as the hint) on the job's
    nodes, plus its clusters' free nodes, plus the 1 and 2 nearest clusters, and on each of the
    largest free clusters; then the search's dense re-solve (:func:`deep_solve`) on the job's
    neighbourhood, the largest free clusters and the most promising other pool.
@@ -31,18 +31,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.core.costmodel import Estimate, Placement, Stage, estimate, stage_memory_bytes
+from planner.core.costmodel import Placement, Stage, estimate, stage_memory_bytes
 from planner.core.costmodel import micro_batches as num_micro_batches
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan
-from planner.core.recovery import Replan, SearchFn, replan_jobs
+from planner.core.recovery import Replan, replan_jobs
 from planner.search.clusters import CLUSTER_RTT_MS, network_clusters
-from planner.search.groups import EFFORTS, deep_solve, evaluate_grid, micro_batches, solve_group
+from planner.search.groups import (GridCache, Solved, deep_solve, evaluate_grid, micro_batches,
+                                   solve_group)
+from planner.search.options import Effort
 from planner.search.grow import neighbourhood_pools
+
+if TYPE_CHECKING:
+    from planner.methods import Planner
 
 NEAREST_SPARES = 16        # free nodes nearest to a lost slot's neighbours that are tried
 FASTEST_SPARES = 8         # plus the fastest free nodes within CLUSTER_RTT_MS of them
@@ -98,7 +104,7 @@ def _shortlist(net: Network, spares: np.ndarray, neighbours: np.ndarray, lost: i
 
 
 def substitutes(placement: Placement, net: Network, lost: set[int], free: np.ndarray
-                ) -> tuple[Placement, Estimate] | None:
+                ) -> Solved | None:
     """The placement with every lost node replaced by a free one, slot by slot (stage order),
     each time the spare that gives the shortest iteration; None when a slot has no spare with
     enough memory."""
@@ -129,14 +135,15 @@ def substitutes(placement: Placement, net: Network, lost: set[int], free: np.nda
         spares = spares[spares != best[0]]
         current = _with_grid(current, grid)
     est = estimate(current, net)
-    return (current, est) if est.feasible else None
+    return Solved(current, est) if est.feasible else None
 
 
-def _faster(found, best):
-    """``found`` (placement, estimate) when it is a placement and clearly faster than ``best``
-    (None: nothing yet), else ``best``."""
-    if found is not None and found[0] is not None and (
-            best is None or found[1].iteration_s < best[1].iteration_s * (1 - 1e-12)):
+def _faster(found: Solved | None, best: Solved | None) -> Solved | None:
+    """``found`` when it is a placement and clearly faster than ``best`` (None: nothing yet),
+    else ``best``."""
+    if found is not None and found.placement is not None and (
+            best is None
+            or found.estimate.iteration_s < best.estimate.iteration_s * (1 - 1e-12)):
         return found
     return best
 
@@ -148,17 +155,18 @@ def _with_grid(placement: Placement, grid: np.ndarray) -> Placement:
     return Placement(placement.job, stages, placement.micro_batch, placement.phase)
 
 
-def _rebalanced(job: Job, net: Network, grid: np.ndarray, b: int | None
-                ) -> tuple[Placement, Estimate] | None:
+def _rebalanced(job: Job, net: Network, grid: np.ndarray, b: int | None, cache: GridCache
+                ) -> Solved | None:
     """The grid's best placement with layers balanced anew: micro-batch ``b``, or every size
     when None."""
     best = None
     for size in ([b] if b is not None else micro_batches(job, grid.shape[1])):
-        best = _faster(evaluate_grid(job, net, grid, size), best)
+        best = _faster(evaluate_grid(job, net, grid, size, cache=cache), best)
     return best
 
 
-def _shrunk(placement: Placement, net: Network, lost: set[int]) -> tuple[Placement, Estimate] | None:
+def _shrunk(placement: Placement, net: Network, lost: set[int], cache: GridCache
+            ) -> Solved | None:
     """The best of: the grid without the lost nodes' replicas (columns), or without their
     stages (rows); layers re-balanced, every micro-batch size."""
     grid = placement.node_matrix()
@@ -167,7 +175,7 @@ def _shrunk(placement: Placement, net: Network, lost: set[int]) -> tuple[Placeme
     for keep in (grid[:, ~hit.any(axis=0)], grid[~hit.any(axis=1), :]):
         if keep.size == 0:
             continue
-        best = _faster(_rebalanced(placement.job, net, keep, None), best)
+        best = _faster(_rebalanced(placement.job, net, keep, None, cache), best)
     return best
 
 
@@ -185,9 +193,9 @@ def refine_pools(net: Network, labels: np.ndarray, group: np.ndarray, free: np.n
 
 
 def _refined(start: Placement, net: Network, free: np.ndarray, labels: np.ndarray,
-             restored: bool) -> tuple[Placement, Estimate] | None:
+             restored: bool, cache: GridCache) -> Solved | None:
     """A bounded local search from ``start``: every pool of :func:`refine_pools` re-solved at
-    the search's "normal" effort with the start's (D, b) as the hint, then the search's dense
+    the search's NORMAL effort with the start's (D, b) as the hint, then the search's dense
     re-solve (:func:`deep_solve`) on the job's own neighbourhood, the migrations and the most
     promising other pool (the costly step: 0.01-0.4 s each at 1,000 servers), and the other
     pools while the servers of all dense re-solves stay within ``DEEP_NODE_BUDGET``. ``restored``: a spare made the job about as fast as before the loss
@@ -198,19 +206,19 @@ def _refined(start: Placement, net: Network, free: np.ndarray, labels: np.ndarra
     hint = (start.replicas, start.micro_batch)
     group = np.unique(np.array(start.nodes, dtype=np.int64))
     pools, deep = refine_pools(net, labels, group, free)
-    best: tuple[Placement, Estimate] | None = None
+    best: Solved | None = None
     scored = []
     for k, pool in enumerate(pools):
-        p, e = solve_group(job, net, pool, EFFORTS["normal"], hint, labels[pool])
-        scored.append((e.iteration_s, k))
-        best = _faster((p, e), best)
+        solved = solve_group(job, net, pool, Effort.NORMAL, hint, labels[pool], cache=cache)
+        scored.append((solved.estimate.iteration_s, k))
+        best = _faster(solved, best)
     promising = min(scored)[1]
     if promising > deep[0]:   # the job's own nodes alone are inside its neighbourhood's pool
         deep.append(promising)
     if restored:
         deep = deep[1:]
     # The other pools too while the dense re-solves stay small: their first scores often tie,
-    # and for a small job the dense re-solve of a wider pool can find what "normal" does not.
+    # and for a small job the dense re-solve of a wider pool can find what NORMAL does not.
     size = sum(pools[k].size for k in set(deep))
     for k in range(len(pools)):
         if k not in deep and k > 0 and size + pools[k].size <= DEEP_NODE_BUDGET:
@@ -218,7 +226,7 @@ def _refined(start: Placement, net: Network, free: np.ndarray, labels: np.ndarra
             size += pools[k].size
     for k in sorted(set(deep)):
         pool = pools[k]
-        best = _faster(deep_solve(job, net, pool, labels[pool], hint), best)
+        best = _faster(deep_solve(job, net, pool, labels[pool], hint, cache=cache), best)
     return best
 
 
@@ -227,7 +235,7 @@ def repair_job(placement: Placement, net: Network, lost: set[int], free: np.ndar
     """Repair one job whose ``placement`` lost the nodes ``lost`` (full network indices) using
     only ``free`` nodes (neither down nor another job's) besides its surviving ones.
     ``labels``: the network's locality clusters (:func:`network_clusters`), when the caller
-    has them."""
+    has them. The solver's answers are kept for this call only (a GridCache of its own)."""
     lost = {i for i in lost if i in set(placement.nodes)}
     before = estimate(placement, net).job_s
     if not lost:
@@ -235,37 +243,39 @@ def repair_job(placement: Placement, net: Network, lost: set[int], free: np.ndar
     survivors = np.array(sorted(set(placement.nodes) - lost), dtype=np.int64)
     # Spares: free nodes that are not the job's own (the lost ones included).
     free = np.setdiff1d(np.asarray(free, dtype=np.int64), np.array(placement.nodes, dtype=np.int64))
-    found: dict[str, tuple[Placement, Estimate]] = {}
+    cache = GridCache(net)
+    found: dict[str, Solved] = {}
     sub = substitutes(placement, net, lost, free)
     if sub is not None:
-        balanced = _rebalanced(placement.job, net, sub[0].node_matrix(), placement.micro_batch)
-        if balanced and balanced[1].iteration_s < sub[1].iteration_s * (1 - 1e-9):
+        balanced = _rebalanced(placement.job, net, sub.placement.node_matrix(),
+                               placement.micro_batch, cache)
+        if balanced and balanced.estimate.iteration_s < sub.estimate.iteration_s * (1 - 1e-9):
             sub = balanced
         found["substitute"] = sub
-    shrunk = _shrunk(placement, net, lost)
+    shrunk = _shrunk(placement, net, lost, cache)
     if shrunk is not None:
         found["shrink"] = shrunk
     if refine and found:
-        start = min(found.values(), key=lambda f: f[1].iteration_s)[0]
+        start = min(found.values(), key=lambda f: f.estimate.iteration_s).placement
         # Survivors a shrink left out are free again for the refinement.
         spare = np.setdiff1d(np.union1d(free, survivors), np.array(start.nodes, dtype=np.int64))
         labels = network_clusters(net) if labels is None else labels
         restored = ("substitute" in found
-                    and found["substitute"][1].job_s <= before * (1 + RESTORED_WITHIN))
-        refined = _refined(start, net, spare, labels, restored)
+                    and found["substitute"].estimate.job_s <= before * (1 + RESTORED_WITHIN))
+        refined = _refined(start, net, spare, labels, restored, cache)
         if refined is not None:
             found["refine"] = refined
     if not found:
         return JobRepair(None, "no spare node has the memory and the surviving nodes cannot "
                                "hold the job", float("inf"), before)
-    step = min(found, key=lambda s: (found[s][1].iteration_s, STEPS.index(s)))
+    step = min(found, key=lambda s: (found[s].estimate.iteration_s, STEPS.index(s)))
     p, e = found[step]
     return JobRepair(Placement(p.job, p.stages, p.micro_batch, placement.phase), step, e.job_s,
                      before)
 
 
 def repair_jobs(plan: Plan, net: Network, affected: Iterable[Job], down: Iterable[str], *,
-                search: SearchFn, seed: int = 0, refine: bool = True) -> Replan:
+                search: Planner, seed: int = 0, refine: bool = True) -> Replan:
     """:func:`replan_jobs` with a warm start: each affected job with a placement in ``plan`` is
     repaired (:func:`repair_job`, in name order, each on the nodes the others leave free); the
     others, and any that cannot be repaired, are re-planned in full with ``search``."""

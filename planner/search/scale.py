@@ -5,7 +5,7 @@ n x n matrices), while a set of jobs can use only so many of them. Above ``SCALE
 servers a planner is given a sub-fleet: whole sites, the ones with the most compute first
 (a site's servers talk over cheap links, which is what the search looks for), up to the limit;
 the plan is then mapped back to the whole fleet's node indices and says so in a note. Fleets up
-to the limit are planned exactly as before.
+to the limit are planned whole.
 
 With ``views`` > 1 (the search methods: `plan` passes :data:`SEARCH_VIEWS`) the planner also
 runs on larger views, up to the whole fleet, their sizes spaced geometrically

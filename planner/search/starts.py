@@ -26,10 +26,12 @@ from hulk.errors import PlanningError
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.search import algorithm1 as alg1
+from planner.search.groups import GridCache
+from planner.search.options import Effort, SearchOptions
 from planner.search.state import SearchRun
 
 GREEDY_ORDERS = ("greedy-flops", "greedy-memory")
-GREEDY_EFFORT = "normal"   # "fast" is cheaper but lands farther from the best spot
+GREEDY_EFFORT = Effort.NORMAL   # FAST is cheaper but lands farther from the best spot
 
 
 def greedy_order(jobs: list[Job], order: str) -> list[Job]:
@@ -55,10 +57,14 @@ def _home(job: Job, net: Network, free: np.ndarray, components: np.ndarray) -> n
 
 
 def greedy_grouping(jobs: list[Job], net: Network, order: str, *,
-                    should_stop: Callable[[], bool] | None = None) -> alg1.Grouping | None:
-    """A Grouping built job by job in ``order`` (module docstring); None when ``should_stop()``
-    turned true before it was complete. Raises PlanningError when a job fits nowhere."""
-    run = SearchRun(jobs, net)
+                    options: SearchOptions = SearchOptions(),
+                    should_stop: Callable[[], bool] | None = None,
+                    grids: GridCache | None = None) -> alg1.Grouping | None:
+    """A Grouping built job by job in ``order`` (module docstring), the solver run with
+    ``options`` (``grids``: a GridCache shared with other runs on ``net``); None when
+    ``should_stop()`` turned true before it was complete. Raises PlanningError when a job fits
+    nowhere."""
+    run = SearchRun(jobs, net, options, grids=grids)
     groups: dict[str, tuple[int, ...]] = {}
     phase_of: dict[str, int] = {}
     pending = greedy_order(jobs, order)
@@ -70,7 +76,7 @@ def greedy_grouping(jobs: list[Job], net: Network, order: str, *,
             if should_stop is not None and should_stop():
                 return None
             home = _home(job, net, np.flatnonzero(free), run.components)
-            placement = None if home is None else run.solve(job, home, GREEDY_EFFORT)[0]
+            placement = None if home is None else run.solve(job, home, GREEDY_EFFORT).placement
             if placement is None:
                 waiting.append(job)
                 continue

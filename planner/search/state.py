@@ -1,5 +1,6 @@
 """What one search run carries between its steps: each job's current solution, and the context
-(the fleet's components and clusters, the round budget, the wall-clock cap, progress)."""
+(the fleet's components and clusters, the options, the round budget, the wall-clock cap,
+progress) with the run's own tables of answers (solves, and the solver's grids)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.search import algorithm1 as alg1
 from planner.search.clusters import network_clusters
-from planner.search.groups import EFFORTS, solve_group
+from planner.search.groups import GridCache, Solved, deep_solve, solve_group
+from planner.search.options import Effort, SearchOptions
 
 
 @dataclass
@@ -36,23 +38,29 @@ class JobState:
 
 class SearchRun:
     """The context of one plan_search call: jobs, fleet, connected components and locality
-    clusters, rounds allowed for moves, the wall-clock safety cap and the progress callback."""
+    clusters, the options (rounds allowed for moves, the wall-clock safety cap, the steps on),
+    the callbacks, and the answers this run has computed (its own: nothing is kept on the
+    network, so runs never share state)."""
 
-    def __init__(self, jobs: list[Job], net: Network, budget_s: float | None = None,
-                 max_rounds: int | None = None,
+    def __init__(self, jobs: list[Job], net: Network, options: SearchOptions = SearchOptions(),
                  progress: Callable[[int, int], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None):
-        self.jobs, self.net = jobs, net
-        self.deadline = None if budget_s is None else time.monotonic() + budget_s
+                 should_stop: Callable[[], bool] | None = None,
+                 snapshot: Callable[[list[dict[str, JobState]]], None] | None = None,
+                 grids: GridCache | None = None):
+        if grids is not None and grids.net is not net:
+            raise ValueError("a GridCache keeps the answers of one network only")
+        self.jobs, self.net, self.options = jobs, net, options
+        self.deadline = None if options.budget_s is None else time.monotonic() + options.budget_s
         self.should_stop = should_stop
-        self.max_rounds = max_rounds if max_rounds is not None else 12 + 6 * len(jobs)
+        self.max_rounds = options.max_rounds if options.max_rounds is not None \
+            else 12 + 6 * len(jobs)
         self.progress = progress
+        self.snapshot = snapshot
         self.components = alg1.component_labels(net)
         self.labels = network_clusters(net)
         self.cut_short = False
-        self._solved: dict[tuple, tuple[Placement | None, Estimate]] = {}
-        self.snapshot: Callable[[list[dict[str, JobState]]], None] | None = None
-        self.chains = True   # step 7 (planner.search.chain) after growing the bottleneck
+        self.grids = GridCache(net) if grids is None else grids   # shareable: answers are pure
+        self._solved: dict[tuple, Solved] = {}
 
     def critical(self, states: dict[str, JobState]) -> tuple[str, dict[str, float], np.ndarray]:
         """The job that sets the makespan, every job's time, and the nodes no job uses in the
@@ -74,8 +82,8 @@ class SearchRun:
             return True
         return False
 
-    def solve(self, job: Job, nodes: np.ndarray, effort: str = "fast",
-              hint: tuple[int, int] | None = None) -> tuple[Placement | None, Estimate]:
+    def solve(self, job: Job, nodes: np.ndarray, effort: Effort = Effort.FAST,
+              hint: tuple[int, int] | None = None) -> Solved:
         """The best placement of ``job`` on (a subset of) ``nodes`` at ``effort``. A pure
         function of its arguments: a repeat (one solve in ten on a 1,000-server fleet: moves
         tried again in a later round) is answered from this run's table."""
@@ -83,11 +91,18 @@ class SearchRun:
         key = (job, nodes.tobytes(), effort, hint)
         answer = self._solved.get(key)
         if answer is None:
-            answer = solve_group(job, self.net, nodes, EFFORTS[effort], hint, self.labels[nodes])
+            answer = solve_group(job, self.net, nodes, effort, hint, self.labels[nodes],
+                                 options=self.options, cache=self.grids)
             self._solved[key] = answer
         return answer
 
-    def state(self, job: Job, nodes: np.ndarray, effort: str = "normal") -> JobState | None:
+    def deep(self, job: Job, nodes: np.ndarray, hint: tuple[int, int] | None = None) -> Solved:
+        """The dense re-solve (planner.search.groups.deep_solve) of ``job`` on all of ``nodes``."""
+        return deep_solve(job, self.net, nodes, self.labels[nodes], hint, options=self.options,
+                          cache=self.grids)
+
+    def state(self, job: Job, nodes: np.ndarray, effort: Effort = Effort.NORMAL
+              ) -> JobState | None:
         """:meth:`solve` as a JobState; None when ``nodes`` cannot hold the job."""
         p, e = self.solve(job, nodes, effort)
         if p is None:

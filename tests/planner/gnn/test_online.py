@@ -1,5 +1,7 @@
 from dataclasses import replace
 
+import pytest
+
 from planner.core.generate import generate_fleet
 from planner.gnn import checkpoint as ckpt
 from planner.gnn.online import ChangeThresholds, RetrainConfig, Retrainer, fleet_changed
@@ -18,6 +20,7 @@ def test_fleet_changed_thresholds():
     assert not fleet_changed(fleet, slight)
 
 
+@pytest.mark.slow   # fine-tunes the GNN on freshly labelled fleets
 def test_retrainer_runs_in_the_background_and_keeps_the_previous_model(tiny_checkpoint, tmp_path):
     active = tmp_path / "active.pt"
     active.write_bytes(tiny_checkpoint.read_bytes())
@@ -72,22 +75,32 @@ def test_retrain_on_change_reads_the_fleet_each_check_and_submits_only_changes()
     assert rec.submitted == [fleets[0], fleets[2]]
 
 
-def test_serve_search_plans_with_the_active_checkpoint_or_falls_back(tiny_checkpoint, tmp_path):
-    """What serve's re-planner calls: the GNN with the active checkpoint, search when it is bad."""
-    from planner.core.costmodel import problems
+@pytest.mark.slow   # plans with the portfolio, its GNN start and a damaged checkpoint
+def test_serve_planner_adds_the_gnn_start_and_is_never_longer_than_the_search(
+        shipped_checkpoint, tmp_path, caplog):
+    """serve's planner: the portfolio, the GNN's scores one more start; a damaged checkpoint
+    leaves that start out (with a warning) and the portfolio still plans."""
+    import logging
+
+    from planner.core.costmodel import estimate_plan, problems
     from planner.core.fleet import complete
     from planner.core.generate import generate_jobs
-    from planner.gnn.online import serve_search
+    from planner.methods import gnn_starts, serve_planner
     from planner.search import plan_search
 
-    assert serve_search(None) is plan_search               # no model dir: the search planner
-    net = complete(generate_fleet(12, seed=5))
-    jobs = generate_jobs(2, seed=5, max_params=float(net.mem.sum()) / 16 / 3)
-    plan = serve_search(tiny_checkpoint)(jobs, net, seed=0)
-    assert plan.method == "gnn" and plan.placements
-    assert all(problems(p, net) == [] for p in plan.placements)
+    net = complete(generate_fleet(14, seed=5, n_cities=3))
+    jobs = generate_jobs(3, seed=5, max_params=float(net.mem.sum()) / 16 / 3)
+    search_s = estimate_plan(plan_search(jobs, net).placements, net).makespan_s
+    (name, scores), = gnn_starts(jobs, net, shipped_checkpoint)
+    assert name == "gnn" and scores.shape == (net.n, len(jobs) + 1)
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(b"not a checkpoint")
-    fallback = serve_search(corrupt)(jobs, net, seed=0)
-    assert fallback.method != "gnn" and fallback.placements
-    assert any("planned by search instead" in note for note in fallback.notes)
+    with caplog.at_level(logging.WARNING, logger="planner.methods"):
+        assert gnn_starts(jobs, net, corrupt) == []
+    assert any("GNN start left out" in r.getMessage() for r in caplog.records)
+    for checkpoint in (shipped_checkpoint, corrupt):
+        plan = serve_planner(budget_s=2.0, checkpoint=checkpoint)(jobs, net, seed=0)
+        assert plan.method == "portfolio" and not plan.unplaced
+        assert {p.job.name for p in plan.placements} == {j.name for j in jobs}
+        assert all(problems(p, net) == [] for p in plan.placements)
+        assert estimate_plan(plan.placements, net).makespan_s <= search_s * (1 + 1e-12)

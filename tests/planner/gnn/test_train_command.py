@@ -1,7 +1,10 @@
+import pytest
+
 from planner.cli import main
 from planner.gnn import checkpoint as ckpt
 
 
+@pytest.mark.slow   # labels fleets and trains the GNN
 def test_train_command_writes_checkpoint_and_plot(tmp_path, capsys):
     out = tmp_path / "model.pt"
     rc = main(["train", "--fleets", "4", "--epochs", "2", "--seed", "3", "--max-nodes", "16",

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 from torch_geometric.loader import DataLoader
 
@@ -7,6 +8,7 @@ from planner.gnn.model import HulkGNN, ModelConfig
 from planner.gnn.train import TrainConfig, evaluate, fit, seed_everything, to_data, train_epoch
 
 
+@pytest.mark.slow   # trains on fleets labelled by full planning runs
 def test_labels_follow_the_teacher(small_examples):
     assert len(small_examples) >= 6
     for ex in small_examples:
@@ -20,6 +22,7 @@ def test_labels_follow_the_teacher(small_examples):
         assert ex.teacher_makespan_s > 0
 
 
+@pytest.mark.slow   # trains on fleets labelled by full planning runs
 def test_a_few_training_steps_lower_the_loss(small_examples):
     seed_everything(0)
     stats = F.FeatureStats.fit([e.feats for e in small_examples])
@@ -34,6 +37,7 @@ def test_a_few_training_steps_lower_the_loss(small_examples):
     assert after < before * 0.8
 
 
+@pytest.mark.slow   # trains on fleets labelled by full planning runs
 def test_fit_is_reproducible_from_a_seed(small_examples):
     cfg = TrainConfig(epochs=2, seed=3, hidden=16)
     m1, _, h1, _ = fit(small_examples, cfg)

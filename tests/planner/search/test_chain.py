@@ -5,13 +5,18 @@ in a slow cluster, and small generated fleets."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from bench.regions import region_network
 from planner.core.costmodel import estimate, estimate_plan, problems
 from planner.core.generate import generate_jobs, generate_network
 from planner.search.chain import chain_move, split_pool, tight_parts
+from planner.search.options import Effort, SearchOptions
 from planner.search.refine import plan_search
 from planner.search.state import JobState, SearchRun
+
+
+NO_CHAINS = SearchOptions(chains=False)
 
 
 def _states(plan, net) -> dict[str, JobState]:
@@ -27,7 +32,7 @@ def test_split_pool_gives_two_disjoint_valid_placements_inside_the_pool():
     jobs = generate_jobs(2, seed=4)
     run = SearchRun(jobs, net)
     pool = np.arange(net.n)
-    a, b = (JobState.of(j, *run.solve(j, pool, "normal")) for j in jobs)
+    a, b = (JobState.of(j, *run.solve(j, pool, Effort.NORMAL)) for j in jobs)
     split = split_pool(run, a, b, pool, limit=np.inf)
     assert split is not None
     (pa, ea), (pb, eb) = split
@@ -39,10 +44,11 @@ def test_split_pool_gives_two_disjoint_valid_placements_inside_the_pool():
     assert split_pool(run, a, b, pool, limit=min(ea.job_s, eb.job_s) / 10) is None
 
 
+@pytest.mark.slow   # plans a 300-server fleet
 def test_a_chain_moves_the_critical_job_out_of_its_slow_cluster():
     net = region_network(300, 69, seed=7)
     jobs = generate_jobs(10, seed=7)
-    plan = plan_search(jobs, net, chains=False)
+    plan = plan_search(jobs, net, options=NO_CHAINS)
     states = _states(plan, net)
     old = {k: s.placement for k, s in states.items()}
     before = _makespan(states)
@@ -60,12 +66,13 @@ def test_a_chain_moves_the_critical_job_out_of_its_slow_cluster():
         assert s.est == estimate(s.placement, net)
 
 
+@pytest.mark.slow   # plans a 300-server fleet
 def test_the_search_with_chains_is_shorter_there_and_still_deterministic():
     net = region_network(300, 69, seed=7)
     jobs = generate_jobs(10, seed=7)
     with_chains = plan_search(jobs, net)
     again = plan_search(jobs, net)
-    without = plan_search(jobs, net, chains=False)
+    without = plan_search(jobs, net, options=NO_CHAINS)
     a = estimate_plan(with_chains.placements, net).makespan_s
     assert a == estimate_plan(again.placements, net).makespan_s
     assert [p.nodes for p in with_chains.placements] == [p.nodes for p in again.placements]
@@ -96,11 +103,12 @@ def test_tight_parts_split_a_chained_cluster_at_its_richest_city():
     assert tight_parts(rtt, thr, pool[:1]) == []
 
 
+@pytest.mark.slow   # plans a 150-server fleet
 def test_a_chain_finds_the_tight_part_of_a_continental_cluster():
     # The 150-server real-region fleet: llama-2-7b sets the makespan and does better on the
     # European servers within 10 ms of one city than on the whole European cluster.
     net = region_network(150, 60, seed=4)
     jobs = generate_jobs(8, seed=4)
     with_chains = estimate_plan(plan_search(jobs, net).placements, net).makespan_s
-    without = estimate_plan(plan_search(jobs, net, chains=False).placements, net).makespan_s
+    without = estimate_plan(plan_search(jobs, net, options=NO_CHAINS).placements, net).makespan_s
     assert with_chains < 0.8 * without

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hulk.errors import HulkError, InputError
-from planner.commands.plan import METHODS, planner_for
+from planner.methods import METHODS, planner_for
 from planner.core.costmodel import estimate, problems
 from planner.core.fleet import complete
 from planner.files.jobs import load_jobs

@@ -19,7 +19,7 @@ from planner.search import plan_search
 from planner.search.portfolio import (DEFAULT_STARTS, MAX_STARTS, MIN_STARTS, plan_portfolio,
                                       portfolio_starts, refine_starts, resolve_defaults,
                                       start_count)
-from tests.planner.search.test_search import assert_valid, same_plan
+from tests.helpers.plan_checks import assert_valid, same_plan
 
 GENEROUS_S = 600.0   # a budget no start comes near: only the start count decides the plan
 
@@ -127,6 +127,7 @@ def test_a_tiny_budget_still_gives_the_plain_search_plan_or_better():
     plan = plan_portfolio(jobs, net, budget_s=1e-3, workers=1)
     assert_valid(plan, net, jobs)
     assert makespan(plan, net) <= makespan(plan_search(jobs, net), net) * (1 + 1e-12)
+    assert plan.facts.cut_short and plan.facts.winner is not None
     assert any("budget ran out" in note for note in plan.notes)
 
 

@@ -13,9 +13,10 @@ from planner.core.costmodel import estimate_plan
 from planner.core.generate import generate_jobs, generate_network
 from planner.search import plan_search
 from planner.search.portfolio import Start, _run_start, plan_portfolio, refine_starts
+from planner.search.options import SearchOptions
 from planner.search.starts import greedy_grouping
 from planner.search.workers import StartWorkers, can_fork, idle_cores, wait_reaped
-from tests.planner.search.test_search import assert_valid, same_plan
+from tests.helpers.plan_checks import assert_valid, same_plan
 
 pytestmark = pytest.mark.skipif(not can_fork(), reason="needs os.fork")
 
@@ -100,8 +101,8 @@ def test_snapshots_are_valid_plans_that_only_improve_and_change_nothing():
     jobs = generate_jobs(3, seed=1)
     grouping = greedy_grouping(jobs, net, "greedy-flops")
     sent = []
-    result = _run_start(Start(1, "greedy-flops", None, build="greedy-flops"), jobs, net, None,
-                        lambda: False, sent.append)
+    result = _run_start(Start(1, "greedy-flops", None, build="greedy-flops"), jobs, net,
+                        SearchOptions(), lambda: False, sent.append)
     assert sent, "no snapshot of the refinement was sent"
     spans = [r.makespan_s for r in sent]
     assert spans == sorted(spans, reverse=True) and len(set(spans)) == len(spans)

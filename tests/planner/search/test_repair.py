@@ -5,6 +5,7 @@ the fallback."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -110,7 +111,7 @@ def test_a_job_that_cannot_be_repaired_falls_back_to_the_full_re_plan():
 
     def search(jobs, sub, seed=0):
         asked.append([j.name for j in jobs])
-        return plan_search(jobs, sub, seed=seed)
+        return plan_search(jobs, sub)
 
     result = repair_jobs(plan, net, [gpt], ["big"], search=search)
     assert asked == [["a"]]
@@ -126,7 +127,7 @@ def test_a_job_without_a_placement_is_re_planned_in_full():
 
     def search(jobs, sub, seed=0):
         asked.append([j.name for j in jobs])
-        return plan_search(jobs, sub, seed=seed)
+        return plan_search(jobs, sub)
 
     result = repair_jobs(plan, net, [missing], ["n7"], search=search)
     assert asked == [["c"]] and result.replanned == ["c"]
@@ -135,6 +136,7 @@ def test_a_job_without_a_placement_is_re_planned_in_full():
     assert not {0, 1, 2, 3, 4, 7} & set(c.nodes)
 
 
+@pytest.mark.slow   # plans and repairs eight generated fleets
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 10_000), pick=st.integers(0, 10_000))
 def test_repair_on_generated_fleets_keeps_every_invariant(seed, pick):

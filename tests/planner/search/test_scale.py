@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from planner.core.costmodel import problems
 from planner.core.fleet import complete
@@ -42,6 +43,7 @@ def test_view_sizes_grow_geometrically_to_the_whole_fleet():
     assert view_sizes(1501, 1500, 3) == [1500, 1501]
 
 
+@pytest.mark.slow   # plans every view of a large fleet
 def test_the_best_view_wins_by_the_cost_model():
     from planner.core.costmodel import estimate_plan
     from planner.core.generate import generate_jobs

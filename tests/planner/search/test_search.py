@@ -3,8 +3,6 @@ and quality against the DT-FM-style peer."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -19,34 +17,14 @@ from planner.search import best_placement, cluster_labels, heuristic_scores, pla
 from planner.search.groups import evaluate_grid
 from planner.search.grow import grow_bottleneck
 from planner.search.state import SearchRun
-
-
-def assert_valid(plan, net, jobs):
-    """Memory, disjoint nodes per phase, contiguous layers, equal replicas, every job once."""
-    assert sorted(p.job.name for p in plan.placements) == sorted(j.name for j in jobs)
-    by_phase: dict[int, list[int]] = {}
-    for p in plan.placements:
-        assert problems(p, net) == [], problems(p, net)
-        assert p.stages[0].lo == 0 and p.stages[-1].hi == p.job.layers
-        assert all(a.hi == b.lo for a, b in zip(p.stages, p.stages[1:]))
-        assert len({len(st.nodes) for st in p.stages}) == 1
-        by_phase.setdefault(p.phase, []).extend(p.nodes)
-        assert math.isfinite(estimate(p, net).job_s)
-    for phase, nodes in by_phase.items():
-        assert len(nodes) == len(set(nodes)), f"phase {phase} reuses a node"
-    assert sorted(by_phase) == list(range(len(by_phase)))
-
-
-def same_plan(a, b) -> bool:
-    key = lambda plan: [(p.job.name, p.phase, p.micro_batch, p.stages) for p in plan.placements]
-    return key(a) == key(b)
+from tests.helpers.plan_checks import assert_valid, same_plan
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_plans_on_generated_fleets_are_valid(seed):
     net = generate_network(60, seed=seed)
     jobs = generate_jobs(4, seed=seed)
-    plan = plan_search(jobs, net, seed=seed)
+    plan = plan_search(jobs, net)
     assert plan.method == "search"
     assert_valid(plan, net, jobs)
 
@@ -86,11 +64,11 @@ def test_best_placement_raises_when_the_group_is_too_small():
 
 
 @pytest.mark.slow
-def test_same_seed_same_plan():
+def test_same_inputs_same_plan():
     net = generate_network(80, seed=7)
     jobs = generate_jobs(5, seed=7)
-    a = plan_search(jobs, net, seed=3)
-    b = plan_search(jobs, net, seed=3)
+    a = plan_search(jobs, net)
+    b = plan_search(jobs, net)
     assert same_plan(a, b)
 
 
@@ -110,7 +88,7 @@ def test_split_fleet_places_each_group_inside_one_component():
     rtt[20:, :20] = np.inf
     split = Network.from_matrix(net.nodes, rtt)
     jobs = generate_jobs(4, seed=9)
-    plan = plan_search(jobs, split, seed=0)
+    plan = plan_search(jobs, split)
     assert_valid(plan, split, jobs)
     for p in plan.placements:
         nodes = np.array(p.nodes)
@@ -148,16 +126,18 @@ def test_clusters_join_same_city_and_low_rtt():
     assert labels[0] != labels[1]
 
 
+@pytest.mark.slow   # a full DT-FM evolution and search per seed
 @pytest.mark.parametrize("seed", [21, 22, 23])
 def test_search_beats_or_equals_the_dtfm_peer(seed):
     net = generate_network(40, seed=seed)
     jobs = generate_jobs(3, seed=seed)
-    ours = estimate_plan(plan_search(jobs, net, seed=0).placements, net).makespan_s
+    ours = estimate_plan(plan_search(jobs, net).placements, net).makespan_s
     peer_plan = plan_dtfm(jobs, net, seed=0, generations=15)
     peer = estimate_plan(peer_plan.placements, net).makespan_s
     assert ours <= peer * (1 + 1e-9)
 
 
+@pytest.mark.slow   # plans the paper's fleet
 def test_paper_fleet_six_jobs(paper_fleet_dir, shared_dir):
     from planner.core.costmodel import compute_bound_s
     from planner.core.fleet import complete
@@ -166,7 +146,7 @@ def test_paper_fleet_six_jobs(paper_fleet_dir, shared_dir):
 
     net = complete(load_fleet(paper_fleet_dir))
     jobs = load_jobs(shared_dir / "bench" / "paper-6-jobs.yaml")
-    plan = plan_search(jobs, net, seed=0)
+    plan = plan_search(jobs, net)
     assert_valid(plan, net, jobs)
     ours = estimate_plan(plan.placements, net).makespan_s
     assert ours >= compute_bound_s(jobs, net)

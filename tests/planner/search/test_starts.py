@@ -10,6 +10,7 @@ from hulk.errors import PlanningError
 from planner.core.generate import generate_jobs, generate_network
 from planner.core.jobs import catalog_job
 from planner.search import algorithm1 as alg1
+from planner.search.options import Effort
 from planner.search.starts import GREEDY_ORDERS, greedy_grouping, greedy_order
 from planner.search.state import SearchRun
 
@@ -43,7 +44,7 @@ def test_the_first_job_gets_the_solvers_best_spot_on_the_whole_fleet(fleet):
     jobs, net = fleet
     first = greedy_order(jobs, "greedy-flops")[0]
     assert first.total_flops == max(j.total_flops for j in jobs)
-    placement, _ = SearchRun(jobs, net).solve(first, np.arange(net.n), "normal")
+    placement, _ = SearchRun(jobs, net).solve(first, np.arange(net.n), Effort.NORMAL)
     grouping = greedy_grouping(jobs, net, "greedy-flops")
     assert grouping.groups[first.name] == tuple(sorted(placement.nodes))
     assert grouping.phase[first.name] == 0
