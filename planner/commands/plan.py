@@ -1,43 +1,23 @@
 """`hulk-planner plan jobs.yaml`: plan jobs on a fleet, show the plan and how it compares.
 
-Planners are imported when used, so only `--method gnn` (or `gnn-raw`) loads torch. With `--push`
-the plan is published to the agents through the MQTT broker.
+The methods, their labels and how each is called come from planner.methods; planners are
+imported when used, so only `--method gnn` (or `gnn-raw`) loads torch. With `--push` the plan is
+published to the agents through the MQTT broker.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from hulk.errors import ConfigError, HulkError, InputError, PlanningError
+from planner.methods import DEFAULT_METHOD, METHODS, compared_methods, label, planner_for
 from planner.settings import PlannerSettings
 
-# method -> (module, function, extra keyword arguments). Seeded planners take seed=.
-METHODS: dict[str, tuple[str, str, dict]] = {
-    "portfolio": ("planner.search.portfolio", "plan_portfolio", {}),
-    "search": ("planner.search", "plan_search", {}),
-    "system-a": ("planner.baselines.systems", "plan_system_a", {}),
-    "system-b": ("planner.baselines.systems", "plan_system_b", {}),
-    "system-c": ("planner.baselines.systems", "plan_system_c", {}),
-    "dtfm": ("planner.baselines.dtfm", "plan_dtfm", {}),
-    "gnn": ("planner.gnn.infer", "plan_gnn", {}),
-    "gnn-raw": ("planner.gnn.infer", "plan_gnn", {"refine": False}),
-}
-SEEDED = {"portfolio", "search", "dtfm", "gnn", "gnn-raw"}
-# method -> the options of `plan` it takes (flag value given as this keyword argument).
-OPTIONS: dict[str, frozenset[str]] = {"portfolio": frozenset({"budget_s", "workers", "starts"})}
-DEFAULT_METHOD = "portfolio"
-COMPARED = ("system-a", "system-b", "system-c", "dtfm")
-LABELS = {"portfolio": "Hulk (portfolio)", "search": "Hulk (search)", "system-a": "System A (data parallel)",
-          "system-b": "System B (GPipe)", "system-c": "System C (Megatron TP)",
-          "dtfm": "DT-FM-style peer", "gnn": "Hulk (GNN + search)", "gnn-raw": "Hulk (GNN raw)"}
 MAX_LISTED_NODES = 8
-SLOW_AT_SCALE = ("dtfm",)   # left out of --compare above the search's node limit
 
 
 def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) -> None:
@@ -52,8 +32,12 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
                      help="the paper's folder or zip (node_feature.csv, edge.txt) or fleet JSON")
     src.add_argument("--db", metavar="PATH", help="the planner's SQLite store")
     p.add_argument("--method", choices=list(METHODS), default=DEFAULT_METHOD,
-                   help=f"planner to use (default {DEFAULT_METHOD})")
-    p.add_argument("--seed", type=int, default=0, help="seed of the seeded planners (default 0)")
+                   help=f"planner to use (default {DEFAULT_METHOD}; gnn: the GNN's grouping "
+                        "refined by the search, gnn-raw: unrefined)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the seeded planners ("
+                        + ", ".join(m.name for m in METHODS.values() if m.seeded)
+                        + "; default 0)")
     p.add_argument("--time-budget", type=_positive_float, metavar="S", dest="budget_s",
                    help="seconds after which the portfolio stops its starts other than the "
                         "plain search's (default: when the plain search's own start ends, so "
@@ -70,8 +54,6 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     p.add_argument("--plot", metavar="PATH", help="draw compute/communication bars per job and system")
     p.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
                    help="also plan with Systems A/B/C and the DT-FM-style peer (default on)")
-    p.add_argument("--cost-model", choices=["reference"], default="reference",
-                   help="cost model used to judge plans (docs/COSTMODEL.md)")
     p.add_argument("--push", action="store_true",
                    help="publish the plan to the agents (retained MQTT messages; needs --mqtt)")
     p.add_argument("--mqtt", metavar="URL", default=settings.mqtt,
@@ -104,29 +86,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-# ----------------------------------------------------------------------------------- planners
-
-def planner_for(method: str) -> Callable:
-    """The planning function of ``method`` (its module is imported now). Options a method does
-    not take (``OPTIONS``), and those left at None, are not passed to it."""
-    module_name, function, extra = METHODS[method]
-    fn = getattr(importlib.import_module(module_name), function)
-
-    def run(jobs, net, *, seed=0, progress=None, **options):
-        from planner.search.scale import SEARCH_VIEWS, plan_at_scale
-
-        kwargs = dict(extra)
-        if method in SEEDED:
-            kwargs["seed"] = seed
-        kwargs.update({k: v for k, v in options.items()
-                       if v is not None and k in OPTIONS.get(method, ())})
-        # Above SCALE_NODE_LIMIT servers every method plans on the best sites (a note says so);
-        # the search methods also on larger views, up to the whole fleet, and keep the best.
-        views = SEARCH_VIEWS if method in ("portfolio", "search") else 1
-        return plan_at_scale(fn, jobs, net, progress=progress, views=views, **kwargs)
-
-    return run
-
+# ----------------------------------------------------------------------------------- progress
 
 class LazyProgress:
     """A rich progress bar that appears only once a plan has taken more than ``delay`` seconds.
@@ -241,7 +201,7 @@ def run_method(method, jobs, net, seed, progress: LazyProgress, *, required: boo
     from planner.core.evaluate import evaluate
 
     fn = planner_for(method)
-    progress.begin(f"planning: {LABELS.get(method, method)}")
+    progress.begin(f"planning: {label(method)}")
     t0 = time.perf_counter()
     try:
         plan = fn(jobs, net, seed=seed, progress=progress, **(options or {}))
@@ -274,7 +234,7 @@ def run(args) -> int:
 
     options = {"budget_s": args.budget_s, "workers": args.workers, "starts": args.starts}
     for key, flag in (("budget_s", "--time-budget"), ("workers", "--workers"), ("starts", "--starts")):
-        if options[key] is not None and key not in OPTIONS.get(args.method, ()):
+        if options[key] is not None and key not in METHODS[args.method].options:
             raise InputError(f"only --method portfolio takes it, not --method {args.method}",
                              field=flag)
     chosen = run_method(args.method, jobs, net, args.seed, progress, required=True,
@@ -283,10 +243,7 @@ def run(args) -> int:
     skipped = []
     if args.compare:
         from planner.search.scale import SCALE_NODE_LIMIT
-        compared = COMPARED
-        if net.n > SCALE_NODE_LIMIT:   # bounded at scale: the evolutionary peer is left out
-            skipped = [m for m in COMPARED if m in SLOW_AT_SCALE and m != args.method]
-            compared = tuple(m for m in COMPARED if m not in skipped)
+        compared, skipped = compared_methods(args.method, net.n, SCALE_NODE_LIMIT)
         for method in compared:
             if method not in results:
                 results[method] = run_method(method, jobs, net, args.seed, progress, required=False)
@@ -301,7 +258,7 @@ def run(args) -> int:
     if args.compare:
         print_comparison(console, args.method, results, bound)
         for method in skipped:
-            console.print(f"[dim]{LABELS[method]}: not compared above {SCALE_NODE_LIMIT:,} servers "
+            console.print(f"[dim]{label(method)}: not compared above {SCALE_NODE_LIMIT:,} servers "
                           f"(it would take too long; plan it with --method {method})[/dim]",
                           highlight=False)
     else:
@@ -317,7 +274,7 @@ def run(args) -> int:
     if args.plot:
         from planner.plots.plan import plot_reports
 
-        reports = {LABELS.get(m, m): r.report for m, r in results.items() if r.report is not None}
+        reports = {m: r.report for m, r in results.items() if r.report is not None}
         plot_reports(reports, args.plot, title=f"{len(jobs)} jobs on {net.n} nodes")
         console.print(f"plot written to {args.plot}")
     return 0
@@ -399,7 +356,7 @@ def print_plan(console, result: MethodResult, net) -> None:
     from rich.table import Table
 
     report = result.report
-    console.print(f"[bold]{LABELS.get(result.method, result.method)}[/bold]: planned in "
+    console.print(f"[bold]{label(result.method)}[/bold]: planned in "
                   f"{result.seconds:.2f} s on {net.n} nodes", highlight=False)
     for jr in report.jobs:
         e = jr.estimate
@@ -451,17 +408,17 @@ def print_comparison(console, chosen: str, results: dict[str, MethodResult], bou
                 "x compute bound", "planning"):
         table.add_column(col, justify="left" if col == "method" else "right")
     for method, r in results.items():
-        label = LABELS.get(method, method) + (" [this plan]" if method == chosen else "")
+        name = label(method) + (" [this plan]" if method == chosen else "")
         if r.report is None:
-            table.add_row(label, "n/a", "", "", "", "", "")
-            unavailable.append(f"{LABELS.get(method, method)}: {r.error}")
+            table.add_row(name, "n/a", "", "", "", "", "")
+            unavailable.append(f"{label(method)}: {r.error}")
             continue
         rep = r.report
         if not rep.complete:
             note = f"{len(rep.unplaced)} job(s) infeasible"
-            table.add_row(label, note, "", "", "", "", f"{r.seconds:.2f} s")
+            table.add_row(name, note, "", "", "", "", f"{r.seconds:.2f} s")
             continue
-        table.add_row(label, fmt_s(rep.makespan_s), fmt_s(rep.sum_jct_s),
+        table.add_row(name, fmt_s(rep.makespan_s), fmt_s(rep.sum_jct_s),
                       ratio(rep.makespan_s, mine.makespan_s), ratio(rep.sum_jct_s, mine.sum_jct_s),
                       ratio(rep.makespan_s, bound), f"{r.seconds:.2f} s")
     table.add_row("compute bound", fmt_s(bound), "", ratio(bound, mine.makespan_s), "", "1.00x", "")

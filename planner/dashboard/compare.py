@@ -1,7 +1,9 @@
 """The last plan's comparison: the methods' makespans for its jobs on the current fleet.
 
-``compare_methods`` plans the jobs with Hulk's search, Systems A/B/C and the DT-FM-style peer and
-judges every plan by the reference cost model (docs/COSTMODEL.md), as `hulk-planner plan` does.
+``compare_methods`` plans the jobs with Hulk's default method as serve plans with it
+(planner.methods.serve_planner's budget, in one process) and with the methods `hulk-planner plan`
+compares it with (Systems A/B/C, the DT-FM-style peer), and judges every plan by the reference
+cost model (docs/COSTMODEL.md), as `plan` does.
 ``ComparisonWorker`` runs it again only when the jobs or the fleet's nodes change, or when the last
 result is older than ``max_age_s`` (RTTs drift), waiting on a thread of its own for a child
 process (``ChildComparer``) that does the planning: it takes seconds on a large fleet and must hold
@@ -10,7 +12,6 @@ neither the store's thread nor serve's interpreter.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import multiprocessing
@@ -24,18 +25,9 @@ from hulk.errors import HulkError
 from planner.core.fleet import Fleet, complete
 from planner.core.jobs import Job
 from planner.dashboard.view import number
+from planner.methods import DEFAULT_METHOD, SERVE_BUDGET_S, compared_methods, label, plan_with
 
 log = logging.getLogger(__name__)
-
-# method -> (module, function, label); planners are imported when first used.
-METHODS: dict[str, tuple[str, str, str]] = {
-    "search": ("planner.search", "plan_search", "Hulk (search)"),
-    "system-a": ("planner.baselines.systems", "plan_system_a", "System A (data parallel)"),
-    "system-b": ("planner.baselines.systems", "plan_system_b", "System B (GPipe)"),
-    "system-c": ("planner.baselines.systems", "plan_system_c", "System C (Megatron TP)"),
-    "dtfm": ("planner.baselines.dtfm", "plan_dtfm", "DT-FM-style peer"),
-}
-SEARCH_BUDGET_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -61,25 +53,30 @@ class Comparison:
 def run_method(method: str, jobs: list[Job], net, seed: int) -> MethodOutcome:
     from planner.core.evaluate import evaluate
 
-    module, function, label = METHODS[method]
-    fn = getattr(importlib.import_module(module), function)
-    kwargs: dict[str, Any] = {"seed": seed} if method in ("search", "dtfm") else {}
-    if method == "search":
-        kwargs["budget_s"] = SEARCH_BUDGET_S
+    name = label(method)
     t0 = time.perf_counter()
     try:
-        report = evaluate(fn(jobs, net, **kwargs), net)
+        # Options a method does not take are not passed to it (planner.methods.planner_for).
+        plan = plan_with(method, jobs, net, seed=seed, budget_s=SERVE_BUDGET_S, workers=1)
+        report = evaluate(plan, net)
     except HulkError as exc:
-        return MethodOutcome(method, label, None, None, time.perf_counter() - t0, error=str(exc))
+        return MethodOutcome(method, name, None, None, time.perf_counter() - t0, error=str(exc))
     except Exception as exc:   # one method's failure must not hide the others' makespans
         log.exception("dashboard: %s failed", method)
-        return MethodOutcome(method, label, None, None, time.perf_counter() - t0,
+        return MethodOutcome(method, name, None, None, time.perf_counter() - t0,
                              error=f"{type(exc).__name__}: {exc}")
     seconds = time.perf_counter() - t0
     unplaced = tuple(u.name for u in report.unplaced)
     if unplaced:
-        return MethodOutcome(method, label, None, None, seconds, unplaced)
-    return MethodOutcome(method, label, report.makespan_s, report.sum_jct_s, seconds)
+        return MethodOutcome(method, name, None, None, seconds, unplaced)
+    return MethodOutcome(method, name, report.makespan_s, report.sum_jct_s, seconds)
+
+
+def dashboard_methods(n_nodes: int) -> list[str]:
+    """Hulk's default method, then those `plan --compare` runs on a fleet of ``n_nodes``."""
+    from planner.search.scale import SCALE_NODE_LIMIT
+
+    return [DEFAULT_METHOD] + compared_methods(DEFAULT_METHOD, n_nodes, SCALE_NODE_LIMIT)[0]
 
 
 def compare_methods(jobs: list[Job], fleet: Fleet, *, seed: int = 0,
@@ -91,19 +88,19 @@ def compare_methods(jobs: list[Job], fleet: Fleet, *, seed: int = 0,
     bound = None
     if net.n and float(net.thr.sum()) > 0:
         bound = compute_bound_s(jobs, net)
-    outcomes = tuple(run_method(m, jobs, net, seed) for m in METHODS)
+    outcomes = tuple(run_method(m, jobs, net, seed) for m in dashboard_methods(net.n))
     return Comparison(tuple(j.name for j in jobs), net.n, clock_ms(), bound, outcomes)
 
 
 def comparison_json(comparison: Comparison | None, *, computing: bool,
                     plan: dict[str, Any]) -> dict[str, Any]:
     """The /api/plan document: the last plan (ids, jobs, estimates) and the methods' makespans,
-    each also as a multiple of Hulk's (search) makespan."""
+    each also as a multiple of Hulk's (the default method's, named by ``hulk``) makespan."""
     status = "computing" if computing else ("ready" if comparison else "none")
     out: dict[str, Any] = {"status": status, "plan": plan, "comparison": None}
     if comparison is None:
         return out
-    hulk = next((m.makespan_s for m in comparison.methods if m.method == "search"), None)
+    hulk = next((m.makespan_s for m in comparison.methods if m.method == DEFAULT_METHOD), None)
     methods = []
     for m in comparison.methods:
         ratio = m.makespan_s / hulk if m.makespan_s is not None and hulk else None
@@ -114,7 +111,7 @@ def comparison_json(comparison: Comparison | None, *, computing: bool,
     out["comparison"] = {"jobs": list(comparison.jobs), "nodes": comparison.nodes,
                          "computed_ms": comparison.computed_ms,
                          "compute_bound_s": number(comparison.compute_bound_s, 1),
-                         "methods": methods}
+                         "hulk": DEFAULT_METHOD, "methods": methods}
     return out
 
 

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from hulk.errors import InputError
+from planner.methods import label as method_label
 
 COMPUTE_HATCH = ""
 COMMUNICATION_HATCH = "///"
@@ -25,9 +26,11 @@ def _job_parts(report) -> dict[str, tuple[float, float]]:
     return parts
 
 
-def plot_reports(reports: dict, path: str | Path, *, title: str = "", log: bool | None = None) -> None:
-    """Grouped stacked bars: x = jobs, one bar per system (label -> PlanReport), compute at the
-    bottom (solid), communication on top (hatched); a job a system could not place is marked."""
+def plot_reports(reports: dict, path: str | Path, *, title: str = "",
+                 log: bool | None = None) -> list[str]:
+    """Grouped stacked bars: x = jobs, one bar per method (method name -> PlanReport, labelled
+    as planner.methods labels it), compute at the bottom (solid), communication on top
+    (hatched); a job a method could not place is marked. Returns the bars' labels in order."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,8 +38,9 @@ def plot_reports(reports: dict, path: str | Path, *, title: str = "", log: bool 
 
     if not reports:
         raise InputError("nothing to plot", field="--plot")
-    labels = list(reports)
-    parts = {label: _job_parts(r) for label, r in reports.items()}
+    names = list(reports)
+    labels = [method_label(name) for name in names]
+    parts = {name: _job_parts(r) for name, r in reports.items()}
     jobs: list[str] = []
     for r in reports.values():
         for jr in r.jobs:
@@ -55,12 +59,12 @@ def plot_reports(reports: dict, path: str | Path, *, title: str = "", log: bool 
     fig, ax = plt.subplots(figsize=(fig_w, 6.0), dpi=110)
     colors = plt.get_cmap("tab10").colors
     floor = min(smallest) / 3 if (log and smallest) else 0.0
-    for k, label in enumerate(labels):
+    for k, name in enumerate(names):
         xs, comp, comm, missing = [], [], [], []
         for j, job in enumerate(jobs):
             x = j - 0.4 + width * (k + 0.5)
-            if job in parts[label]:
-                c, m = parts[label][job]
+            if job in parts[name]:
+                c, m = parts[name][job]
                 xs.append(x)
                 comp.append(max(c, floor) if log else c)
                 comm.append(m)
@@ -100,3 +104,4 @@ def plot_reports(reports: dict, path: str | Path, *, title: str = "", log: bool 
         raise InputError(f"cannot write plot: {exc.strerror}", path=str(path)) from None
     finally:
         plt.close(fig)
+    return labels

@@ -257,7 +257,7 @@ function drawPlan(doc) {
       // Log scale: the baselines can be hundreds of times longer than Hulk's plan.
       const w = 300 * Math.log1p(m.makespan_s) / Math.log1p(longest);
       bars.appendChild(svgTitle(el("svg:rect", { x: 190, y, width: Math.max(2, w), height: 20,
-                                                 fill: m.method === "search" ? "#2563eb" : "#94a3b8" }),
+                                                 fill: m.method === cmp.hulk ? "#2563eb" : "#94a3b8" }),
                                 `${m.label}: ${duration(m.makespan_s)}`));
       bars.appendChild(el("svg:text", { x: 196 + w, y: y + 15, class: "bar-label" }, duration(m.makespan_s)));
     } else {

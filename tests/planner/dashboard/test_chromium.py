@@ -112,7 +112,7 @@ def test_the_dashboard_renders_the_fleet_jobs_and_plan_in_headless_chromium(tmp_
         for node in CITIES:
             assert f'<tr data-node="{node}">' in html, node
         assert f'<tr data-job="{JOB}">' in html and "bj-1, bj-2" in html
-        assert 'data-method="search"' in html and 'data-method="system-b"' in html
+        assert 'data-method="portfolio"' in html and 'data-method="system-b"' in html
         for link in site_links.values():
             assert f'stroke="{link["colour"]}"' in html, link
 

@@ -126,14 +126,15 @@ def test_the_last_plan_is_the_live_jobs_or_else_the_newest_plan():
 
 def test_comparison_document_gives_each_method_as_a_multiple_of_hulks_makespan():
     comparison = Comparison(("a",), 3, NOW, 50.0, (
-        MethodOutcome("search", "Hulk (search)", 100.0, 150.0, 0.5),
+        MethodOutcome("portfolio", "Hulk (portfolio)", 100.0, 150.0, 0.5),
         MethodOutcome("system-b", "System B (GPipe)", 250.0, 300.0, 0.1),
         MethodOutcome("system-a", "System A", None, None, 0.1, unplaced=("a",)),
         MethodOutcome("dtfm", "DT-FM", None, None, 0.1, error="no")))
     doc = comparison_json(comparison, computing=False, plan={"plan_ids": []})
     methods = {m["method"]: m for m in doc["comparison"]["methods"]}
     assert doc["status"] == "ready"
-    assert methods["search"]["vs_hulk"] == 1.0 and methods["system-b"]["vs_hulk"] == 2.5
+    assert doc["comparison"]["hulk"] == "portfolio"
+    assert methods["portfolio"]["vs_hulk"] == 1.0 and methods["system-b"]["vs_hulk"] == 2.5
     assert methods["system-a"]["vs_hulk"] is None and methods["system-a"]["unplaced"] == ["a"]
     assert comparison_json(None, computing=True, plan={})["status"] == "computing"
 
@@ -151,10 +152,11 @@ def test_compare_methods_judges_every_method_no_faster_than_the_compute_bound():
 
     jobs = [catalog_job("gpt2-xl", "a"), catalog_job("bert-large", "b")]
     result = compare_methods(jobs, small_fleet())
-    assert [m.method for m in result.methods] == ["search", "system-a", "system-b", "system-c", "dtfm"]
+    assert [m.method for m in result.methods] == ["portfolio", "system-a", "system-b", "system-c",
+                                                  "dtfm"]
     assert result.nodes == 3 and result.compute_bound_s > 0
     done = [m for m in result.methods if m.makespan_s is not None]
-    assert any(m.method == "search" for m in done) and len(done) >= 3
+    assert any(m.method == "portfolio" for m in done) and len(done) >= 3
     for m in done:
         assert m.makespan_s >= result.compute_bound_s * (1 - 1e-9), m
 
