@@ -12,11 +12,14 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hulk.errors import InputError, NotFoundError
 from planner.core.lifecycle import CANCELLED, FINAL, JobRecord
 from planner.settings import PlannerSettings
+
+if TYPE_CHECKING:
+    from planner.service.store import Store
 
 LOGS_NOTE = ("the last lines of each rank's log as its agent last reported them (every 10 s while "
              "it runs, and when it ends); the full log is jobs/<job>/job.log in each agent's state "
@@ -50,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
         q.set_defaults(func=func)
 
 
-def _store(args: argparse.Namespace, create: bool = False) -> Any:
+def _store(args: argparse.Namespace, create: bool = False) -> Store:
     if not args.db:
         raise InputError("expected a store path", field="--db")
     if not create and not Path(args.db).is_file():
@@ -59,7 +62,7 @@ def _store(args: argparse.Namespace, create: bool = False) -> Any:
     return Store(args.db)
 
 
-def _job(store: Any, name: str) -> JobRecord:
+def _job(store: Store, name: str) -> JobRecord:
     try:
         return store.job_by_name(name)
     except NotFoundError as exc:
@@ -112,7 +115,7 @@ def _row(record: JobRecord, cities: dict[str, str], now_ms: int) -> dict[str, An
 def cmd_list(args: argparse.Namespace) -> int:
     with _store(args) as store:
         records = store.job_records()
-        cities = {r["id"]: r.get("city") or "" for r in store.nodes()}
+        cities = {n.id: n.city for n in store.node_records()}
     now = int(time.time() * 1000)
     rows = [_row(r, cities, now) for r in records]
     if args.json:
@@ -135,7 +138,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     with _store(args) as store:
         record = _job(store, args.name)
-        cities = {r["id"]: r.get("city") or "" for r in store.nodes()}
+        cities = {n.id: n.city for n in store.node_records()}
     row = _row(record, cities, int(time.time() * 1000))
     print(f"job {record.name}: {record.state}" + (f" ({record.detail})" if record.detail else ""))
     print(f"  nodes     {', '.join(record.nodes) or '-'}  ({', '.join(row['cities']) or '-'})")
@@ -162,7 +165,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     with _store(args) as store:
         record = _job(store, args.name)
-        rows = {r["id"]: r for r in store.nodes()}
+        launches = {n.id: n.launch for n in store.node_records()}
     nodes = list(record.nodes)
     if args.node:
         if args.node not in nodes:
@@ -171,11 +174,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
         nodes = [args.node]
     print(f"job {record.name} ({record.state}); {LOGS_NOTE}")
     for node in nodes:
-        row = rows.get(node, {})
-        mine = row.get("launch_job") == record.name and row.get("launch_plan_id") == record.plan_id
-        print(f"== {node}: " + (f"{row.get('launch_state')} (exit code {row.get('launch_exit_code')})"
+        rank = launches.get(node)
+        mine = rank is not None and rank.job == record.name and rank.plan_id == record.plan_id
+        print(f"== {node}: " + (f"{rank.state} (exit code {rank.exit_code})"
                                 if mine else "no report for this job"))
-        if mine and row.get("launch_detail"):
-            for line in str(row["launch_detail"]).splitlines()[-50:]:
+        if mine and rank.detail:
+            for line in rank.detail.splitlines()[-50:]:
                 print(f"   {line}")
     return 0

@@ -6,24 +6,29 @@ import argparse
 import asyncio
 import logging
 import signal
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
 from hulk.errors import ConfigError
+from hulk.validate import Bound, located
 from hulk.metrics import parse_metrics_address, start_metrics_server
 from hulk.wire.broker import parse_broker_url
 from hulk.wire.records import ProbeSettings
 from planner.gnn.online import (ACTIVE_NAME, RESULTS_NAME, RetrainConfig, Retrainer, append_result,
-                                retrain_on_change, seed_active_checkpoint, serve_search)
+                                retrain_on_change, seed_active_checkpoint)
 from planner.security.credentials import CredentialStore
 from planner.security.guard import NodeGuard, RateLimit
 from planner.security.tls import server_credentials
 from planner.service.metrics import NO_EVENTS, PlannerMetrics, ServeEvents, StoreReader
 from planner.service.runtime import BackgroundTask, PlannerRuntime
 from planner.service.peer_plan import ProbePlanSettings
-from planner.settings import (PROBE_EPOCH_RANGE, PROBE_PEERS_RANGE, PROBE_SITE_REPS_RANGE,
-                              PlannerSettings)
+from planner.settings import DAYS, PROBE_EPOCH, PROBE_PEERS, PROBE_SITE_REPS, PlannerSettings
+
+if TYPE_CHECKING:
+    from hulk.wire.signing import Signer
 
 log = logging.getLogger(__name__)
 DASHBOARD_REFRESH_S = 2.0   # how often the dashboard's documents are rebuilt from the store
@@ -115,49 +120,70 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
 
 # ----------------------------------------------------------------------------------- checks
 
-def check_flags(args: argparse.Namespace) -> None:
-    """Every bad flag value as a one-line ConfigError, before anything is opened."""
+# Bounds of serve's numeric flags (the probe plan's are the settings').
+RATE_LIMIT = Bound(0.001, 1e6, "calls per second")
+RATE_BURST = Bound(1, 1e6, "calls")
+REPORT_SECONDS = Bound(0.1, 3600.0, "seconds")      # or 0: automatic
+PERIOD = Bound(0.01, 86400.0, "seconds")            # rollups, rounds, checks: at most daily
+NODE_TIMEOUT = Bound(0.1, 7 * 86400.0, "seconds")
+RETRAIN_JOB_SETS = Bound(2, 100_000, "job sets", integer=True)
+RETRAIN_EPOCHS = Bound(1, 100_000, "epochs", integer=True)
+
+
+@dataclass(frozen=True)
+class ServeFlags:
+    """What checking serve's flags loaded besides the flags themselves."""
+
+    signer: Signer | None = None     # the placement-signing key, with --mqtt
+
+
+def check_flags(args: argparse.Namespace) -> ServeFlags:
+    """Every bad flag value as a one-line ConfigError naming the flag, before anything is
+    opened; ``args`` is left as parsed."""
     if not args.db:
         raise ConfigError("expected a store path", field="--db")
-    if args.raw_days < 1:
-        raise ConfigError(f"expected at least 1 day, got {args.raw_days}", field="--raw-days")
-    if args.window_days < 1:
-        raise ConfigError(f"expected at least 1 day, got {args.window_days}",
-                          field="--window-days")
-    if args.rate_limit <= 0 or args.rate_burst < 1:
-        raise ConfigError("expected --rate-limit > 0 and --rate-burst >= 1", field="--rate-limit")
-    if not (args.report_seconds == 0 or 0.1 <= args.report_seconds <= 3600):
-        raise ConfigError(f"expected 0 or 0.1-3600 seconds, got {args.report_seconds}",
-                          field="--report-seconds")
-    for flag, value, (low, high) in (("--probe-peers", args.probe_peers, PROBE_PEERS_RANGE),
-                                     ("--probe-site-reps", args.probe_site_reps,
-                                      PROBE_SITE_REPS_RANGE),
-                                     ("--probe-epoch", args.probe_epoch, PROBE_EPOCH_RANGE)):
-        if not low <= value <= high:  # also NaN
-            raise ConfigError(f"expected {low:g} to {high:g}, got {value:g}", field=flag)
-    if not args.rollup_seconds > 0:
-        raise ConfigError(f"expected seconds > 0, got {args.rollup_seconds}",
-                          field="--rollup-seconds")
+    _check_numbers(args)
     if getattr(args, "metrics", None):
         parse_metrics_address(args.metrics, field="--metrics")
-    if args.mqtt:
-        parse_broker_url(args.mqtt, source="--mqtt")
-        if not args.node_timeout > 0:
-            raise ConfigError(f"expected seconds > 0, got {args.node_timeout}",
-                              field="--node-timeout")
-        jobs_interval = getattr(args, "jobs_interval", 2.0)
-        if not jobs_interval > 0:
-            raise ConfigError(f"expected seconds > 0, got {jobs_interval}",
-                              field="--jobs-interval")
-        if args.recovery_interval is not None and not args.recovery_interval > 0:
-            raise ConfigError(f"expected seconds > 0, got {args.recovery_interval}",
-                              field="--recovery-interval")
-        from planner.security.signing import load_signer
-        args.signer = load_signer(args.signing_key, "--signing-key")
-    if getattr(args, "dashboard", None) and not args.node_timeout > 0:
-        raise ConfigError(f"expected seconds > 0, got {args.node_timeout}", field="--node-timeout")
     if getattr(args, "dashboard_token", None) and not getattr(args, "dashboard", None):
         raise ConfigError("--dashboard-token needs --dashboard HOST:PORT", field="--dashboard-token")
+    _check_gnn(args)
+    return ServeFlags(signer=_recovery_signer(args))
+
+
+def _bounded(flag: str, bound: Bound, value: object) -> None:
+    with located(ConfigError, field=flag):
+        bound.check(value)
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    for flag, bound, value in (
+            ("--raw-days", DAYS, args.raw_days), ("--window-days", DAYS, args.window_days),
+            ("--rate-limit", RATE_LIMIT, args.rate_limit),
+            ("--rate-burst", RATE_BURST, args.rate_burst),
+            ("--probe-peers", PROBE_PEERS, args.probe_peers),
+            ("--probe-site-reps", PROBE_SITE_REPS, args.probe_site_reps),
+            ("--probe-epoch", PROBE_EPOCH, args.probe_epoch),
+            ("--rollup-seconds", PERIOD, args.rollup_seconds),
+            ("--node-timeout", NODE_TIMEOUT, args.node_timeout),
+            ("--jobs-interval", PERIOD, getattr(args, "jobs_interval", 2.0))):
+        _bounded(flag, bound, value)
+    if args.report_seconds != 0:
+        _bounded("--report-seconds", REPORT_SECONDS, args.report_seconds)
+    if args.recovery_interval is not None:
+        _bounded("--recovery-interval", PERIOD, args.recovery_interval)
+
+
+def _recovery_signer(args: argparse.Namespace) -> Signer | None:
+    """With --mqtt: the broker URL checked and the signing key loaded."""
+    if not args.mqtt:
+        return None
+    parse_broker_url(args.mqtt, source="--mqtt")
+    from planner.security.signing import load_signer
+    return load_signer(args.signing_key, "--signing-key")
+
+
+def _check_gnn(args: argparse.Namespace) -> None:
     if args.model_dir is None:
         if args.retrain:
             raise ConfigError("--retrain needs --model-dir (where the fine-tuned checkpoint goes)",
@@ -165,14 +191,10 @@ def check_flags(args: argparse.Namespace) -> None:
         return
     if args.model_dir.exists() and not args.model_dir.is_dir():
         raise ConfigError(f"{args.model_dir}: expected a folder", field="--model-dir")
-    for flag, seconds in (("--retrain-check-interval", args.retrain_check_interval),
-                          ("--retrain-teacher-budget", args.retrain_teacher_budget)):
-        if not seconds > 0:
-            raise ConfigError(f"expected seconds > 0, got {seconds}", field=flag)
-    for flag, count, least in (("--retrain-job-sets", args.retrain_job_sets, 2),
-                               ("--retrain-epochs", args.retrain_epochs, 1)):
-        if count < least:
-            raise ConfigError(f"expected a larger count, got {count}", field=flag)
+    _bounded("--retrain-check-interval", PERIOD, args.retrain_check_interval)
+    _bounded("--retrain-teacher-budget", PERIOD, args.retrain_teacher_budget)
+    _bounded("--retrain-job-sets", RETRAIN_JOB_SETS, args.retrain_job_sets)
+    _bounded("--retrain-epochs", RETRAIN_EPOCHS, args.retrain_epochs)
 
 
 def credentials_from_args(args: argparse.Namespace) -> grpc.ServerCredentials | None:
@@ -232,25 +254,26 @@ def add_gnn(runtime: PlannerRuntime, args: argparse.Namespace) -> Path | None:
     return active
 
 
-def add_recovery(runtime: PlannerRuntime, args: argparse.Namespace, active: Path | None) -> None:
+def add_recovery(runtime: PlannerRuntime, args: argparse.Namespace, active: Path | None,
+                 signer: Signer | None) -> None:
     """With --mqtt: re-plan (with the GNN when there is a model dir) the jobs of silent nodes,
     and run the job lifecycle (`hulk-planner jobs`) next to it."""
     if not args.mqtt:
         return
     # Imported here: it loads the search planner, which other commands need not wait for.
-    from planner.security.signing import load_signer
     from planner.service.lifecycle import add_to_runtime as add_lifecycle
-    from planner.service.lifecycle import recovery_hooks
     from planner.service.recovery import add_to_runtime
+    from planner.service.seams import ServeOptions
 
-    search = serve_search(active)
+    from planner.methods import serve_planner
+
+    search = serve_planner(checkpoint=active)   # the GNN, when given, adds a start
     replanner = add_to_runtime(
         runtime, broker=parse_broker_url(args.mqtt, source="--mqtt"),
-        node_timeout_s=args.node_timeout,
-        interval_s=args.recovery_interval or max(0.5, args.node_timeout / 3),
-        window_days=args.window_days, search=search, hooks=recovery_hooks(runtime),
-        signer=getattr(args, "signer", None) or load_signer(args.signing_key, "--signing-key"))
-    add_lifecycle(runtime, replanner, interval_s=getattr(args, "jobs_interval", 2.0), search=search)
+        options=ServeOptions(fleet=runtime.fleet, node_timeout_s=args.node_timeout),
+        interval_s=args.recovery_interval or max(0.5, args.node_timeout / 3), planner=search,
+        signer=signer)
+    add_lifecycle(runtime, replanner, interval_s=getattr(args, "jobs_interval", 2.0), planner=search)
 
 
 def build_dashboard(args: argparse.Namespace):
@@ -326,7 +349,7 @@ def watch_fleet(metrics: PlannerMetrics, runtime: PlannerRuntime, node_timeout_s
 
 
 def run(args: argparse.Namespace) -> int:
-    check_flags(args)
+    flags = check_flags(args)
     metrics = endpoint = None
     if getattr(args, "metrics", None):  # bound first: a port in use ends serve before the store opens
         metrics = PlannerMetrics(fleet=args.fleet_name)
@@ -338,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
         runtime = build_runtime(args, metrics or NO_EVENTS)
         if metrics is not None:
             watch_fleet(metrics, runtime, args.node_timeout)
-        add_recovery(runtime, args, add_gnn(runtime, args))
+        add_recovery(runtime, args, add_gnn(runtime, args), flags.signer)
         add_dashboard(runtime, dashboard)
         asyncio.run(serve(runtime, dashboard))
     finally:

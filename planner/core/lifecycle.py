@@ -16,14 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.core.costmodel import estimate
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.placements import job_from_spec
 from planner.core.plan import Plan
-from planner.core.recovery import SearchFn, replan_jobs
+from planner.core.recovery import replan_jobs
+
+if TYPE_CHECKING:
+    from planner.methods import Planner
 
 QUEUED, PLACED, RUNNING = "queued", "placed", "running"
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
@@ -115,7 +118,7 @@ class Placing:
 
 
 def place_queued(kept: Plan, net: Network, queued: list[Job], unavailable: Iterable[str], *,
-                 search: SearchFn, seed: int = 0) -> Placing:
+                 search: Planner, seed: int = 0) -> Placing:
     """Plan ``queued`` jobs on the nodes of ``net`` that are neither ``unavailable`` (silent) nor
     used by ``kept``'s placements; placements that would wait for another job (phase > 0) are
     dropped, so those jobs wait in the queue instead."""

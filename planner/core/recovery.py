@@ -6,7 +6,7 @@ does the reading and pushing):
 - :func:`down_nodes`: nodes whose last heartbeat is older than the timeout.
 - :func:`jobs_using`: the jobs of a plan that have a role on any of those nodes.
 - :func:`replan_jobs`: keep every other job's placement as it is; plan the affected jobs with the
-  given planner on a sub-network of the *free* nodes (neither down nor used by a kept job), and
+  given planner (a ``planner.methods.Planner``) on a sub-network of the *free* nodes (neither down nor used by a kept job), and
   map the result back to the full network's indices. Serve's recovery first tries the
   warm-started repair (planner/search/repair.py, ``repair_jobs``: same inputs, same result
   type) and uses this only for the jobs it cannot repair.
@@ -18,8 +18,9 @@ since that would restart jobs that are fine.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hulk.errors import PlanningError
 from planner.core.costmodel import Placement, Stage
@@ -27,8 +28,8 @@ from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan, Unplaced
 
-# A planner: (jobs, network, seed=...) -> Plan, e.g. planner.search.plan_search.
-SearchFn = Callable[..., Plan]
+if TYPE_CHECKING:
+    from planner.methods import Planner
 
 
 def down_nodes(last_seen_ms: Mapping[str, int | None], now_ms: int, timeout_s: float) -> set[str]:
@@ -58,7 +59,7 @@ class Replan:
 
 
 def replan_jobs(plan: Plan, net: Network, affected: Iterable[Job], down: Iterable[str], *,
-                search: SearchFn, seed: int = 0) -> Replan:
+                search: Planner, seed: int = 0) -> Replan:
     """Re-plan ``affected`` jobs with ``search`` on the nodes neither ``down`` nor used by the
     others.
 

@@ -23,8 +23,8 @@ Tables:
                   submission, start, finish and retirement (planner.core.lifecycle)
   job_events      every state change of a job, with its time and detail
 
-``planner.service.store.Store`` builds the planner's reads and writes on this class; sqlite
-errors become ``hulk.errors.StoreError``.
+``planner.service.store.Store`` holds one and hands it to the parts that read and write the
+tables (nodes, job records, rollup reads); sqlite errors become ``hulk.errors.StoreError``.
 """
 
 from __future__ import annotations
@@ -135,8 +135,11 @@ class Database:
     instance per thread of use (sqlite connections are not shared)."""
 
     def __init__(self, path: str | Path, *, synchronous: str = "NORMAL",
-                 busy_timeout_s: float = 30.0):
+                 busy_timeout_s: float = 30.0, per_pair_up_to: int = PER_PAIR_UP_TO):
         self.path = str(path)
+        # Fleets of at most this many nodes keep every pair's rollups; larger ones fold pairs
+        # between two sites into site pairs.
+        self.per_pair_up_to = per_pair_up_to
         self._lock = threading.RLock()
         with self._errors("open"):
             if self.path != ":memory:":
@@ -161,6 +164,12 @@ class Database:
             yield
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: store failed during {what}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def reading(self, what: str) -> Iterator[sqlite3.Connection]:
+        """The connection for reads outside a transaction (under the lock, errors converted)."""
+        with self._lock, self._errors(what):
+            yield self.conn
 
     @contextlib.contextmanager
     def transaction(self, what: str) -> Iterator[sqlite3.Connection]:
@@ -261,11 +270,11 @@ class Database:
                     job_id INTEGER NOT NULL, at_ms INTEGER NOT NULL, state TEXT NOT NULL,
                     detail TEXT NOT NULL DEFAULT '')""")
                 db.execute("CREATE INDEX job_events_job ON job_events(job_id)")
-            if self._meta("schema_version") == "1":
+            if self.meta("schema_version") == "1":
                 self._migrate_from_1(self.conn)
-            if self._meta("schema_version") == "2":
+            if self.meta("schema_version") == "2":
                 self._migrate_from_2(self.conn)
-        version = self._meta("schema_version")
+        version = self.meta("schema_version")
         if version != str(SCHEMA_VERSION):
             raise StoreError(f"{self.path}: schema version {version}, this planner reads "
                              f"{SCHEMA_VERSION}")
@@ -289,7 +298,7 @@ class Database:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(batches)")}
         if "last_summary_id" not in columns:
             conn.execute("ALTER TABLE batches ADD COLUMN last_summary_id INTEGER")
-        self._set_meta(conn, "schema_version", 2)
+        self.set_meta(conn, "schema_version", 2)
         log.info("%s: store migrated from schema 1 to 2 (histograms inside rollups, "
                  "per-round summaries)", self.path)
 
@@ -303,16 +312,11 @@ class Database:
             conn.execute("UPDATE nodes SET site_idx = ? WHERE idx = ?",
                          (self.site_index(conn, site_key(city)), idx))
         moved = self.fold_node_pairs_between_sites(conn)
-        self._set_meta(conn, "schema_version", 3)
+        self.set_meta(conn, "schema_version", 3)
         log.info("%s: store migrated from schema 2 to 3 (%d nodes given sites, %d rollups "
                  "between sites folded into site rollups)", self.path, len(rows), moved)
 
     # -------------------------------------------------------------------------------- sites
-
-    @property
-    def per_pair_up_to(self) -> int:
-        """Fleets of at most this many nodes keep every pair's rollups (Store sets it)."""
-        return getattr(self, "per_pair_limit", PER_PAIR_UP_TO)
 
     def folds_sites(self, conn: sqlite3.Connection) -> bool:
         """Whether pairs between two sites are kept as site pairs (the fleet is large)."""
@@ -344,10 +348,10 @@ class Database:
         return conn.execute(f"""DELETE FROM rollups WHERE (day, src, dst) IN
             (SELECT r.day, r.src, r.dst {between})""").rowcount
 
-    def _meta(self, key: str, default: str | None = None) -> str | None:
+    def meta(self, key: str, default: str | None = None) -> str | None:
         row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else default
 
-    def _set_meta(self, conn: sqlite3.Connection, key: str, value: Any) -> None:
+    def set_meta(self, conn: sqlite3.Connection, key: str, value: Any) -> None:
         conn.execute("INSERT INTO meta(key, value) VALUES (?, ?) "
                      "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, str(value)))

@@ -15,7 +15,7 @@ It validates every sample before anything is stored:
   store's raw retention (``raw_days``, also 1970) is rejected and counted as ``too_old``: past
   that horizon a retried batch could no longer be recognised, and it would count twice.
 
-Per-round summaries (``PeerSummary``, from agents since issue 13) go the same way: a summary
+Per-round summaries (``PeerSummary``) go the same way: a summary
 whose figures cannot be true (``admission.check_summary``: lost > count, min > max, NaN, a
 histogram not adding up, ...) refuses the batch with INVALID_ARGUMENT, counted; one to an
 unknown peer, below the light-speed bound (its fastest RTT) or too old is rejected and counted
@@ -63,7 +63,7 @@ INTERVAL_DRIFT = 2.0             # a node given an interval this far off registe
 
 def auto_report_interval_s(nodes: int) -> float:
     """The report interval pushed to agents when serve runs without --report-seconds: 0 (the
-    agents' own 5 s, as before) up to 100 nodes, then ``nodes / 20`` seconds so the fleet sends
+    agents' own 5 s) up to 100 nodes, then ``nodes / 20`` seconds so the fleet sends
     about 20 Reports a second, at most 600 s (12,000 nodes and more). At 600 s an agent holds
     600 s of summaries (64 peers, a round a minute: 640) before sending: well inside its spool
     (spool_max, 1,000,000 by default) and a Report's max_batch (2,000; a full batch goes at once)."""
@@ -226,49 +226,24 @@ class IngestService:
         oldest = now - self.store.raw_days * DAY_MS
         self._reloaded = False
         rows: list[SummaryRow] = []
-        counts = {REASON_BELOW_LIGHT: 0, REASON_UNKNOWN_PEER: 0, REASON_TOO_OLD: 0}
-        example = None
+        tally = _Tally()
         for i, s in enumerate(summaries):
-            where = f"summaries[{i}]"
-            check_summary(s, where)
-            if not s.peer_id:
-                raise errors.InputError("expected a peer id", field=f"{where}.peer_id")
-            peer = self._peer(s.peer_id)
+            check_summary(s, f"summaries[{i}]")
+            peer = self._known_peer(node, s.peer_id, "summaries", i)
             if peer is None:
-                if s.peer_id == node.id:
-                    raise errors.InputError("a node does not probe itself",
-                                            field=f"{where}.peer_id")
-                counts[REASON_UNKNOWN_PEER] += 1
-                continue
-            if peer.idx == node.idx:
-                raise errors.InputError("a node does not probe itself", field=f"{where}.peer_id")
-            if times[i] < oldest:
-                counts[REASON_TOO_OLD] += 1
-                continue
-            received = s.count - s.lost
-            if received:
-                bound = self._bound_ms(node, peer)
-                if s.rtt_min_ms < bound:
-                    counts[REASON_BELOW_LIGHT] += 1
-                    example = example or (peer.id, s.rtt_min_ms, bound)
-                    continue
+                tally.unknown += 1
+            elif times[i] < oldest:
+                tally.too_old += 1
+            elif s.count == s.lost:
+                rows.append((node.idx, peer.idx, times[i], s.kind, s.count, s.lost, 0.0, 0.0,
+                             None, None, None))
+            elif tally.above_light(s.rtt_min_ms, self._bound_ms(node, peer), peer.id):
                 rows.append((node.idx, peer.idx, times[i], s.kind, s.count, s.lost, s.rtt_sum_ms,
                              s.rtt_sum_sq_ms2, micros(s.rtt_min_ms), micros(s.rtt_max_ms),
                              histogram.encode(dict(s.buckets))))
-            else:
-                rows.append((node.idx, peer.idx, times[i], s.kind, s.count, s.lost, 0.0, 0.0,
-                             None, None, None))
-        for reason, count in counts.items():
-            if count:
-                rejected[reason] = rejected.get(reason, 0) + count
-        if example is not None:
-            log.warning("rejected %d summaries from %s below the speed-of-light bound, e.g. "
-                        "%s -> %s %.3f ms < %.3f ms", counts[REASON_BELOW_LIGHT], node.id,
-                        node.id, *example)
-        if counts[REASON_UNKNOWN_PEER] or counts[REASON_TOO_OLD]:
-            log.warning("rejected summaries from %s: %d to unregistered peers, %d older than %d "
-                        "days", node.id, counts[REASON_UNKNOWN_PEER], counts[REASON_TOO_OLD],
-                        self.store.raw_days)
+        for reason, count in tally.reasons().items():
+            rejected[reason] = rejected.get(reason, 0) + count
+        tally.log(node.id, "summaries", self.store.raw_days)
         return rows
 
     def _peer(self, peer_id: str) -> NodeRef | None:
@@ -281,14 +256,32 @@ class IngestService:
             peer = self._nodes.get(peer_id)
         return peer
 
-    def _validate(self, node: NodeRef, batch_id: str, samples: Sequence[ProbeSample],
-                  n_summaries: int = 0) -> tuple[list[SampleRow], dict[str, int]]:
+    def _known_peer(self, node: NodeRef, peer_id: str, section: str, i: int) -> NodeRef | None:
+        """The registered peer a record measures (None: unknown); a record without a peer, or
+        of a node probing itself, refuses the batch."""
+        peer = self._nodes.get(peer_id)
+        if peer is None:
+            if not peer_id:
+                raise errors.InputError("expected a peer id", field=f"{section}[{i}].peer_id")
+            if peer_id != node.id:
+                peer = self._peer(peer_id)
+        if peer_id == node.id or (peer is not None and peer.idx == node.idx):
+            raise errors.InputError("a node does not probe itself",
+                                    field=f"{section}[{i}].peer_id")
+        return peer
+
+    def _check_batch(self, batch_id: str, n_samples: int, n_summaries: int) -> None:
         if not batch_id:
             raise errors.InputError("expected a non-empty batch id", field="batch_id")
-        if len(samples) + n_summaries > self.limits.max_batch_samples:
+        if n_samples + n_summaries > self.limits.max_batch_samples:
             raise errors.BatchTooLargeError(
-                f"batch has {len(samples) + n_summaries} records, the limit is "
+                f"batch has {n_samples + n_summaries} records, the limit is "
                 f"{self.limits.max_batch_samples}", field="summaries" if n_summaries else "samples")
+
+    def _validate(self, node: NodeRef, batch_id: str, samples: Sequence[ProbeSample],
+                  n_summaries: int = 0) -> tuple[list[SampleRow], dict[str, int]]:
+        """Rows of the samples worth storing, and the count of the others by reason."""
+        self._check_batch(batch_id, len(samples), n_summaries)
         now = self.clock()
         times, shift = corrected_times([s.sent_at_ms for s in samples], now,
                                        self._skew_ms.get(node.id, 0),
@@ -297,76 +290,85 @@ class IngestService:
             log.debug("%s: sample times moved by %d ms onto the planner's clock", node.id, -shift)
         oldest = now - self.store.raw_days * DAY_MS
         default_timeout = self.settings.timeout_s * 1000.0
-        nodes = self._nodes
-        rows = []
-        below = unknown = too_old = 0
-        reloaded = False
-        example = None
+        self._reloaded = False
+        rows: list[SampleRow] = []
+        tally = _Tally()
         src = node.idx
         for i, s in enumerate(samples):
-            if s.kind not in KNOWN_KINDS:
-                raise errors.InputError(f"expected a probe kind in {sorted(KNOWN_KINDS)}, got "
-                                        f"{s.kind}", field=f"samples[{i}].kind")
-            if not 0 <= s.payload_bytes <= MAX_PAYLOAD_BYTES:
-                raise errors.InputError(f"expected 0-{MAX_PAYLOAD_BYTES} payload bytes, got "
-                                        f"{s.payload_bytes}", field=f"samples[{i}].payload_bytes")
-            peer = nodes.get(s.peer_id)
+            _check_sample(s, i)
+            peer = self._known_peer(node, s.peer_id, "samples", i)
             if peer is None:
-                if not s.peer_id:
-                    raise errors.InputError("expected a peer id", field=f"samples[{i}].peer_id")
-                if s.peer_id == node.id:
-                    raise errors.InputError("a node does not probe itself",
-                                            field=f"samples[{i}].peer_id")
-                if not reloaded:  # registered since we last looked? check once per batch
-                    nodes = self._nodes = self.store.node_refs()
-                    reloaded = True
-                    peer = nodes.get(s.peer_id)
-                if peer is None:
-                    unknown += 1
-                    continue
-            if peer.idx == src:
-                raise errors.InputError("a node does not probe itself",
-                                        field=f"samples[{i}].peer_id")
-            sent = times[i]
-            if sent < oldest:
-                too_old += 1
-                continue
-            if s.lost:
-                rows.append((src, peer.idx, sent, s.kind, s.payload_bytes, 1, None, None))
-                continue
-            rtt = s.rtt_ms
-            if not (rtt >= 0.0) or math.isinf(rtt):
-                raise errors.InputError(f"expected an RTT >= 0 ms, got {rtt}",
-                                        field=f"samples[{i}].rtt_ms")
-            limit = s.timeout_ms if s.timeout_ms > 0 else default_timeout
-            if not limit <= MAX_TIMEOUT_MS:  # also NaN
-                raise errors.InputError(f"expected a probe timeout up to {MAX_TIMEOUT_MS:g} ms, "
-                                        f"got {limit}", field=f"samples[{i}].timeout_ms")
-            if rtt > limit:
-                raise errors.InputError(f"RTT {rtt} ms is above the probe's timeout of {limit} ms",
-                                        field=f"samples[{i}].rtt_ms")
-            bound = self._bound_ms(node, peer)
-            if rtt < bound:
-                below += 1
-                if example is None:
-                    example = (peer.id, rtt, bound)
-                continue
-            rows.append((src, peer.idx, sent, s.kind, s.payload_bytes, 0, rtt, bucket_index(rtt)))
-        rejected = {}
-        if below:
-            rejected[REASON_BELOW_LIGHT] = below
-            peer_id, rtt, bound = example
-            log.warning("rejected %d sample(s) from %s below the speed-of-light bound, e.g. "
-                        "%s -> %s %.3f ms < %.3f ms", below, node.id, node.id, peer_id, rtt, bound)
-        if unknown:
-            rejected[REASON_UNKNOWN_PEER] = unknown
-            log.warning("rejected %d sample(s) from %s to unregistered peers", unknown, node.id)
-        if too_old:
-            rejected[REASON_TOO_OLD] = too_old
-            log.warning("rejected %d sample(s) from %s taken more than %d days ago (past the "
-                        "store's raw retention a retried batch could count twice)", too_old,
-                        node.id, self.store.raw_days)
-        return rows, rejected
+                tally.unknown += 1
+            elif times[i] < oldest:
+                tally.too_old += 1
+            elif s.lost:
+                rows.append((src, peer.idx, times[i], s.kind, s.payload_bytes, 1, None, None))
+            elif tally.above_light(_checked_rtt(s, i, default_timeout),
+                                       self._bound_ms(node, peer), peer.id):
+                rows.append((src, peer.idx, times[i], s.kind, s.payload_bytes, 0, s.rtt_ms,
+                             bucket_index(s.rtt_ms)))
+        tally.log(node.id, "sample(s)", self.store.raw_days)
+        return rows, tally.reasons()
+
+
+@dataclass
+class _Tally:
+    """Records of one batch rejected alone, by reason, and one example below light speed."""
+
+    below: int = 0
+    unknown: int = 0
+    too_old: int = 0
+    example: tuple[str, float, float] | None = None
+
+    def above_light(self, rtt_ms: float, bound_ms: float, peer_id: str) -> bool:
+        """Whether ``rtt_ms`` may be true; counts it when it is below the light-speed bound."""
+        if rtt_ms >= bound_ms:
+            return True
+        self.below += 1
+        self.example = self.example or (peer_id, rtt_ms, bound_ms)
+        return False
+
+    def reasons(self) -> dict[str, int]:
+        counts = {REASON_BELOW_LIGHT: self.below, REASON_UNKNOWN_PEER: self.unknown,
+                  REASON_TOO_OLD: self.too_old}
+        return {reason: count for reason, count in counts.items() if count}
+
+    def log(self, node_id: str, what: str, raw_days: int) -> None:
+        if self.example is not None:
+            log.warning("rejected %d %s from %s below the speed-of-light bound, e.g. "
+                        "%s -> %s %.3f ms < %.3f ms", self.below, what, node_id, node_id,
+                        *self.example)
+        if self.unknown:
+            log.warning("rejected %d %s from %s to unregistered peers", self.unknown, what,
+                        node_id)
+        if self.too_old:
+            log.warning("rejected %d %s from %s taken more than %d days ago (past the store's "
+                        "raw retention a retried batch could count twice)", self.too_old, what,
+                        node_id, raw_days)
+
+
+def _check_sample(s: ProbeSample, i: int) -> None:
+    if s.kind not in KNOWN_KINDS:
+        raise errors.InputError(f"expected a probe kind in {sorted(KNOWN_KINDS)}, got {s.kind}",
+                                field=f"samples[{i}].kind")
+    if not 0 <= s.payload_bytes <= MAX_PAYLOAD_BYTES:
+        raise errors.InputError(f"expected 0-{MAX_PAYLOAD_BYTES} payload bytes, got "
+                                f"{s.payload_bytes}", field=f"samples[{i}].payload_bytes")
+
+
+def _checked_rtt(s: ProbeSample, i: int, default_timeout_ms: float) -> float:
+    """The sample's RTT: finite, >= 0 and within its probe's timeout (itself bounded)."""
+    rtt = s.rtt_ms
+    if not (rtt >= 0.0) or math.isinf(rtt):
+        raise errors.InputError(f"expected an RTT >= 0 ms, got {rtt}", field=f"samples[{i}].rtt_ms")
+    limit = s.timeout_ms if s.timeout_ms > 0 else default_timeout_ms
+    if not limit <= MAX_TIMEOUT_MS:  # also NaN
+        raise errors.InputError(f"expected a probe timeout up to {MAX_TIMEOUT_MS:g} ms, got "
+                                f"{limit}", field=f"samples[{i}].timeout_ms")
+    if rtt > limit:
+        raise errors.InputError(f"RTT {rtt} ms is above the probe's timeout of {limit} ms",
+                                field=f"samples[{i}].rtt_ms")
+    return rtt
 
 
 def _check_count(name: str, value: int) -> None:

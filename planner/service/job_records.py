@@ -1,5 +1,5 @@
 """The store's job records: submit, read, move between states (the ``jobs`` and ``job_events``
-tables of planner.service.database). ``Store`` inherits these methods.
+tables of planner.service.database), one part of ``planner.service.store.Store``.
 
 Every state change is one transaction that updates the job's row and appends an event, so
 ``jobs show`` can print when each change happened.
@@ -8,11 +8,15 @@ Every state change is one transaction that updates the job's row and appends an 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from hulk.errors import InputError, NotFoundError
 from planner.core.lifecycle import FINAL, LIVE, QUEUED, RUNNING, STATES, JobRecord
+from planner.service.database import Database
+
+if TYPE_CHECKING:
+    from planner.service.store import Store
 
 _COLUMNS = ("id, name, state, spec_json, submitted_ms, changed_ms, plan_id, nodes_json, restarts, "
             "started_ms, finished_ms, retired_ms, estimate_s, detail")
@@ -28,12 +32,16 @@ def _record(row: tuple, events: tuple = ()) -> JobRecord:
 
 
 class JobRecords:
-    """Mixin for ``planner.service.store.Store`` (needs ``transaction``, ``clock``, ``conn``)."""
+    """Job records over ``database``; times from ``clock`` (ms)."""
+
+    def __init__(self, database: Database, clock: Callable[[], int]):
+        self.database = database
+        self.clock = clock
 
     def submit_job(self, name: str, spec: Mapping[str, Any]) -> JobRecord:
         """Store a job as queued; InputError when a job of that name is still active."""
         t = self.clock()
-        with self.transaction("submit job") as conn:
+        with self.database.transaction("submit job") as conn:
             for row in conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE name = ?", (name,)):
                 if _record(row).active:
                     raise InputError(f"a job named {name!r} is already {row[2]}; cancel it or "
@@ -46,19 +54,19 @@ class JobRecords:
         return self.job_record(job_id)
 
     def job_record(self, job_id: int) -> JobRecord:
-        with self._lock, self._errors("read job"):
-            row = self.conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        with self.database.reading("read job") as conn:
+            row = conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
             if row is None:
                 raise NotFoundError(f"no job with id {job_id}")
-            events = tuple(self.conn.execute(
+            events = tuple(conn.execute(
                 "SELECT state, at_ms, detail FROM job_events WHERE job_id = ? ORDER BY rowid",
                 (job_id,)).fetchall())
         return _record(row, events)
 
     def job_by_name(self, name: str) -> JobRecord:
         """The latest job of that name; NotFoundError when there is none."""
-        with self._lock, self._errors("read job"):
-            row = self.conn.execute("SELECT id FROM jobs WHERE name = ? ORDER BY id DESC LIMIT 1",
+        with self.database.reading("read job") as conn:
+            row = conn.execute("SELECT id FROM jobs WHERE name = ? ORDER BY id DESC LIMIT 1",
                                     (name,)).fetchone()
         if row is None:
             raise NotFoundError(f"no job named {name!r}")
@@ -67,8 +75,8 @@ class JobRecords:
     def job_records(self, *, unretired_only: bool = False) -> list[JobRecord]:
         """Every job (oldest first); ``unretired_only``: those the lifecycle still acts on."""
         where = " WHERE retired_ms IS NULL" if unretired_only else ""
-        with self._lock, self._errors("read jobs"):
-            rows = self.conn.execute(f"SELECT {_COLUMNS} FROM jobs{where} ORDER BY id").fetchall()
+        with self.database.reading("read jobs") as conn:
+            rows = conn.execute(f"SELECT {_COLUMNS} FROM jobs{where} ORDER BY id").fetchall()
         return [_record(r) for r in rows]
 
     def update_job(self, job_id: int, *, state: str | None = None, detail: str | None = None,
@@ -79,7 +87,7 @@ class JobRecords:
         if state is not None and state not in STATES:
             raise ValueError(f"unknown job state {state!r}")
         t = self.clock()
-        with self.transaction("update job") as conn:
+        with self.database.transaction("update job") as conn:
             row = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
             if row is None:
                 raise NotFoundError(f"no job with id {job_id}")
@@ -116,7 +124,7 @@ class JobRecords:
                              (job_id, t, event, why))
 
 
-def record_pushed_plan(store: JobRecords, placed: Mapping[str, tuple[Mapping[str, Any], list[str]]],
+def record_pushed_plan(store: JobRecords | Store, placed: Mapping[str, tuple[Mapping[str, Any], list[str]]],
                        plan_id: str) -> None:
     """What ``plan --push`` did, as job records: each pushed job ``placed`` (name -> (spec, node
     ids)) with the new plan id; every other live job lost its placement to the push (it clears

@@ -1,4 +1,4 @@
-"""Pushing placements to the broker (aiomqtt behind a small interface).
+"""Pushing placements to the broker (aiomqtt behind a small interface), and the current plan.
 
 Every message is retained with QoS 1, so an agent that (re)connects later gets its placement from
 the broker, and a publish returns only once the broker has acknowledged it. An empty retained
@@ -9,6 +9,10 @@ Every placement and the summary are signed (``hulk.wire.signing.Signer``) and va
 ``VALIDITY_MS`` (7 days) from their issue time; ``serve --mqtt`` re-signs what it retains once
 less than ``RESIGN_BEFORE_MS`` (4 days) is left, so an agent that restarts and re-reads its
 retained placement always finds it valid while the planner runs (planner/service/recovery.py).
+
+:class:`InMemoryPublisher` is a broker in memory, shipped beside :class:`MqttPublisher` for tests
+and tools that want the planner's pushes without a broker. :class:`RetainedPlan` is the current
+plan (``planner.service.seams.CurrentPlan``) as the broker retains it, signed and verified.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from hulk.errors import UnavailableError
+from hulk.errors import InputError, UnavailableError
 from hulk.wire.broker import BrokerAddress, client_tls_kwargs, placement_topic, plan_topic
-from hulk.wire.placement import NodePlacement, summary_bytes
+from hulk.wire.placement import (NodePlacement, PlanSummary, parse_placement, parse_summary,
+                                 summary_bytes)
 from hulk.wire.signing import Signer
 from planner.core.placements import build_node_placements, build_summary
 from planner.service.store import Store
@@ -40,6 +45,34 @@ class Publisher(Protocol):
     async def publish_retained(self, messages: Mapping[str, bytes]) -> None: ...
 
     async def read_retained(self, topic: str, wait_s: float = 1.0) -> bytes | None: ...
+
+
+class InMemoryPublisher:
+    """A broker's retained topics in memory: ``retained`` (topic -> payload) and every
+    ``publish_retained`` call's messages in ``published``. With ``unavailable`` set, every call
+    fails as an unreachable broker does."""
+
+    def __init__(self, retained: Mapping[str, bytes] | None = None):
+        self.retained: dict[str, bytes] = dict(retained or {})
+        self.published: list[dict[str, bytes]] = []
+        self.unavailable = False
+
+    def _check(self) -> None:
+        if self.unavailable:
+            raise UnavailableError("MQTT broker (in memory): unavailable")
+
+    async def publish_retained(self, messages: Mapping[str, bytes]) -> None:
+        self._check()
+        self.published.append(dict(messages))
+        for topic, payload in messages.items():
+            if payload:
+                self.retained[topic] = payload
+            else:                       # an empty retained payload deletes the message
+                self.retained.pop(topic, None)
+
+    async def read_retained(self, topic: str, wait_s: float = 1.0) -> bytes | None:
+        self._check()
+        return self.retained.get(topic)
 
 
 class MqttPublisher:
@@ -173,9 +206,55 @@ async def push_new_plan(publisher: Publisher, plan: Any, net: Any, *, fleet: str
     return signed
 
 
+class RetainedPlan:
+    """The current plan as ``publisher`` retains it for ``fleet``: read back and verified with
+    ``signer``'s key (retained messages are waited for up to ``read_wait_s``), replaced signed."""
+
+    def __init__(self, publisher: Publisher, *, fleet: str, signer: Signer,
+                 read_wait_s: float = 0.3):
+        self.publisher, self.fleet, self.signer = publisher, fleet, signer
+        self.verifier = signer.verifier()
+        self.read_wait_s = read_wait_s
+
+    async def summary(self) -> PlanSummary | None:
+        topic = plan_topic(self.fleet)
+        raw = await self.publisher.read_retained(topic, self.read_wait_s)
+        return parse_summary(raw, source=topic, verifier=self.verifier) if raw else None
+
+    async def placements(self, nodes: Iterable[str]) -> dict[str, NodePlacement]:
+        out: dict[str, NodePlacement] = {}
+        for node in nodes:
+            topic = placement_topic(self.fleet, node)
+            raw = await self.publisher.read_retained(topic, self.read_wait_s)
+            if not raw:
+                continue
+            try:
+                placement = parse_placement(raw, source=topic, verifier=self.verifier)
+                if placement.node != node or placement.fleet != self.fleet:
+                    raise InputError(f"expected node {node!r} of fleet {self.fleet!r}", path=topic)
+            except InputError as exc:
+                log.error("current plan: leaving %s alone, it does not verify: %s", topic, exc)
+                continue
+            out[node] = placement
+        return out
+
+    async def replace(self, placements: Mapping[str, NodePlacement],
+                      summary: Mapping[str, Any] | None, *, issued_at_ms: int,
+                      clear: Iterable[str] = ()) -> int:
+        if summary is not None:
+            count, _ = await push_plan(self.publisher, self.fleet, placements, dict(summary),
+                                       signer=self.signer, issued_at_ms=issued_at_ms, clear=clear)
+            return count
+        signed, _ = sign_plan(placements, None, signer=self.signer, issued_at_ms=issued_at_ms)
+        messages = {**plan_messages(self.fleet, signed, None, clear=clear),
+                    plan_topic(self.fleet): b""}
+        await self.publisher.publish_retained(messages)
+        return len(messages)
+
+
 def registered_addresses(db_path: str | None) -> dict[str, str]:
     """node id -> address its agent registered (rendezvous addresses); empty without a store."""
     if not db_path:
         return {}
     with Store(db_path) as store:
-        return {r["id"]: r["address"] for r in store.nodes() if r.get("address")}
+        return {r.id: r.address for r in store.node_records() if r.address}

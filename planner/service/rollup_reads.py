@@ -1,4 +1,4 @@
-"""The store's reads of the rollups over a window (a mixin of ``planner.service.store.Store``):
+"""The store's reads of the rollups over a window (one part of ``planner.service.store.Store``):
 node pairs' and site pairs' merged rollups with histograms, and the plain sums a fleet's links
 need, added up by SQLite's own aggregates."""
 
@@ -7,13 +7,14 @@ from __future__ import annotations
 import math
 import sqlite3
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from hulk.wire import histogram
 from planner.core.rollup import DailyRollup
+from planner.service.database import Database
 
 DAY_MS = 86_400_000
 
@@ -28,18 +29,23 @@ class PairRollup:
 
 
 class RollupReads:
-    """Window reads; the Store provides the connection, clock and ``rollup_pending``."""
+    """Window reads over ``database``; ``fold_pending`` (the store's ``rollup_pending``) runs
+    before each read so it includes everything stored; days from ``clock`` (ms)."""
+
+    def __init__(self, database: Database, clock: Callable[[], int],
+                 fold_pending: Callable[[], object]):
+        self.database = database
+        self.clock = clock
+        self.fold_pending = fold_pending
 
     def daily_rollups(self, src: str, dst: str) -> dict[int, DailyRollup]:
         """{day number: rollup} of one ordered pair."""
-        self.rollup_pending()
-        refs = self.node_refs()
-        if src not in refs or dst not in refs:
-            return {}
-        a, b = refs[src].idx, refs[dst].idx
-        with self._lock, self._errors("read rollups"):
-            rows = self.conn.execute("SELECT day, count, lost, sum, sumsq, min_us, max_us, hist "
-                                     "FROM rollups WHERE src = ? AND dst = ?", (a, b)).fetchall()
+        self.fold_pending()
+        with self.database.reading("read rollups") as conn:
+            rows = conn.execute("SELECT r.day, r.count, r.lost, r.sum, r.sumsq, r.min_us, "
+                                "r.max_us, r.hist FROM rollups r JOIN nodes a ON a.idx = r.src "
+                                "JOIN nodes b ON b.idx = r.dst WHERE a.id = ? AND b.id = ?",
+                                (src, dst)).fetchall()
         return {day: _rollup(row) for day, *row in rows}
 
     def window_rollups(self, window_days: int = 90) -> list[PairRollup]:
@@ -56,10 +62,10 @@ class RollupReads:
     def _window_rollups(self, rollups: str, names: str, name: str, window_days: int,
                         what: str) -> list[PairRollup]:
         # Table and column names are this module's constants, never input.
-        self.rollup_pending()
+        self.fold_pending()
         first_day = self.clock() // DAY_MS - window_days + 1
-        with self._lock, self._errors(what):
-            rows = self.conn.execute(f"""
+        with self.database.reading(what) as conn:
+            rows = conn.execute(f"""
                 SELECT a.{name}, b.{name}, sum(r.count), sum(r.lost), total(r.sum), total(r.sumsq),
                        min(r.min_us), max(r.max_us), hist_sum(r.hist)
                 FROM {rollups} r JOIN {names} a ON a.idx = r.src JOIN {names} b ON b.idx = r.dst
@@ -79,12 +85,12 @@ class RollupReads:
         return self._totals("site_rollups", "sites", "name", window_days)
 
     def _totals(self, table: str, names: str, name: str, window_days: int):
-        self.rollup_pending()
+        self.fold_pending()
         first_day = self.clock() // DAY_MS - window_days + 1
-        with self._lock, self._errors(f"read {table}"):
-            label = dict(self.conn.execute(f"SELECT idx, {name} FROM {names}").fetchall())
-            if self.path == ":memory:" or window_days < 2 * READ_THREADS:
-                rows = self.conn.execute(_TOTALS.format(table=table),
+        with self.database.reading(f"read {table}") as conn:
+            label = dict(conn.execute(f"SELECT idx, {name} FROM {names}").fetchall())
+            if self.database.path == ":memory:" or window_days < 2 * READ_THREADS:
+                rows = conn.execute(_TOTALS.format(table=table),
                                          (first_day, MAX_DAY)).fetchall()
             else:
                 rows = self._parallel_totals(table, first_day, window_days)
@@ -96,7 +102,7 @@ class RollupReads:
         here. At 10,000 servers the window holds tens of millions of rows."""
         step = window_days // READ_THREADS
         bounds = [first_day + i * step for i in range(READ_THREADS)] + [MAX_DAY]
-        uri = f"file:{urllib.parse.quote(self.path)}?mode=ro"
+        uri = f"file:{urllib.parse.quote(self.database.path)}?mode=ro"
 
         def part(lo: int, hi: int) -> list[tuple]:
             conn = sqlite3.connect(uri, uri=True, check_same_thread=False)

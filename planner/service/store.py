@@ -7,27 +7,25 @@ spooled one from yesterday lands in yesterday). Window statistics call it first,
 include everything stored. Folded summaries leave after ``summary_minutes`` (a 10,000-server
 fleet sends about 10,000 a second); rollups stay ``rollup_days``.
 
-Methods take and return plain values (the wire records where they mean the same thing); the file,
-its tables and transactions are ``planner.service.database``; sqlite errors become
-``hulk.errors.StoreError``.
+Methods take and return values (the wire records where they mean the same thing, frozen
+records for nodes and jobs); the file, its tables and transactions are
+``planner.service.database``; sqlite errors become ``hulk.errors.StoreError``.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import sqlite3
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from hulk.errors import NotFoundError
 from hulk.wire import histogram
-from hulk.wire.records import GpuInfo, LaunchStatus, Peer, RegisterRequest
-from planner.core.probe_plan import site_key
 from planner.core.site_pairs import PER_PAIR_UP_TO
 from planner.service.database import BETWEEN_SITES, ROLLUP_UPSERT as _UPSERT, Database
 from planner.service.job_records import JobRecords
+from planner.service.node_rows import NodeRef, NodeRows
 from planner.service.rollup_reads import DAY_MS, PairRollup, RollupReads  # noqa: F401 (re-exported)
 
 MIN_ROLLUP_DAYS = 90
@@ -35,19 +33,6 @@ MIN_ROLLUP_DAYS = 90
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-@dataclass(frozen=True)
-class NodeRef:
-    """What ingest needs per node: its row index, where it is and its site (the one it
-    declared, else its city: ``planner.core.probe_plan.site_key``)."""
-
-    idx: int
-    id: str
-    city: str | None
-    latitude: float | None
-    longitude: float | None
-    site: str | None = None
 
 
 # Raw sample row as stored: (src idx, dst idx, sent_ms, kind, payload, lost, rtt_ms, bucket).
@@ -76,131 +61,66 @@ def micros(rtt_ms: float) -> int:
     return int(round(rtt_ms * 1000.0))
 
 
-class Store(RollupReads, JobRecords, Database):
-    """The planner's store. One instance per thread of use (sqlite connections are not shared)."""
+class Store:
+    """The planner's store, by composition: ``database`` (the file, schema, transactions),
+    ``node_rows`` (registrations, heartbeats), ``jobs`` (job records) and ``rollups`` (window
+    reads), each given what it needs; ingest's writes and the rollup fold are here. The parts'
+    methods are offered here under their own names. One instance per thread of use (sqlite
+    connections are not shared)."""
 
     def __init__(self, path: str | Path, *, raw_days: int = 7, rollup_days: int = MIN_ROLLUP_DAYS,
                  synchronous: str = "NORMAL", busy_timeout_s: float = 30.0,
-                 clock=now_ms, summary_minutes: float = 10.0,
+                 clock: Callable[[], int] = now_ms, summary_minutes: float = 10.0,
                  per_pair_up_to: int = PER_PAIR_UP_TO):
-        self.per_pair_limit = per_pair_up_to
         self.raw_days = raw_days
         self.summary_minutes = summary_minutes
         self.rollup_days = max(rollup_days, MIN_ROLLUP_DAYS)
         self.clock = clock
-        super().__init__(path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
+        self.database = Database(path, synchronous=synchronous, busy_timeout_s=busy_timeout_s,
+                                 per_pair_up_to=per_pair_up_to)
+        self.node_rows = NodeRows(self.database, clock)
+        self.jobs = JobRecords(self.database, clock)
+        self.rollups = RollupReads(self.database, clock, self.rollup_pending)
+        # The parts' methods callers use, offered under their own names.
+        nodes, jobs, rollups = self.node_rows, self.jobs, self.rollups
+        self.register = nodes.register
+        self.heartbeat = nodes.heartbeat
+        self.node_refs = nodes.node_refs
+        self.node_records = nodes.node_records
+        self.nodes = nodes.nodes
+        self.peers = nodes.peers
+        self.probe_members = nodes.probe_members
+        self.clock_skews = nodes.clock_skews
+        self.submit_job = jobs.submit_job
+        self.update_job = jobs.update_job
+        self.job_record = jobs.job_record
+        self.job_by_name = jobs.job_by_name
+        self.job_records = jobs.job_records
+        self.daily_rollups = rollups.daily_rollups
+        self.window_rollups = rollups.window_rollups
+        self.site_window_rollups = rollups.site_window_rollups
+        self.window_totals = rollups.window_totals
+        self.site_window_totals = rollups.site_window_totals
 
-    # ------------------------------------------------------------------------------- nodes
+    @property
+    def path(self) -> str:
+        return self.database.path
 
-    def register(self, reg: RegisterRequest) -> tuple[NodeRef, bool]:
-        """Insert or update a node from its agent's registration; returns (node, peers changed
-        for others). The peers version goes up when a node is new or moves address/port. The
-        node's site is the one it declares, else its city; registering with another moves it."""
-        t = self.clock()
-        city = reg.location.city.strip() or None
-        site = site_key(city, reg.location.site)
-        latitude, longitude = reg.location.coordinates or (None, None)
-        inventory = reg.inventory
-        gpus_json = json.dumps([asdict(g) for g in inventory.gpus])
-        gpu_name, cc, memory_gb = _summarise_gpus(inventory.gpus)
-        with self.transaction("register") as conn:
-            row = conn.execute("SELECT idx, address, probe_port FROM nodes WHERE id = ?",
-                               (reg.node_id,)).fetchone()
-            version = int(self._meta("peers_version", "0"))
-            site_idx = self.site_index(conn, site)
-            changed = row is None or row[1] != reg.address or row[2] != reg.probe_port
-            if changed:
-                version += 1
-                self._set_meta(conn, "peers_version", version)
-            values = {
-                "id": reg.node_id, "source": "agent", "hostname": reg.hostname,
-                "city": city, "latitude": latitude, "longitude": longitude,
-                "agent_version": reg.agent_version, "gpus_json": gpus_json,
-                "gpu_unavailable_reason": inventory.unavailable_reason,
-                "driver_version": inventory.driver_version, "gpu_count": inventory.count,
-                "gpu_name": gpu_name, "compute_capability": cc, "memory_gb": memory_gb,
-                "address": reg.address, "probe_port": reg.probe_port, "last_seen_ms": t,
-                "registered_ms": t, "peers_version_seen": version, "site_idx": site_idx,
-            }
-            if row is None:
-                values["first_seen_ms"] = t
-                cols = ", ".join(values)
-                conn.execute(f"INSERT INTO nodes ({cols}) VALUES ({', '.join('?' * len(values))})",
-                             tuple(values.values()))
-                idx = conn.execute("SELECT idx FROM nodes WHERE id = ?",
-                                   (reg.node_id,)).fetchone()[0]
-            else:
-                idx = row[0]
-                sets = ", ".join(f"{k} = ?" for k in values)
-                conn.execute(f"UPDATE nodes SET {sets} WHERE idx = ?", (*values.values(), idx))
-        return NodeRef(idx, reg.node_id, city, latitude, longitude, site), changed
+    @property
+    def conn(self) -> sqlite3.Connection:
+        return self.database.conn
 
-    def node_refs(self) -> dict[str, NodeRef]:
-        with self._lock, self._errors("read nodes"):
-            rows = self.conn.execute(
-                "SELECT n.idx, n.id, n.city, n.latitude, n.longitude, s.name FROM nodes n "
-                "LEFT JOIN sites s ON s.idx = n.site_idx").fetchall()
-        return {r[1]: NodeRef(*r) for r in rows}
+    def transaction(self, what: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return self.database.transaction(what)
 
-    def peers(self, node_id: str) -> tuple[Peer, ...]:
-        """Every other node registered by an agent, by id."""
-        with self._lock, self._errors("read peers"):
-            rows = self.conn.execute(
-                "SELECT id, address, probe_port FROM nodes WHERE id != ? AND source = 'agent' "
-                "ORDER BY id", (node_id,)).fetchall()
-        return tuple(Peer(r[0], r[1] or "", r[2] or 0) for r in rows)
+    def close(self) -> None:
+        self.database.close()
 
-    def probe_members(self) -> list[tuple[Peer, str | None]]:
-        """Every node registered by an agent, as a peer with its site (the one it declared,
-        else its city; the probe plan's input), by id."""
-        with self._lock, self._errors("read peers"):
-            rows = self.conn.execute(
-                "SELECT n.id, n.address, n.probe_port, s.name FROM nodes n LEFT JOIN sites s "
-                "ON s.idx = n.site_idx WHERE n.source = 'agent' ORDER BY n.id").fetchall()
-        return [(Peer(r[0], r[1] or "", r[2] or 0), r[3]) for r in rows]
+    def __enter__(self) -> Self:
+        return self
 
-    def heartbeat(self, node_id: str, *, spool_depth: int = 0, spool_dropped: int = 0,
-                  launch: LaunchStatus | None = None, clock_skew_ms: int | None = None) -> bool:
-        """Record liveness and the launch status (unless its state is unspecified); returns
-        whether the node's peer list changed since it registered. Raises NotFoundError for a
-        node the store does not know."""
-        t = self.clock()
-        with self.transaction("heartbeat") as conn:
-            row = conn.execute("SELECT idx, peers_version_seen FROM nodes WHERE id = ?",
-                               (node_id,)).fetchone()
-            if row is None:
-                raise NotFoundError(f"node {node_id!r} is not registered")
-            sets = {"last_seen_ms": t, "spool_depth": spool_depth}
-            if clock_skew_ms is not None:
-                sets["clock_skew_ms"] = clock_skew_ms
-            if launch is not None and launch.state:
-                sets.update(launch_plan_id=launch.plan_id, launch_job=launch.job,
-                            launch_state=launch.state.name.lower(),
-                            launch_exit_code=launch.exit_code,
-                            launch_detail=launch.detail, launch_changed_ms=launch.changed_at_ms)
-            assign = ", ".join(f"{k} = ?" for k in sets)
-            conn.execute(f"UPDATE nodes SET {assign}, spool_dropped = "
-                         "max(coalesce(spool_dropped, 0), ?) WHERE idx = ?",
-                         (*sets.values(), spool_dropped, row[0]))
-            version = int(self._meta("peers_version", "0"))
-        return version > (row[1] or 0)
-
-    def clock_skews(self) -> dict[str, int]:
-        """node id -> its agent's clock minus the planner's, as its last heartbeat measured."""
-        with self._lock, self._errors("read clock skews"):
-            rows = self.conn.execute("SELECT id, clock_skew_ms FROM nodes "
-                                     "WHERE clock_skew_ms IS NOT NULL").fetchall()
-        return dict(rows)
-
-    def nodes(self) -> list[dict[str, Any]]:
-        """Every node row as a plain dict (GPU list decoded, ``site`` its site's name)."""
-        with self._lock, self._errors("read nodes"):
-            rows = list(self.db.query("SELECT n.*, s.name AS site FROM nodes n LEFT JOIN sites s "
-                                      "ON s.idx = n.site_idx ORDER BY n.idx"))
-        for r in rows:
-            r["gpus"] = json.loads(r.pop("gpus_json") or "[]")
-            r.pop("site_idx", None)
-        return rows
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------------------ ingest
 
@@ -215,7 +135,7 @@ class Store(RollupReads, JobRecords, Database):
         n_rejected = sum((rejected or {}).values())
         accepted = len(rows) + len(summaries)
         text_id, batch_id = batch_id, batch_key(batch_id)
-        with self.transaction("store batch") as conn:
+        with self.database.transaction("store batch") as conn:
             if batch_id is not text_id:  # stored by a planner before compact ids?
                 first = conn.execute("SELECT accepted, rejected FROM batches WHERE node_idx = ? "
                                      "AND batch_id = ?", (node.idx, text_id)).fetchone()
@@ -256,7 +176,7 @@ class Store(RollupReads, JobRecords, Database):
 
     def count_rejected(self, node: NodeRef, reason: str, count: int) -> None:
         """Count samples of a batch rejected as a whole (nothing else of it is stored)."""
-        with self.transaction("count rejected") as conn:
+        with self.database.transaction("count rejected") as conn:
             conn.execute("INSERT INTO rejected(node_idx, reason, count, last_ms) VALUES "
                          "(?, ?, ?, ?) ON CONFLICT(node_idx, reason) DO UPDATE SET "
                          "count = count + excluded.count, last_ms = excluded.last_ms",
@@ -264,8 +184,8 @@ class Store(RollupReads, JobRecords, Database):
 
     def rejected_counts(self) -> dict[str, dict[str, int]]:
         """{node id: {reason: count}}."""
-        with self._lock, self._errors("read rejected"):
-            rows = self.conn.execute("SELECT n.id, r.reason, r.count FROM rejected r "
+        with self.database.reading("read rejected") as conn:
+            rows = conn.execute("SELECT n.id, r.reason, r.count FROM rejected r "
                                      "JOIN nodes n ON n.idx = r.node_idx").fetchall()
         out: dict[str, dict[str, int]] = {}
         for node_id, reason, count in rows:
@@ -274,8 +194,8 @@ class Store(RollupReads, JobRecords, Database):
 
     def sample_count(self) -> int:
         """Raw samples held (the raw table; pruned after raw_days)."""
-        with self._lock, self._errors("count samples"):
-            return self.conn.execute("SELECT count(*) FROM samples").fetchone()[0]
+        with self.database.reading("count samples") as conn:
+            return conn.execute("SELECT count(*) FROM samples").fetchone()[0]
 
     def raw_samples(self, src: str | None = None, dst: str | None = None) -> list[dict[str, Any]]:
         """Raw samples as dicts with node ids (for tests and debugging; not for big tables)."""
@@ -289,37 +209,37 @@ class Store(RollupReads, JobRecords, Database):
         sql = ("SELECT a.id AS src, b.id AS dst, s.sent_ms, s.kind, s.payload, s.lost, s.rtt_ms "
                "FROM samples s JOIN nodes a ON a.idx = s.src JOIN nodes b ON b.idx = s.dst"
                + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY s.id")
-        with self._lock, self._errors("read samples"):
-            return list(self.db.query(sql, args))
+        with self.database.reading("read samples"):
+            return list(self.database.db.query(sql, args))
 
     # ----------------------------------------------------------------------------- rollups
 
     def rollup_pending(self) -> int:
         """Fold every raw sample and summary not yet rolled up into the daily rollups, and drop
         summaries folded more than ``summary_minutes`` ago; returns how many were folded."""
-        with self.transaction("rollup") as conn:
+        with self.database.transaction("rollup") as conn:
             n = self._fold_samples(conn) + self._fold_summaries(conn)
             self._drop_old_summaries(conn)
         return n
 
     def _fold_samples(self, conn) -> int:
-        mark = int(self._meta("rolled_through", "0"))
+        mark = int(self.database.meta("rolled_through", "0"))
         top = conn.execute("SELECT max(id) FROM samples").fetchone()[0]
         if top is None or top <= mark:
             return 0
         self._fold(conn, "samples", "sent_ms", _SAMPLE_FIGURES, mark, top)
         n = conn.execute("SELECT count(*) FROM samples WHERE id > ? AND id <= ?",
                          (mark, top)).fetchone()[0]
-        self._set_meta(conn, "rolled_through", top)
+        self.database.set_meta(conn, "rolled_through", top)
         return n
 
     def _fold_summaries(self, conn) -> int:
-        mark = int(self._meta("summaries_rolled_through", "0"))
+        mark = int(self.database.meta("summaries_rolled_through", "0"))
         top = conn.execute("SELECT max(id) FROM summaries").fetchone()[0]
         if top is None or top <= mark:
             return 0
         self._fold(conn, "summaries", "round_ms", _SUMMARY_FIGURES, mark, top)
-        self._set_meta(conn, "summaries_rolled_through", top)
+        self.database.set_meta(conn, "summaries_rolled_through", top)
         return conn.execute("SELECT count(*) FROM summaries WHERE id > ? AND id <= ?",
                             (mark, top)).fetchone()[0]
 
@@ -329,7 +249,7 @@ class Store(RollupReads, JobRecords, Database):
         pair, or (a large fleet, two different sites) per site pair."""
         day = f"s.{time_column} / {DAY_MS}"
         columns = "(day, src, dst, count, lost, sum, sumsq, min_us, max_us, hist)"
-        if not self.folds_sites(conn):
+        if not self.database.folds_sites(conn):
             conn.execute(f"""INSERT INTO rollups{columns}
                 SELECT {day}, s.src, s.dst, {figures} FROM {table} s
                 WHERE s.id > ? AND s.id <= ? GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 {_UPSERT}""",
@@ -348,23 +268,23 @@ class Store(RollupReads, JobRecords, Database):
         """Summaries that arrived more than summary_minutes ago and are folded leave."""
         cutoff = self.clock() - int(self.summary_minutes * 60_000)
         # Only batches since the last pass: a range of the received_ms index, not the table.
-        since = int(self._meta("summaries_dropped_at", "0"))
+        since = int(self.database.meta("summaries_dropped_at", "0"))
         if cutoff <= since:
             return
-        mark = int(self._meta("summaries_rolled_through", "0"))
+        mark = int(self.database.meta("summaries_rolled_through", "0"))
         old = conn.execute("SELECT max(last_summary_id) FROM batches WHERE received_ms >= ? "
                            "AND received_ms < ?", (since, cutoff)).fetchone()[0] or 0
         through = min(old, mark)
-        if through > int(self._meta("summaries_dropped_through", "0")):
+        if through > int(self.database.meta("summaries_dropped_through", "0")):
             conn.execute("DELETE FROM summaries WHERE id <= ?", (through,))
-            self._set_meta(conn, "summaries_dropped_through", through)
+            self.database.set_meta(conn, "summaries_dropped_through", through)
         if old <= mark:  # else the rest waits for the fold, and is looked at again
-            self._set_meta(conn, "summaries_dropped_at", cutoff)
+            self.database.set_meta(conn, "summaries_dropped_at", cutoff)
 
     def summary_count(self) -> int:
         """Raw summaries held (kept summary_minutes once folded)."""
-        with self._lock, self._errors("count summaries"):
-            return self.conn.execute("SELECT count(*) FROM summaries").fetchone()[0]
+        with self.database.reading("count summaries") as conn:
+            return conn.execute("SELECT count(*) FROM summaries").fetchone()[0]
 
     def raw_summaries(self) -> list[dict[str, Any]]:
         """Raw summaries as dicts with node ids and decoded histograms (tests, debugging)."""
@@ -372,8 +292,8 @@ class Store(RollupReads, JobRecords, Database):
                "s.sumsq, s.min_us / 1000.0 AS min, s.max_us / 1000.0 AS max, s.hist "
                "FROM summaries s JOIN nodes a ON a.idx = s.src "
                "JOIN nodes b ON b.idx = s.dst ORDER BY s.id")
-        with self._lock, self._errors("read summaries"):
-            rows = list(self.db.query(sql))
+        with self.database.reading("read summaries"):
+            rows = list(self.database.db.query(sql))
         for r in rows:
             r["buckets"] = histogram.decode(r.pop("hist"))
         return rows
@@ -389,8 +309,8 @@ class Store(RollupReads, JobRecords, Database):
         t = self.clock()
         raw_cutoff = t - self.raw_days * DAY_MS
         day_cutoff = t // DAY_MS - self.rollup_days
-        with self.transaction("prune") as conn:
-            mark = int(self._meta("rolled_through", "0"))
+        with self.database.transaction("prune") as conn:
+            mark = int(self.database.meta("rolled_through", "0"))
             old = conn.execute("SELECT max(last_sample_id) FROM batches WHERE received_ms < ?",
                                (raw_cutoff,)).fetchone()[0] or 0
             samples = conn.execute("DELETE FROM samples WHERE id <= ?",
@@ -399,7 +319,7 @@ class Store(RollupReads, JobRecords, Database):
             rollups += conn.execute("DELETE FROM site_rollups WHERE day < ?",
                                     (day_cutoff,)).rowcount
             # Pairs between sites kept from when the fleet was small join their site pairs.
-            folded = self.fold_node_pairs_between_sites(conn)
+            folded = self.database.fold_node_pairs_between_sites(conn)
             batches = conn.execute("DELETE FROM batches WHERE received_ms < ?",
                                    (raw_cutoff - DAY_MS,)).rowcount
         return {"samples": samples, "rollups": rollups, "batches": batches,
@@ -413,14 +333,14 @@ class Store(RollupReads, JobRecords, Database):
         imported links of the same pair."""
         t = self.clock()
         added = updated = 0
-        with self.transaction("import fleet") as conn:
+        with self.database.transaction("import fleet") as conn:
             for node in fleet.nodes:
                 row = conn.execute("SELECT idx, source FROM nodes WHERE id = ?",
                                    (node.id,)).fetchone()
                 values = {"city": node.city, "gpu_count": node.gpus, "gpu_name": node.gpu_name,
                           "compute_capability": node.compute_capability,
                           "memory_gb": node.memory_gb,
-                          "site_idx": self.site_index(conn, node.site_key)}
+                          "site_idx": self.database.site_index(conn, node.site_key)}
                 if node.latitude is not None:
                     values.update(latitude=node.latitude, longitude=node.longitude)
                 if row is None:
@@ -445,8 +365,8 @@ class Store(RollupReads, JobRecords, Database):
         return {"nodes_added": added, "nodes_updated": updated, "links": len(rows)}
 
     def imported_links(self) -> list[dict[str, Any]]:
-        with self._lock, self._errors("read imported links"):
-            return list(self.db.query(
+        with self.database.reading("read imported links"):
+            return list(self.database.db.query(
                 "SELECT a.id AS src, b.id AS dst, l.rtt_ms, l.bandwidth_gbps, l.loss, l.samples "
                 "FROM imported_links l JOIN nodes a ON a.idx = l.src "
                 "JOIN nodes b ON b.idx = l.dst ORDER BY a.id, b.id"))
@@ -461,16 +381,3 @@ _SAMPLE_FIGURES = """count(*), sum(s.lost),
     hist_of(CASE WHEN s.lost = 0 THEN s.bucket END)"""
 _SUMMARY_FIGURES = """sum(s.count), sum(s.lost), total(s.sum), total(s.sumsq), min(s.min_us),
     max(s.max_us), hist_sum(s.hist)"""
-
-
-def _summarise_gpus(gpus: Iterable[GpuInfo]) -> tuple[str | None, float | None, float]:
-    """(most common GPU name, its compute capability, total memory in GB) of an inventory."""
-    gpus = list(gpus)
-    if not gpus:
-        return None, None, 0.0
-    names: dict[str, int] = {}
-    for g in gpus:
-        names[g.name] = names.get(g.name, 0) + 1
-    name = max(names, key=lambda k: names[k])
-    cc = next(g.compute_capability for g in gpus if g.name == name) or None
-    return name, cc, sum(g.memory_bytes for g in gpus) / 1e9

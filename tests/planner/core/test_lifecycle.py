@@ -8,7 +8,7 @@ from planner.core.lifecycle import (CANCELLED, FAILED, PLACED, QUEUED, RUNNING, 
 from planner.core.jobs import Job
 from planner.core.plan import Plan
 from planner.core.placements import job_spec
-from planner.search import plan_search
+from planner.methods import planner_for
 
 SPEC = job_spec(Job(name="a", params=1e8, layers=4, hidden=256, seq_len=128, global_batch=8, steps=10))
 
@@ -86,12 +86,12 @@ def network(n):
 def test_queued_jobs_go_on_free_nodes_only_and_wait_when_none_are_free():
     net = network(3)
     job = Job(name="a", params=1e8, layers=4, hidden=256, seq_len=128, global_batch=8, steps=10)
-    first = place_queued(Plan("search", []), net, [job], ["n2"], search=plan_search)
+    first = place_queued(Plan("search", []), net, [job], ["n2"], search=planner_for("search"))
     assert list(first.placed) == ["a"] and "n2" not in first.placed["a"]
     assert first.estimates["a"] > 0 and first.waiting == []
     used = set(first.placed["a"])
     other = Job(name="b", params=1e8, layers=4, hidden=256, seq_len=128, global_batch=8, steps=10)
-    second = place_queued(first.plan, net, [other], ["n2"], search=plan_search)
+    second = place_queued(first.plan, net, [other], ["n2"], search=planner_for("search"))
     assert not used & set(second.placed.get("b", []))
     assert {p.job.name for p in second.plan.placements} >= {"a"}
     if len(used) == 2:   # every live node busy: b waits in the queue

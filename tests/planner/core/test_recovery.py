@@ -6,7 +6,7 @@ from hulk.errors import PlanningError
 from planner.core.costmodel import Placement, Stage
 from planner.core.plan import Plan
 from planner.core.recovery import down_nodes, jobs_using, replan_jobs, sub_network
-from planner.search import plan_search
+from planner.methods import planner_for
 from tests.helpers.plans import job, manual_plan, two_city_net
 
 
@@ -34,7 +34,7 @@ def test_replan_moves_only_the_affected_job_onto_free_nodes():
     net = two_city_net(per_city=4)          # n0..n7
     plan = manual_plan(net)                 # a on n0-n3, b on n4; n5, n6, n7 free
     result = replan_jobs(plan, net, [plan.placements[0].job], down={"n1"},
-                         search=plan_search, seed=0)
+                         search=planner_for("search"), seed=0)
     assert result.replanned == ["a"] and result.kept == ["b"] and result.lost == []
     by_name = {p.job.name: p for p in result.plan.placements}
     assert by_name["b"] == plan.placements[1]                       # untouched, same object

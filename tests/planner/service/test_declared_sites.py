@@ -1,4 +1,4 @@
-"""A node's declared site (issue 13): an agent may name its site (a data centre, cloud region or
+"""A node's declared site: an agent may name its site (a data centre, cloud region or
 city), so two data centres in one city are two sites in the probe plan, in the store and in the
 fleet read from it; a registration without a site keeps its city as its site, as before; a bad
 site is refused with INVALID_ARGUMENT and changes nothing. Real SQLite, real gRPC on loopback."""

@@ -1,6 +1,6 @@
 """Hostile and broken agents against the planner's ingest (IngestService over a real SQLite store).
 
-Each case here was accepted, lost samples or answered INTERNAL before (issue 12).
+Each case here was accepted, lost samples or answered INTERNAL before.
 """
 
 from __future__ import annotations

@@ -7,68 +7,38 @@ from hulk.wire.broker import placement_topic, plan_topic
 from hulk.wire.placement import parse_placement, parse_summary
 from planner.core.lifecycle import CANCELLED, PLACED, QUEUED, RUNNING, SUCCEEDED
 from planner.core.placements import job_spec
-from planner.service.lifecycle import JobLifecycle, recovery_hooks
+from planner.methods import planner_for
+from planner.service.lifecycle import JobLifecycle
+from planner.service.publisher import InMemoryPublisher
 from planner.service.recovery import Replanner
 from planner.service.store import Store
 from tests.helpers.plans import job, two_city_net
-from tests.helpers.signing import SIGNER, VERIFIER
-from tests.planner.service.test_recovery import MemoryBroker
+from tests.helpers.serve import OPTIONS, FakeNodes, current_plan, store_jobs
+from tests.helpers.signing import VERIFIER
 
 NOW = 1_000_000
-
-
-class FakeRuntime:
-    """What the lifecycle needs of a serve runtime: a store and ``in_store``; node rows are ours."""
-
-    def __init__(self, store, net):
-        self.store = store
-        self.rows = {n: {"id": n, "source": "agent", "last_seen_ms": NOW, "address": "127.0.0.1"}
-                     for n in net.ids}
-
-    async def in_store(self, fn, *args, **kwargs):
-        return fn(*args, **kwargs)
-
-    async def call(self, name, *args, **kwargs):
-        if name == "nodes":
-            return [dict(r) for r in self.rows.values()]
-        return getattr(self.store, name)(*args, **kwargs)
-
-    def report(self, nodes, state, job_name, plan_id, code=0):
-        for n in nodes:
-            self.rows[n].update(launch_state=state, launch_job=job_name, launch_plan_id=plan_id,
-                                launch_exit_code=code, launch_detail="")
+SEARCH = planner_for("search")     # quicker than serve's default on these tiny fleets
 
 
 def setup(tmp_path, **kw):
     net = two_city_net(per_city=2)
     store = Store(tmp_path / "s.sqlite")
-    runtime = FakeRuntime(store, net)
-    broker = MemoryBroker()
-
-    async def network():
-        return net
-
-    lifecycle = JobLifecycle(broker, fleet="lab", signer=SIGNER, in_store=runtime.call,
-                             network=network, timeout_s=3, clock_ms=lambda: NOW, **kw)
-    return net, store, runtime, broker, lifecycle
+    nodes = FakeNodes(net, {n: NOW for n in net.ids})
+    broker = InMemoryPublisher()
+    lifecycle = JobLifecycle(current_plan(broker), nodes, store_jobs(store), options=OPTIONS,
+                             planner=SEARCH, clock_ms=lambda: NOW, **kw)
+    return net, store, nodes, broker, lifecycle
 
 
-def replanner_for(net, store, runtime, broker, seen: dict, **kw) -> Replanner:
-    """Serve's Replanner over ``setup``'s parts, the nodes last seen at ``seen`` (ms)."""
-    async def last_seen():
-        return seen
-
-    async def network():
-        return net
-
-    hooks = recovery_hooks(type("R", (), {"store": store, "in_store": runtime.in_store})())
-    return Replanner(broker, fleet="lab", signer=SIGNER, last_seen=last_seen, network=network,
-                     timeout_s=3, clock_ms=lambda: NOW, started_ms=0, **kw, **hooks)
+def replanner_for(store, nodes, broker, **kw) -> Replanner:
+    """Serve's Replanner over ``setup``'s parts."""
+    return Replanner(current_plan(broker), nodes, store_jobs(store), options=OPTIONS,
+                     planner=SEARCH, clock_ms=lambda: NOW, started_ms=0, **kw)
 
 
 async def test_queued_jobs_are_placed_followed_and_retired(tmp_path):
-    net, store, runtime, broker, lifecycle = setup(tmp_path)
-    runtime.rows[net.ids[-1]]["last_seen_ms"] = NOW - 10_000      # a silent node gets nothing
+    net, store, nodes, broker, lifecycle = setup(tmp_path)
+    nodes.seen[net.ids[-1]] = NOW - 10_000      # a silent node gets nothing
     store.submit_job("a", job_spec(job("a", "bert-large", ("python", "train.py"))))
     first = await lifecycle.run_once()
     a = store.job_by_name("a")
@@ -81,9 +51,9 @@ async def test_queued_jobs_are_placed_followed_and_retired(tmp_path):
         assert (role.job, role.plan_id) == ("a", a.plan_id)
     assert (await lifecycle.run_once()).placed == {}              # nothing new: nothing pushed
     pushes = len(broker.published)
-    runtime.report(a.nodes, "running", "a", a.plan_id)
+    nodes.report(a.nodes, "running", "a", a.plan_id)
     assert (await lifecycle.run_once()).moved == {"a": RUNNING}
-    runtime.report(a.nodes, "exited", "a", a.plan_id)
+    nodes.report(a.nodes, "exited", "a", a.plan_id)
     done = await lifecycle.run_once()
     assert done.moved == {"a": SUCCEEDED} and done.retired == ["a"]
     assert len(broker.published) == pushes + 1
@@ -96,7 +66,7 @@ async def test_queued_jobs_are_placed_followed_and_retired(tmp_path):
 
 
 async def test_cancel_clears_only_the_cancelled_jobs_nodes(tmp_path):
-    net, store, runtime, broker, lifecycle = setup(tmp_path)
+    net, store, nodes, broker, lifecycle = setup(tmp_path)
     store.submit_job("a", job_spec(job("a", "bert-large", ("python", "train.py"))))
     await lifecycle.run_once()
     store.submit_job("b", job_spec(job("b", "bert-large", ("python", "train.py"))))
@@ -119,13 +89,12 @@ async def test_cancel_clears_only_the_cancelled_jobs_nodes(tmp_path):
 
 
 async def test_recovery_counts_a_restart_and_never_replans_a_finished_job(tmp_path):
-    net, store, runtime, broker, lifecycle = setup(tmp_path)
+    net, store, nodes, broker, lifecycle = setup(tmp_path)
     store.submit_job("a", job_spec(job("a", "bert-large", ("python", "train.py"))))
     await lifecycle.run_once()
     a = store.job_by_name("a")
-    seen = {n: NOW for n in net.ids}
-    seen[a.nodes[0]] = NOW - 10_000
-    replanner = replanner_for(net, store, runtime, broker, seen)
+    nodes.seen[a.nodes[0]] = NOW - 10_000
+    replanner = replanner_for(store, nodes, broker)
     report = await replanner.run_once()
     again = store.job_by_name("a")
     if report.replanned == ["a"]:
@@ -135,8 +104,24 @@ async def test_recovery_counts_a_restart_and_never_replans_a_finished_job(tmp_pa
         assert report.lost == ["a"] and again.state == QUEUED and again.restarts == 1
     # A succeeded job whose node goes silent before it is retired is left alone.
     store.update_job(again.id, state=SUCCEEDED)
-    seen.update({n: NOW - 10_000 for n in again.nodes})
+    nodes.seen.update({n: NOW - 10_000 for n in again.nodes})
     pushed = len(broker.published)
     report = await replanner.run_once()
     assert report is None or report.replanned == []
     assert store.job_by_name("a").restarts == 1 and len(broker.published) >= pushed
+
+
+async def test_the_current_plan_decides_which_nodes_a_retired_job_clears(tmp_path):
+    """The retained summary owns where jobs run; a job record's nodes are only its view: a
+    cancelled job's nodes are those the current plan names, whatever its record says."""
+    net, store, nodes, broker, lifecycle = setup(tmp_path)
+    store.submit_job("a", job_spec(job("a", "bert-large", ("python", "train.py"))))
+    await lifecycle.run_once()
+    a = store.job_by_name("a")
+    stale = [n for n in net.ids if n not in a.nodes]
+    store.update_job(a.id, state=CANCELLED, nodes=stale)     # a record out of step with the plan
+    assert (await lifecycle.run_once()).retired == ["a"]
+    pushed = broker.published[-1]
+    assert pushed[plan_topic("lab")] == b""                  # nothing runs any more
+    assert {t for t, payload in pushed.items() if payload == b""} - {plan_topic("lab")} == {
+        placement_topic("lab", n) for n in a.nodes}

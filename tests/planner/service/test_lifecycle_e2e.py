@@ -16,11 +16,10 @@ import pytest
 
 from hulk.wire.broker import parse_broker_url, placement_topic, plan_topic
 from planner.service.publisher import MqttPublisher
+from tests.helpers.agents import Agent
 from tests.helpers.processes import run_cli, start_planner
 from tests.helpers.signing import write_signing_key
 from tests.helpers.waits import wait_until_async
-from tests.planner.service import test_recovery_e2e
-from tests.planner.service.test_recovery_e2e import Agent
 
 pytestmark = pytest.mark.process
 
@@ -43,16 +42,14 @@ async def states(db) -> dict[str, str]:
     return {j["name"]: j["state"] for j in listing["jobs"]}
 
 
-async def test_a_waiting_job_starts_when_the_first_succeeds_and_cancel_stops_a_job(broker, tmp_path,
-                                                                                    monkeypatch):
-    # The recovery test's agent, with jobs that end on their own ("long" excepted).
-    monkeypatch.setattr(test_recovery_e2e, "sleeper", sleeper)
+async def test_a_waiting_job_starts_when_the_first_succeeds_and_cancel_stops_a_job(broker, tmp_path):
     db = tmp_path / "planner.sqlite"
     planner = start_planner(db, extra=(
         "--fleet-name", "solo", "--mqtt", broker.url, "--node-timeout", "5",
         "--signing-key", write_signing_key(tmp_path / "signing.key"),
         "--recovery-interval", "0.5", "--jobs-interval", "0.3", "--rollup-seconds", "1"))
-    agent = Agent(NODE, planner.address, broker.url, tmp_path / NODE)
+    # Jobs that end on their own ("long" excepted).
+    agent = Agent(NODE, planner.address, broker.url, tmp_path / NODE, command=sleeper)
     agent.start()
     publisher = MqttPublisher(parse_broker_url(broker.url))
     try:

@@ -176,15 +176,24 @@ def test_metrics_addresses_parse():
 # ------------------------------------------------------------------ the job lifecycle, recovery
 
 async def test_the_lifecycle_and_recovery_count_state_changes_pushes_and_replans(tmp_path):
-    from hulk.errors import UnavailableError
     from planner.core.placements import job_spec
+    from planner.methods import planner_for
     from planner.service.lifecycle import JobLifecycle
-    from tests.helpers.plans import job
-    from tests.helpers.signing import SIGNER
-    from tests.planner.service.test_lifecycle import NOW, replanner_for, setup
+    from planner.service.publisher import InMemoryPublisher
+    from planner.service.recovery import Replanner
+    from tests.helpers.plans import job, two_city_net
+    from tests.helpers.serve import OPTIONS, FakeNodes, current_plan, store_jobs
 
+    now = 1_000_000
+    search = planner_for("search")
     metrics = PlannerMetrics()
-    net, store, runtime, broker, lifecycle = setup(tmp_path, events=metrics)
+    net = two_city_net(per_city=2)
+    nodes = FakeNodes(net, {n: now for n in net.ids})
+    broker = InMemoryPublisher()
+    store = Store(tmp_path / "s.sqlite")
+    jobs = store_jobs(store)
+    lifecycle = JobLifecycle(current_plan(broker), nodes, jobs, options=OPTIONS, planner=search,
+                             clock_ms=lambda: now, events=metrics)
     store.submit_job("a", job_spec(job("a", "bert-large", ("python", "train.py"))))
     await lifecycle.run_once()
     a = store.job_by_name("a")
@@ -192,33 +201,24 @@ async def test_the_lifecycle_and_recovery_count_state_changes_pushes_and_replans
     assert value(metrics, "hulk_placement_pushes_total", source="jobs") == 1
     assert value(metrics, "hulk_placement_messages_total") == len(a.nodes) + 1   # + the summary
     assert value(metrics, "hulk_plan_makespan_seconds") == pytest.approx(a.estimate_s)
-    runtime.report(a.nodes, "running", "a", a.plan_id)
+    nodes.report(a.nodes, "running", "a", a.plan_id)
     await lifecycle.run_once()
     assert value(metrics, "hulk_job_transitions_total", state="running") == 1
 
-    seen = {n: NOW for n in net.ids}
-    seen[a.nodes[0]] = NOW - 10_000
-    report = await replanner_for(net, store, runtime, broker, seen, events=metrics).run_once()
+    nodes.seen[a.nodes[0]] = now - 10_000
+    recovery = Replanner(current_plan(broker), nodes, jobs, options=OPTIONS, planner=search,
+                         clock_ms=lambda: now, started_ms=0, events=metrics)
+    report = await recovery.run_once()
     assert value(metrics, "hulk_replans_total") == 1
     assert value(metrics, "hulk_replanned_jobs_total", outcome="replanned") == len(report.replanned)
     assert value(metrics, "hulk_replanned_jobs_total", outcome="lost") == len(report.lost)
     assert value(metrics, "hulk_placement_pushes_total", source="recovery") == 1
 
-    class DownBroker:
-        async def read_retained(self, topic, wait_s=1.0):
-            raise UnavailableError("broker unreachable")
-
-        async def publish_retained(self, messages):
-            raise UnavailableError("broker unreachable")
-
-    async def network():
-        return net
-
+    broker.unavailable = True
     store.submit_job("b", job_spec(job("b", "bert-large", ("python", "train.py"))))
-    down = JobLifecycle(DownBroker(), fleet="lab", signer=SIGNER, in_store=runtime.call,
-                        network=network, timeout_s=3, clock_ms=lambda: NOW, events=metrics)
-    assert await down.run_once() is None
+    assert await lifecycle.run_once() is None
     assert value(metrics, "hulk_placement_push_failures_total", source="jobs") == 1
+    store.close()
 
 
 def test_the_store_reader_reuses_link_rollups_for_a_minute(served):

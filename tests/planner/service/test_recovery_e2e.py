@@ -10,34 +10,25 @@ the time from that moment until the affected job's new placement is on a survivi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from agent.config import load_config
-from agent.launcher import Launcher
-from agent.placement import PlacementComponent
-from agent.reporter import GrpcPlannerClient
-from agent.runtime import AgentRuntime
-from agent.spool import Spool
 from hulk.wire.broker import parse_broker_url, placement_topic, plan_topic
 from hulk.wire.placement import parse_summary
-from hulk.wire.records import GpuInfo, Inventory
 from planner.service.publisher import MqttPublisher
+from tests.helpers.agents import A100, Agent
 from tests.helpers.ports import free_port
 from tests.helpers.processes import run_cli, start_planner
-from tests.helpers.signing import VERIFIER, write_signing_key
+from tests.helpers.signing import write_signing_key
 from tests.helpers.waits import wait_until_async
 
 pytestmark = pytest.mark.process
 
 NODES = [f"lab-{i}" for i in range(5)]
 NODE_TIMEOUT_S = 3.0
-A100 = GpuInfo(name="NVIDIA A100-SXM4-40GB", uuid="", compute_capability=8.0, memory_bytes=40 * 10**9)
 
 
 def fleet_file(path: Path) -> Path:
@@ -48,10 +39,6 @@ def fleet_file(path: Path) -> Path:
              for i, a in enumerate(NODES) for b in NODES[i + 1:]]
     path.write_text(json.dumps({"nodes": nodes, "links": links}))
     return path
-
-
-def sleeper(role):
-    return [sys.executable, "-c", "import time; time.sleep(120)"]
 
 
 @pytest.fixture
@@ -68,40 +55,6 @@ def planner_serve(broker, tmp_path):
                "key": str(tmp_path / "signing.key")}
     finally:
         planner.stop()
-
-
-class Agent:
-    def __init__(self, node_id: str, target: str, broker_url: str, state_dir: Path):
-        config = load_config({"planner": target, "node_id": node_id, "address": "127.0.0.1",
-                              "city": "Beijing", "state_dir": str(state_dir), "insecure": True,
-                              "mqtt": broker_url, "interval_s": 60}, env_reader=lambda name: None)
-        self.changes: list = []
-        self.component = PlacementComponent(
-            parse_broker_url(broker_url), state_dir=state_dir, node_id=node_id,
-            launcher_factory=lambda on_status: Launcher(command=sleeper, running_after_s=0.2,
-                                                        grace_s=2, on_status=on_status,
-                                                        allowed_commands=[("python", "train.py")]),
-            subscriber_kwargs={"backoff_initial_s": 0.1, "verifier": VERIFIER})
-        self.runtime = AgentRuntime(
-            config, client=GrpcPlannerClient.connect(target, insecure=True),
-            spool=Spool(config.spool_path, 10_000), pinger=None,
-            inventory_reader=lambda: Inventory(gpus=(A100,) * 8), components=[self.component],
-            heartbeat_interval_s=0.3)
-        self.task: asyncio.Task | None = None
-
-    @property
-    def placement(self):
-        sub = self.component.subscriber
-        return sub.current if sub else None
-
-    def start(self):
-        self.task = asyncio.create_task(self.runtime.run())
-
-    async def stop(self):
-        self.runtime.request_stop()
-        if self.task:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(self.task, 20)
 
 
 async def test_a_silent_node_gets_its_jobs_replanned_and_pushed_within_the_timeout(broker, planner_serve, tmp_path):

@@ -1,4 +1,4 @@
-"""The serve runtime bounds how many calls it holds at once (issue 12): past the bound a call is
+"""The serve runtime bounds how many calls it holds at once: past the bound a call is
 answered RESOURCE_EXHAUSTED at once instead of queueing without limit."""
 
 from __future__ import annotations

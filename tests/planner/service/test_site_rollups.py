@@ -141,7 +141,7 @@ def test_a_schema_2_store_migrates_in_place_and_folds_pairs_between_sites(tmp_pa
     downgrade_to_schema_2(path)
 
     with Store(path, clock=lambda: T0 + 2 * DAY_MS, per_pair_up_to=3) as migrated:  # 6 > 3
-        assert migrated._meta("schema_version") == "3"
+        assert migrated.database.meta("schema_version") == "3"
         assert {r["id"]: r["site"] for r in migrated.nodes()} == SITE_OF
         kept = {(p.src, p.dst) for p in migrated.window_rollups(3)}
         assert kept == {("nowhere", "par-1"), ("par-1", "par-2")}

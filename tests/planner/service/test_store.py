@@ -12,6 +12,7 @@ import pytest
 from hulk.errors import NotFoundError, StoreError
 from hulk.wire.records import (GpuInfo, Inventory, LaunchState, LaunchStatus, NodeLocation, Peer,
                                RegisterRequest)
+from planner.core.lifecycle import RankState
 from planner.core.rollup import DailyRollup, bucket_index
 from planner.service.graph import fleet_from_store, store_graph
 from planner.service.store import DAY_MS, Store
@@ -98,6 +99,21 @@ def test_heartbeat_unknown_node_and_launch_state(tmp_path: Path):
         row = {r["id"]: r for r in store.nodes()}["a"]
         assert (row["launch_state"], row["launch_plan_id"], row["launch_job"],
                 row["launch_changed_ms"]) == ("running", "p1", "gpt", 5)
+        records = {r.id: r for r in store.node_records()}
+        assert records["a"].launch == RankState("running", job="gpt", plan_id="p1")
+        assert records["b"].launch is None and records["b"].address == "10.0.0.2"
+        assert records["a"].monitored and records["a"].last_seen_ms == row["last_seen_ms"]
+
+
+def test_the_store_is_composed_of_parts_built_on_one_database(tmp_path: Path):
+    """Each part is given the database and clock it uses; the Store offers their methods."""
+    clock = ManualClock(T0)
+    with Store(tmp_path / "s.db", clock=clock, per_pair_up_to=3) as store:
+        assert store.database.per_pair_up_to == 3
+        for part in (store.node_rows, store.jobs, store.rollups):
+            assert part.database is store.database and part.clock is clock
+        job = store.submit_job("a", {"model": "gpt2-xl"})
+        assert store.jobs.job_record(job.id).submitted_ms == T0
 
 
 def test_sqlite_errors_become_store_errors(tmp_path: Path):

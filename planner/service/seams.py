@@ -1,0 +1,110 @@
+"""What serve's job lifecycle and recovery need of the world, as small protocols a test replaces.
+
+- :class:`JobStore`: the job records (``hulk-planner jobs``) they follow and update.
+- :class:`NodeDirectory`: the nodes (heartbeats, addresses, launch states) and the network
+  measured between them.
+- :class:`CurrentPlan`: the plan the fleet runs, read and replaced
+  (``planner.service.publisher.RetainedPlan`` over the broker).
+
+:class:`StoreDirectory` is the first two over serve's ``Store``, each call on the store's thread.
+:class:`ServeOptions` holds what both tasks are configured with.
+
+The current plan has one owner: the broker's retained signed summary (with each node's retained
+placement). Agents act on it, ``plan --push`` writes it and it outlives a restart of serve, so
+every decision about where jobs run starts from it. A job record's plan id and nodes are a view
+derived from it, written after each push for ``hulk-planner jobs`` to show; no decision reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from hulk.wire.placement import NodePlacement, PlanSummary
+from planner.core.fleet import Network
+from planner.core.lifecycle import JobRecord
+from planner.service.node_rows import NodeRecord
+from planner.service.store import Store
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """The lifecycle's and recovery's settings: the fleet they push to, how long a node may be
+    silent before it is down, and the planner's seed."""
+
+    fleet: str = "default"
+    node_timeout_s: float = 30.0
+    seed: int = 0
+
+
+class JobStore(Protocol):
+    async def unretired_jobs(self) -> list[JobRecord]:
+        """Every job the lifecycle still acts on, oldest first."""
+
+    async def job(self, job_id: int) -> JobRecord: ...
+
+    async def update_job(self, job_id: int, *, state: str | None = None,
+                         detail: str | None = None, plan_id: str | None = None,
+                         nodes: Iterable[str] | None = None, estimate_s: float | None = None,
+                         restart: bool = False, retired: bool = False) -> None:
+        """As ``planner.service.job_records.JobRecords.update_job``."""
+
+
+class NodeDirectory(Protocol):
+    async def nodes(self) -> list[NodeRecord]:
+        """Every known node: imported ones too (``monitored`` False)."""
+
+    async def network(self) -> Network:
+        """The live network over the window's measurements (completed)."""
+
+
+class CurrentPlan(Protocol):
+    async def summary(self) -> PlanSummary | None:
+        """The current plan's summary, verified; None when there is none. InputError when it
+        does not verify (then nothing may be planned from it)."""
+
+    async def placements(self, nodes: Iterable[str]) -> dict[str, NodePlacement]:
+        """The retained placements of ``nodes`` that verify (the others are logged, left out)."""
+
+    async def replace(self, placements: Mapping[str, NodePlacement],
+                      summary: Mapping[str, Any] | None, *, issued_at_ms: int,
+                      clear: Iterable[str] = ()) -> int:
+        """Sign and retain ``placements`` and ``summary`` (None: no plan any more), clear the
+        ``clear`` nodes; returns the number of messages the broker acknowledged."""
+
+
+InStore = Callable[..., Awaitable[Any]]     # runs a function on the store's thread
+
+
+class StoreDirectory:
+    """:class:`JobStore` and :class:`NodeDirectory` over serve's store; ``in_store(fn, *args)``
+    runs ``fn`` on the store's thread; the network is read over ``window_days``."""
+
+    def __init__(self, store: Store, in_store: InStore, *, fleet: str, window_days: int):
+        self.store, self.in_store = store, in_store
+        self.fleet, self.window_days = fleet, window_days
+
+    async def unretired_jobs(self) -> list[JobRecord]:
+        return await self.in_store(self.store.job_records, unretired_only=True)
+
+    async def job(self, job_id: int) -> JobRecord:
+        return await self.in_store(self.store.job_record, job_id)
+
+    async def update_job(self, job_id: int, *, state: str | None = None,
+                         detail: str | None = None, plan_id: str | None = None,
+                         nodes: Iterable[str] | None = None, estimate_s: float | None = None,
+                         restart: bool = False, retired: bool = False) -> None:
+        await self.in_store(self.store.update_job, job_id, state=state, detail=detail,
+                            plan_id=plan_id, nodes=nodes, estimate_s=estimate_s, restart=restart,
+                            retired=retired)
+
+    async def nodes(self) -> list[NodeRecord]:
+        return await self.in_store(self.store.node_records)
+
+    async def network(self) -> Network:
+        from planner.core.fleet import complete
+        from planner.service.graph import fleet_from_store  # networkx: only serve needs it
+
+        return complete(await self.in_store(fleet_from_store, self.store, self.window_days,
+                                            self.fleet))
