@@ -7,7 +7,6 @@ and what was expected, in one line.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,13 +15,13 @@ from typing import Any
 
 import yaml
 
-from hulk import settings
+from hulk import settings, validate
 from hulk.errors import ConfigError
+from hulk.validate import Bound, Invalid
 from hulk.wire.broker import parse_broker_url
 from hulk.wire.records import SITE_MAX_CHARS, ProbeSettings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DEFAULT_STATE_DIR = Path("/var/lib/hulk-agent")
 # Probe settings the operator leaves unset default to what the planner pushes (one set of
 # defaults, hulk.wire); the planner's answer replaces them at registration.
@@ -105,161 +104,49 @@ FILE_ALIASES = {"interval": "interval_s", "timeout": "timeout_s", "node-id": "no
                 "client-cert": "client_cert", "client-key": "client_key"}
 
 
-class _Bad(ValueError):
-    """A parser's complaint: what was expected."""
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, (dict, list)):
-        raise _Bad("expected a single value")
-    return str(value).strip()
-
-
-def _planner(value: Any) -> str:
-    text = _text(value)
-    host, sep, port = text.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise _Bad(f"expected HOST:PORT (e.g. planner.example.org:50051), got {text!r}")
-    return text
-
-
-def _node_id(value: Any) -> str:
-    text = _text(value)
-    if not NODE_ID_RE.match(text):
-        raise _Bad("expected 1-128 letters, digits, '.', '_' or '-' starting with a letter or "
-                   f"digit, got {text!r}")
-    return text
-
-
-def _address(value: Any) -> str:
-    text = _text(value)
-    if text:
-        try:
-            ipaddress.ip_address(text)
-        except ValueError:
-            raise _Bad(f"expected an IP address, got {text!r}") from None
-    return text
-
-
-def _site(value: Any) -> str:
-    text = _text(value)
-    if len(text) > SITE_MAX_CHARS:
-        raise _Bad(f"expected a site name of at most {SITE_MAX_CHARS} characters, got "
-                   f"{len(text)}")
-    if not text.isprintable():
-        raise _Bad(f"expected a site name of printable characters, got {text!r}")
-    return text
-
-
-def _number(low: float, high: float, unit: str) -> Callable[[Any], float]:
-    def parse(value: Any) -> float:
-        if isinstance(value, bool):
-            raise _Bad(f"expected {unit} between {low:g} and {high:g}, got {value!r}")
-        try:
-            number = float(_text(value))
-        except ValueError:
-            raise _Bad(f"expected {unit} between {low:g} and {high:g}, got {value!r}") from None
-        if not low <= number <= high:
-            raise _Bad(f"expected {unit} between {low:g} and {high:g}, got {value!r}")
-        return number
-    return parse
-
-
-def _integer(low: int, high: int, unit: str) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
-        text = _text(value)
-        if isinstance(value, bool) or not re.fullmatch(r"[0-9]+", text):
-            raise _Bad(f"expected a whole number of {unit} between {low} and {high}, got {value!r}")
-        number = int(text)
-        if not low <= number <= high:
-            raise _Bad(f"expected a whole number of {unit} between {low} and {high}, got {value!r}")
-        return number
-    return parse
-
-
-def _boolean(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = _text(value).lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise _Bad(f"expected true/false (1/0, yes/no, on/off), got {value!r}")
-
-
 def _path(value: Any) -> Path:
-    text = _text(value)
+    text = validate.single(value)
     if not text:
-        raise _Bad("expected a path, got an empty value")
+        raise Invalid("expected a path, got an empty value")
     return Path(text).expanduser()
 
 
-def _ca(value: Any) -> Path | None:
-    text = _text(value)
-    if not text:
-        return None
-    path = Path(text).expanduser()
-    if not path.is_file():
-        raise _Bad(f"expected a readable CA certificate file, {text!r} does not exist")
-    return path
-
-
-def _pem_file(what: str) -> Callable[[Any], Path | None]:
+def _pem_file(what: str, pem: bool = True) -> Callable[[Any], Path | None]:
     def parse(value: Any) -> Path | None:
-        text = _text(value)
+        text = validate.single(value)
         if not text:
             return None
         path = Path(text).expanduser()
         if not path.is_file():
-            raise _Bad(f"expected a readable {what} file (PEM), {text!r} does not exist")
+            kind = " (PEM)" if pem else ""
+            raise Invalid(f"expected a readable {what} file{kind}, {text!r} does not exist")
         return path
     return parse
 
 
 def _mqtt(value: Any) -> str:
-    text = _text(value)
+    text = validate.single(value)
     if text and not re.match(r"^mqtts?://[^/\s]+", text):
-        raise _Bad(f"expected a broker URL mqtt://[user:pass@]HOST:PORT, got {text!r}")
+        raise Invalid(f"expected a broker URL mqtt://[user:pass@]HOST:PORT, got {text!r}")
     if "cert=" in text or "key=" in text:  # a client certificate for the broker: check now
         try:
             broker = parse_broker_url(text, source="")
         except ConfigError as err:
-            raise _Bad(str(err)) from None
+            raise Invalid(str(err)) from None
         for what, path in (("cert", broker.cert), ("key", broker.key)):
             if path and not Path(path).is_file():
-                raise _Bad(f"expected a readable file for {what}=, {path!r} does not exist")
+                raise Invalid(f"expected a readable file for {what}=, {path!r} does not exist")
     return text
 
 
-def _metrics(value: Any) -> str:
-    text = _text(value)
-    if text:
-        from hulk.metrics import parse_metrics_address
-        try:
-            parse_metrics_address(text, field=None)
-        except ConfigError as exc:
-            raise _Bad(str(exc)) from None
-    return text
+def _metrics_address(text: str) -> None:
+    from hulk.metrics import parse_metrics_address
+    parse_metrics_address(text, field=None)
 
 
-def _log_level(value: Any) -> str:
-    text = _text(value).upper()
-    if text not in LOG_LEVELS:
-        raise _Bad(f"expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
-    return text
-
-
-def _placement_key(value: Any) -> str:
-    text = _text(value)
-    if text:
-        from hulk.wire.signing import Verifier
-        try:
-            Verifier.from_text(text, field=None)
-        except ConfigError as exc:
-            raise _Bad(str(exc)) from None
-    return text
+def _verify_key(text: str) -> None:
+    from hulk.wire.signing import Verifier
+    Verifier.from_text(text, field=None)
 
 
 def _allowed_commands(value: Any) -> tuple[tuple[str, ...], ...]:
@@ -268,55 +155,44 @@ def _allowed_commands(value: Any) -> tuple[tuple[str, ...], ...]:
     import shlex
     items = value.split(";") if isinstance(value, str) else value
     if not isinstance(items, list) and not isinstance(value, str):
-        raise _Bad("expected a list of commands (argv prefixes such as [python, train.py])")
+        raise Invalid("expected a list of commands (argv prefixes such as [python, train.py])")
     out = []
     for item in items:
         argv = shlex.split(item) if isinstance(item, str) else item
         if not isinstance(argv, list) or not all(isinstance(a, (str, int, float)) for a in argv):
-            raise _Bad(f"expected a command as a string or a list of strings, got {item!r}")
+            raise Invalid(f"expected a command as a string or a list of strings, got {item!r}")
         if argv:
             out.append(tuple(str(a) for a in argv))
     return tuple(out)
 
 
-def _pass_env(value: Any) -> tuple[str, ...]:
-    items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, list):
-        raise _Bad("expected a list of variable names")
-    names = tuple(str(n).strip() for n in items if str(n).strip())
-    bad = [n for n in names if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)]
-    if bad:
-        raise _Bad(f"expected variable names, got {bad[0]!r}")
-    return names
-
-
 PARSERS: dict[str, Callable[[Any], Any]] = {
-    "planner": _planner,
-    "node_id": _node_id,
-    "address": _address,
-    "city": _text,
-    "site": _site,
-    "interval_s": _number(1.0, 86400.0, "seconds"),
+    "planner": lambda v: validate.host_port(v, "planner.example.org:50051"),
+    "node_id": validate.name,
+    "address": validate.ip_address,
+    "city": validate.single,
+    "site": lambda v: validate.printable(v, SITE_MAX_CHARS, "a site name"),
+    "interval_s": Bound(1.0, 86400.0, "seconds"),
     "state_dir": _path,
-    "insecure": _boolean,
-    "token": _text,
-    "ca": _ca,
+    "insecure": validate.boolean,
+    "token": validate.single,
+    "ca": _pem_file("CA certificate", pem=False),
     "client_cert": _pem_file("client certificate"),
     "client_key": _pem_file("client private key"),
     "mqtt": _mqtt,
-    "spool_max": _integer(100, 1_000_000_000, "samples"),
-    "packets_per_round": _integer(1, 100, "packets"),
-    "timeout_s": _number(0.01, 60.0, "seconds"),
-    "payload_bytes": _integer(0, 1472, "bytes"),
-    "max_concurrency": _integer(1, 4096, "rounds"),
-    "max_probe_rate": _number(0.01, 10_000.0, "packets per second"),
-    "log_level": _log_level,
-    "probe_port": _integer(0, 65535, "port"),
-    "placement_key": _placement_key,
+    "spool_max": Bound(100, 1_000_000_000, "samples", integer=True),
+    "packets_per_round": Bound(1, 100, "packets", integer=True),
+    "timeout_s": Bound(0.01, 60.0, "seconds"),
+    "payload_bytes": Bound(0, 1472, "bytes", integer=True),
+    "max_concurrency": Bound(1, 4096, "rounds", integer=True),
+    "max_probe_rate": Bound(0.01, 10_000.0, "packets per second"),
+    "log_level": lambda v: validate.choice(v, LOG_LEVELS),
+    "probe_port": Bound(0, 65535, "port", integer=True),
+    "placement_key": validate.from_error(_verify_key),
     "allowed_commands": _allowed_commands,
-    "pass_env": _pass_env,
-    "torchrun": _text,
-    "metrics": _metrics,
+    "pass_env": validate.identifiers,
+    "torchrun": validate.single,
+    "metrics": validate.from_error(_metrics_address),
 }
 REQUIRED = ("planner", "node_id")
 
@@ -366,8 +242,8 @@ def load_config(flags: Mapping[str, Any] | None = None, *,
     def take(name: str, raw: Any, where: str, line: int | None = None) -> None:
         try:
             values[name] = PARSERS[name](raw)
-        except _Bad as bad:
-            raise ConfigError(str(bad), path=where, line=line, field=name) from None
+        except Invalid as bad:
+            raise bad.error(ConfigError, path=where, line=line, field=name) from None
         explicit.add(name)
 
     config_path = flags.pop("config", None) or env_reader("HULK_CONFIG")

@@ -18,8 +18,8 @@
   lets only the planner's account write placement topics).
 - After a restart, the broker's retained message is the truth, not the file of the last run: a
   file with no retained placement behind it (the node was cleared while down) is removed.
-- The file is written atomically (temporary file, fsync, rename, fsync of the directory), so a
-  crash leaves either the old or the new placement, never half of one.
+- The file is written atomically (hulk.atomic: temporary file, fsync, rename, fsync of the
+  folder), so a crash leaves either the old or the new placement, never half of one.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -36,6 +35,7 @@ from typing import Any
 
 from agent.metrics import NO_EVENTS, AgentEvents
 from hulk import errors
+from hulk.atomic import sync_dir, write_atomic
 from hulk.errors import InputError
 from hulk.wire.broker import BrokerAddress, client_tls_kwargs, placement_topic
 from hulk.wire.placement import NodePlacement, parse_placement
@@ -77,28 +77,14 @@ class PlacementFile:
             return None
 
     def save(self, placement: NodePlacement) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{PLACEMENT_FILE}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(placement.to_bytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        self._sync_dir()
+        write_atomic(self.path, placement.to_bytes())
 
     def clear(self) -> None:
         try:
             self.path.unlink()
         except FileNotFoundError:
             return
-        self._sync_dir()
-
-    def _sync_dir(self) -> None:
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        sync_dir(self.path.parent)
 
 
 class AcceptedMark:
@@ -118,11 +104,9 @@ class AcceptedMark:
 
     def accept(self, placement: NodePlacement) -> None:
         self.newest = max(self.newest, (placement.issued_at_ms, placement.plan_id))
-        tmp = self.path.with_name(f".{ACCEPTED_FILE}.tmp")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"issued_at_ms": self.newest[0], "plan_id": self.newest[1]}))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps({"issued_at_ms": self.newest[0],
+                                                "plan_id": self.newest[1]}))
         except OSError as exc:
             log.warning("cannot record the accepted placement in %s: %s", self.path, exc)
 

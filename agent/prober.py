@@ -5,7 +5,7 @@
 - A round sends several packets, one after the other with a small gap; every packet becomes a
   sample, a lost one with lost=True (never an exception). The sink gets the round folded into
   one ``PeerSummary`` per peer and probe kind (count, lost, sums, min, max, histogram), not the
-  samples (``summarize=False`` hands on the samples, as agents before issue 13 sent them).
+  samples (``summarize=False`` hands on the raw samples, the older wire form).
 - Where ICMP gets no answer at all (or cannot be sent) and the peer lists a probe port, a TCP
   connect round measures instead; a peer found ICMP-blocked is probed over TCP and re-tried
   over ICMP every ``icmp_recheck_rounds`` rounds.

@@ -1,6 +1,6 @@
 """The agent's local SQLite spool: records wait here until the planner acknowledges them.
 
-A record is a per-round summary (``PeerSummary``, what the prober makes since issue 13) or a
+A record is a per-round summary (``PeerSummary``, what the prober makes) or a
 raw sample (``ProbeSample``: what older agents spooled, still sent after an upgrade). Both are
 rows of one table, so a batch keeps the exact-once order whatever it holds; a summary's row
 has ``count`` set (a sample's is NULL). "Samples" below means records of either kind.
@@ -15,7 +15,7 @@ has ``count`` set (a sample's is NULL). "Samples" below means records of either 
   ``memory_max`` in memory the oldest held ones; both are counted, and the count is persistent
   and cumulative (ReportRequest.spool_dropped).
 
-Near a full disk (issue 12: the write-ahead log alone filled a small filesystem):
+Near a full disk (the write-ahead log alone can fill a small filesystem):
 
 - The log stays small: WAL mode (a commit costs no fsync, which matters on the event loop, and
   a reader never blocks the writer), folded into the database every ``WAL_PAGES`` pages and

@@ -1,9 +1,9 @@
 """Every HULK_* environment variable, in one place.
 
 Components read their variables only through :func:`env`, so this table is the complete list.
-Each program validates its own on load: the agent's in ``agent.config.AgentConfig``, the planner's
-in ``planner.settings.PlannerSettings`` (HULK_MODEL where the GNN checkpoint is loaded); a bad
-value is a one-line ConfigError naming the variable.
+Each program validates its own on load, with the parsers of :mod:`hulk.validate`: the agent's in
+``agent.config.AgentConfig``, the planner's in ``planner.settings.PlannerSettings`` (HULK_MODEL
+where the GNN checkpoint is loaded); a bad value is a one-line ConfigError naming the variable.
 Precedence everywhere: command-line flag > environment variable > config file > default.
 """
 

@@ -34,7 +34,19 @@ def build_parser(settings: PlannerSettings, only: str | None = None) -> argparse
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS if only is None else (MODULE_OF[only],):
         importlib.import_module(f"planner.commands.{name}").register(sub, settings)
+    _log_level_after(sub)
     return parser
+
+
+def _log_level_after(sub: argparse._SubParsersAction) -> None:
+    """--log-level also after the (sub)subcommand, where a user adds it to a command that
+    failed; given there, it wins over the one before the subcommand."""
+    for command in {id(p): p for p in sub.choices.values()}.values():
+        command.add_argument("--log-level", default=argparse.SUPPRESS, choices=list(LOG_LEVELS),
+                             help="DEBUG, INFO, WARNING or ERROR (HULK_LOG_LEVEL; default INFO)")
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _log_level_after(action)
 
 
 def chosen_command(argv: list[str]) -> str | None:

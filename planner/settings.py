@@ -7,13 +7,13 @@ what was expected, in one line; the command prints it and exits with code 2.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hulk import settings
+from hulk import settings, validate
 from hulk.wire.broker import check_name, parse_broker_url
 from hulk.errors import ConfigError
+from hulk.validate import Bound, Invalid
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -51,26 +51,6 @@ VARIABLES: dict[str, str] = {
 }
 
 
-class _Bad(ValueError):
-    """A parser's complaint: what was expected."""
-
-
-def _listen(text: str) -> str:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise _Bad(f"expected HOST:PORT (e.g. 0.0.0.0:50051), got {text!r}")
-    return text
-
-
-def _boolean(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise _Bad(f"expected 1 or 0 (true/false, yes/no, on/off), got {text!r}")
-
-
 # The broker's own checks name the variable in their ConfigError.
 def _fleet(text: str) -> str:
     return check_name(text, VARIABLES["fleet"])
@@ -81,58 +61,26 @@ def _mqtt(text: str) -> str:
     return text
 
 
-def _days(text: str) -> int:
-    if not re.fullmatch(r"\s*[0-9]+\s*", text) or int(text) < 1:
-        raise _Bad(f"expected a whole number of days, at least 1, got {text!r}")
-    return int(text)
-
-
-def _count(low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        if not re.fullmatch(r"\s*[0-9]+\s*", text) or not low <= int(text) <= high:
-            raise _Bad(f"expected a whole number from {low} to {high}, got {text!r}")
-        return int(text)
-    return parse
-
-
-def _seconds(low: float, high: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not low <= value <= high:  # also NaN
-            raise _Bad(f"expected seconds from {low:g} to {high:g}, got {text!r}")
-        return value
-    return parse
-
-
-# Bounds of the probe plan's settings (serve's flags check the same).
-PROBE_PEERS_RANGE = (2, 10_000)        # 2: room for one peer in the site and one outside
-PROBE_SITE_REPS_RANGE = (1, 100)
-PROBE_EPOCH_RANGE = (10.0, 7 * 86400.0)
-
-
-def _log_level(text: str) -> str:
-    level = text.strip().upper()
-    if level not in LOG_LEVELS:
-        raise _Bad(f"expected one of {', '.join(LOG_LEVELS)}, got {text!r}")
-    return level
+# Bounds of the planner's numeric settings (serve's flags check the same).
+DAYS = Bound(1, 36_500, "days", integer=True)          # a century of samples is plenty
+PROBE_PEERS = Bound(2, 10_000, "peers", integer=True)  # 2: one peer in the site, one outside
+PROBE_SITE_REPS = Bound(1, 100, "probes", integer=True)
+PROBE_EPOCH = Bound(10.0, 7 * 86400.0, "seconds")
 
 
 PARSERS: dict[str, Callable[[str], object]] = {
     "db": str,
-    "listen": _listen,
+    "listen": lambda text: validate.host_port(text, "0.0.0.0:50051", port_zero=True),
     "fleet": _fleet,
-    "insecure": _boolean,
+    "insecure": validate.boolean,
     "mqtt": _mqtt,
-    "raw_days": _days,
-    "window_days": _days,
-    "log_level": _log_level,
+    "raw_days": DAYS,
+    "window_days": DAYS,
+    "log_level": lambda text: validate.choice(text, LOG_LEVELS),
     "signing_key": str,
-    "probe_peers": _count(*PROBE_PEERS_RANGE),
-    "probe_site_reps": _count(*PROBE_SITE_REPS_RANGE),
-    "probe_epoch_s": _seconds(*PROBE_EPOCH_RANGE),
+    "probe_peers": PROBE_PEERS,
+    "probe_site_reps": PROBE_SITE_REPS,
+    "probe_epoch_s": PROBE_EPOCH,
 }
 
 
@@ -145,7 +93,7 @@ def load_settings(env_reader: Callable[[str], str | None] = settings.env) -> Pla
             continue
         try:
             values[name] = PARSERS[name](raw)
-        except _Bad as bad:
-            raise ConfigError(str(bad), field=variable) from None
+        except Invalid as bad:
+            raise bad.error(ConfigError, field=variable) from None
     return PlannerSettings(**values)
 

@@ -126,7 +126,7 @@ def _role_json(role: Role) -> dict[str, Any]:
         "rendezvous": {"address": role.rendezvous_address, "port": role.rendezvous_port},
         "micro_batch": role.micro_batch,
         "command": list(role.command) if role.command is not None else None,
-        # Optional: left out at their defaults, so such roles read as before.
+        # Optional: left out at their defaults, so agents that predate them still read the role.
         **({"micro_batches": role.micro_batches} if role.micro_batches != 1 else {}),
         **({"checkpoint_dir": role.checkpoint_dir} if role.checkpoint_dir is not None else {}),
         **({"restart_count": role.restart_count} if role.restart_count else {}),

@@ -105,85 +105,107 @@ def _skew(ms: int | None) -> str:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     fleet, rows = _load(args)
     network = complete(fleet)
-    n = network.n
-    measured_peers: Counter[str] = Counter()
+    peers, pairs = _measured_peers(fleet)
+    table = _node_table(fleet, network, rows, peers)
+    probe = Console()
+    console = probe if probe.is_terminal else Console(width=200)
+    console.print(table)
+    for line in _coverage_lines(fleet, network, pairs):
+        print(line)
+    return 0
+
+
+def _measured_peers(fleet: Fleet) -> tuple[Counter[str], int]:
+    """Each node's count of measured peers, and the count of measured pairs."""
+    peers: Counter[str] = Counter()
     pairs = set()
     for link in fleet.links:
         key = frozenset((link.src, link.dst))
         if link.src != link.dst and key not in pairs:
             pairs.add(key)
-            measured_peers[link.src] += 1
-            measured_peers[link.dst] += 1
+            peers[link.src] += 1
+            peers[link.dst] += 1
+    return peers, len(pairs)
+
+
+def _node_table(fleet: Fleet, network, rows: list[dict] | None, peers: Counter[str]):
+    """One row per node: its GPUs, memory, throughput and links; with a store, what its agent
+    reported, and its launch where any node has one."""
+    from rich.table import Table
+
     by_id = {r["id"]: r for r in rows or []}
     launch = any(r.get("launch_state") for r in by_id.values())
-    table = Table(title=f"fleet {fleet.name}: {n} nodes", title_justify="left")
     # A site column only when a node names a site of its own (else every site is its city).
     sited = any(node.site for node in fleet.nodes)
+    table = Table(title=f"fleet {fleet.name}: {network.n} nodes", title_justify="left")
     for col, justify in [("node", "left"), ("city", "left"), ("site", "left"), ("GPUs", "left"),
                          ("memory GB", "right"), ("TFLOP/s", "right"),
                          ("links", "right"), ("mean RTT ms", "right")]:
         if col != "site" or sited:
             table.add_column(col, justify=justify)
     if rows is not None:
-        table.add_column("last seen")
-        table.add_column("source")
-        table.add_column("rejected", justify="right")
-        table.add_column("spool dropped", justify="right")
-        table.add_column("clock skew", justify="right")
+        for col, justify in [("last seen", "left"), ("source", "left"), ("rejected", "right"),
+                             ("spool dropped", "right"), ("clock skew", "right")]:
+            table.add_column(col, justify=justify)
     if launch:
         for col in ("launch", "job", "exit"):
             table.add_column(col)
-    # Mean measured RTT per node, by rows (a Python loop over pairs is minutes at 10,000 nodes).
+    mean_rtt = _mean_measured_rtt(network)
+    for i, node in enumerate(network.nodes):
+        r = by_id.get(node.id, {})
+        # A cloud region's code alone does not say where it is: show its place too.
+        cells = [node.id, geo.region_label(node.city) or node.city or "-",
+                 *([node.site_key or "-"] if sited else []), _gpus(node, r),
+                 f"{round(node.memory_gb, 1):g}", f"{network.thr[i] / 1e12:,.0f}",
+                 f"{peers[node.id]}/{network.n - 1}", mean_rtt[i]]
+        if rows is not None:
+            cells += [_ago(r.get("last_seen_ms")), r.get("source") or "-",
+                      str(r.get("rejected") or 0), str(r.get("spool_dropped") or 0),
+                      _skew(r.get("clock_skew_ms"))]
+        if launch:
+            cells += [r.get("launch_state") or "-", r.get("launch_job") or "-",
+                      "" if r.get("launch_exit_code") is None else str(r["launch_exit_code"])]
+        table.add_row(*cells)
+    return table
+
+
+def _mean_measured_rtt(network) -> list[str]:
+    """Each node's mean measured RTT, by rows (a Python loop over pairs is minutes at 10,000
+    nodes); "-" for a node with no measured link."""
     import numpy as np
     measured = ~network.imputed & np.isfinite(network.rtt_ms)
     np.fill_diagonal(measured, False)
     rtt_sum = np.where(measured, network.rtt_ms, 0.0).sum(axis=1, dtype=float)
     rtt_count = measured.sum(axis=1)
-    del measured
-    for i, node in enumerate(network.nodes):
-        if node.gpus and (node.gpu_name or node.compute_capability):
-            gpus = f"{node.gpus} x {node.gpu_name or f'cc {node.compute_capability:g}'}"
-        elif node.gpus:
-            gpus = str(node.gpus)
-        else:
-            gpus = "none"
-            reason = by_id.get(node.id, {}).get("gpu_unavailable_reason")
-            if reason:
-                gpus += f" ({reason})"
-        # A cloud region's code alone does not say where it is: show its place too.
-        cells = [node.id, geo.region_label(node.city) or node.city or "-",
-                 *([node.site_key or "-"] if sited else []), gpus, f"{round(node.memory_gb, 1):g}",
-                 f"{network.thr[i] / 1e12:,.0f}", f"{measured_peers[node.id]}/{n - 1}",
-                 f"{rtt_sum[i] / rtt_count[i]:.1f}" if rtt_count[i] else "-"]
-        if rows is not None:
-            r = by_id.get(node.id, {})
-            cells += [_ago(r.get("last_seen_ms")), r.get("source") or "-",
-                      str(r.get("rejected") or 0), str(r.get("spool_dropped") or 0),
-                      _skew(r.get("clock_skew_ms"))]
-        if launch:
-            r = by_id.get(node.id, {})
-            cells += [r.get("launch_state") or "-", r.get("launch_job") or "-",
-                      "" if r.get("launch_exit_code") is None else str(r["launch_exit_code"])]
-        table.add_row(*cells)
-    probe = Console()
-    console = probe if probe.is_terminal else Console(width=200)
-    console.print(table)
+    return [f"{total / count:.1f}" if count else "-" for total, count in zip(rtt_sum, rtt_count)]
+
+
+def _gpus(node, row: dict) -> str:
+    if node.gpus and (node.gpu_name or node.compute_capability):
+        return f"{node.gpus} x {node.gpu_name or f'cc {node.compute_capability:g}'}"
+    if node.gpus:
+        return str(node.gpus)
+    reason = row.get("gpu_unavailable_reason")
+    return f"none ({reason})" if reason else "none"
+
+
+def _coverage_lines(fleet: Fleet, network, pairs: int) -> list[str]:
+    n = network.n
     total = n * (n - 1) // 2
     components = network.components()
     imputed = int(network.imputed.sum() // 2)
-    print(f"link coverage: {len(pairs)} of {total} pairs measured "
-          f"({100 * len(pairs) / total if total else 100:.0f} %), {imputed} completed "
-          f"(docs/COSTMODEL.md section 2), {len(components)} connected component"
-          f"{'s' if len(components) != 1 else ''}")
+    lines = [f"link coverage: {pairs} of {total} pairs measured "
+             f"({100 * pairs / total if total else 100:.0f} %), {imputed} completed "
+             f"(docs/COSTMODEL.md section 2), {len(components)} connected component"
+             f"{'s' if len(components) != 1 else ''}"]
     if fleet.site_links:
         sites = {n.site_key for n in fleet.nodes if n.site_key} | {s.id for s in fleet.sites}
-        print(f"site links: {len(fleet.site_links)} between {len(sites)} sites (each stands for "
-              "every pair of their servers; node links override them)")
-    return 0
+        lines.append(f"site links: {len(fleet.site_links)} between {len(sites)} sites (each "
+                     "stands for every pair of their servers; node links override them)")
+    return lines
 
 
 def cmd_export(args: argparse.Namespace) -> int:

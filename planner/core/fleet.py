@@ -15,12 +15,26 @@ from functools import cached_property
 import numpy as np
 
 from hulk import geo
+from hulk.validate import Bound
 from planner.core import gpus as gpu_catalog
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 MAX_BW_GBPS = 10.0
 BW_RTT_PRODUCT = 80.0  # Gbit/s * ms: the window-limited TCP model
 DEFAULT_SAME_CITY_RTT_MS = 1.0
+
+# The range of every number a fleet file gives, checked where the file is read. Each is wide of
+# any real server or link (a rack-scale system has 72 GPUs and 14 TB; the longest RTT on Earth is
+# under a second) and narrow enough that the cost model's products stay finite floats.
+FLEET_BOUNDS: dict[str, Bound] = {
+    "gpus": Bound(0, 1024, "GPUs", integer=True),   # 0: a server without GPUs holds no stage
+    "memory_gb": Bound(0, 100_000, "GB of GPU memory"),
+    "compute_capability": Bound(0, 20, "a CUDA compute capability"),
+    "rtt_ms": Bound(0, 60_000, "milliseconds of RTT"),
+    "bandwidth_gbps": Bound(0.001, 100_000, "Gbit/s"),
+    "loss": Bound(0, 1, "a loss fraction"),
+    "samples": Bound(0, 10 ** 12, "samples", integer=True),
+}
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,12 @@
-"""Training jobs and the built-in model catalog (pure values; the YAML loader lives in jobfile.py)."""
+"""Training jobs, the sensible range of their fields and the built-in model catalog (pure values;
+the YAML reader is planner/files/jobs.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
+
+from hulk.validate import Bound, Invalid
 
 BYTES_PER_PARAM_STATE = 16   # fp16 weights + grads, fp32 master, Adam m and v
 BYTES_PER_ACTIVATION = 2     # fp16
@@ -80,8 +84,36 @@ MODEL_CATALOG: dict[str, dict] = {
 }
 
 
+# The range of every numeric job field. A model of ten trillion parameters is plausible, and so
+# is the lab's toy of a quarter million; one of 1e-300 (or of inf) is a typo the cost model cannot
+# carry: the search would divide by it and round the infinity to an integer. Each bound is wide
+# of today's largest models (hidden 2**15, a million tokens of context, batches of a few
+# thousand sequences) and small enough that every product the cost model forms stays finite.
+JOB_BOUNDS: dict[str, Bound] = {
+    "params": Bound(1e3, 1e13, "a parameter count"),
+    "layers": Bound(1, 10_000, "layers", integer=True),
+    "hidden": Bound(1, 1_048_576, "hidden units", integer=True),
+    "seq_len": Bound(1, 16_777_216, "tokens", integer=True),
+    "global_batch": Bound(1, 16_777_216, "sequences", integer=True),
+    "micro_batch": Bound(1, 1_048_576, "sequences", integer=True),
+    "steps": Bound(1, 1_000_000_000, "steps", integer=True),
+}
+
+
+def check_job_field(key: str, value: Any) -> int | float:
+    """``value`` of the job field ``key`` within JOB_BOUNDS (params as a float); raises Invalid
+    naming the field."""
+    try:
+        number = JOB_BOUNDS[key].check(value)
+    except Invalid as bad:
+        raise Invalid(bad.expected, field=key) from None
+    return float(number) if key == "params" else number
+
+
 def catalog_job(model: str, name: str | None = None, **overrides) -> Job:
-    """A job for a catalog model, with explicit fields overriding the catalog's."""
+    """A job for a catalog model, with explicit fields overriding the catalog's (checked against
+    JOB_BOUNDS: Invalid names the field)."""
     fields = dict(MODEL_CATALOG[model])
-    fields.update({k: v for k, v in overrides.items() if v is not None})
+    fields.update({k: check_job_field(k, v) if k in JOB_BOUNDS else v
+                   for k, v in overrides.items() if v is not None})
     return Job(name=name or model, model=model, **fields)

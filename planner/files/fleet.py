@@ -25,10 +25,10 @@ from typing import Any
 
 import msgspec
 
+from hulk.atomic import write_output
 from hulk.errors import InputError
 from planner.core import gpus as gpu_catalog
-from planner.files.atomic import write_text_atomic
-from planner.core.fleet import Fleet, LinkTable, Node
+from planner.core.fleet import FLEET_BOUNDS, Fleet, LinkTable, Node
 from planner.core.gcpause import gc_paused
 from planner.files.fleet_links import (CarefulReadNeeded, LinkRecord, read_links,
                                        read_site_links, read_sites)
@@ -78,8 +78,8 @@ def load_fleet_with_report(path: str | os.PathLike) -> tuple[Fleet, list[ImportI
 def fleet_to_json(fleet: Fleet) -> dict[str, Any]:
     """The fleet JSON of docs/DESIGN.md (measured links only; imputed ones recomputed on load).
 
-    ``sites`` and ``site_links`` are written only when the fleet has them, so a fleet without
-    sites gives the same file as before."""
+    ``sites`` and ``site_links`` are written only when the fleet has them: a fleet without
+    sites gives the file that readers without site support read."""
     nodes = []
     for n in fleet.nodes:
         item: dict[str, Any] = {"id": n.id, "city": n.city, "gpus": n.gpus, "gpu_name": n.gpu_name,
@@ -116,7 +116,7 @@ def _links_json(links) -> list[dict[str, Any]]:
 
 def save_fleet_json(fleet: Fleet, path: str | os.PathLike) -> None:
     """Write the fleet JSON atomically (a reader never sees half a file)."""
-    write_text_atomic(path, json.dumps(fleet_to_json(fleet), indent=1) + "\n", "fleet JSON")
+    write_output(path, json.dumps(fleet_to_json(fleet), indent=1) + "\n", "fleet JSON")
 
 
 # ------------------------------------------------------------------------------------- JSON
@@ -203,8 +203,18 @@ def _read_doc(doc: dict[str, Any], data: bytes, text: str | None, path: str,
         raise InputError(f"expected an array of link objects, got {json_type(raw_links)}",
                          path=path, line=lines.line(), field="links")
     sites = read_sites(doc.get("sites"), path, lines, note_unknown)
-    declared = {site.id for site in sites}
 
+    nodes, seen = _read_nodes(raw_nodes, {site.id for site in sites}, path, lines, issues,
+                              note_unknown)
+    links = read_links(raw_links, [n.id for n in nodes], seen, path, lines, issues, note_unknown)
+    site_links = read_site_links(doc.get("site_links"), _site_names(sites, nodes), path, lines,
+                                 issues, note_unknown)
+    return Fleet(tuple(nodes), links, name=name, sites=sites, site_links=site_links), issues
+
+
+def _read_nodes(raw_nodes: list, declared: set[str], path: str, lines: LineFinder,
+                issues: list[ImportIssue], note_unknown) -> tuple[list[Node], dict[str, int]]:
+    """The nodes, and each id's index; ids unique, sites among the declared ones (if any)."""
     nodes: list[Node] = []
     seen: dict[str, int] = {}
     for i, obj in enumerate(raw_nodes):
@@ -221,43 +231,43 @@ def _read_doc(doc: dict[str, Any], data: bytes, text: str | None, path: str,
                              f"{lines.line('nodes', seen[node_id])})",
                              path=path, line=f.line(), field=f"{where}.id")
         seen[node_id] = i
-        raw_city = f.string("city")
-        city = raw_city.strip() if raw_city else None
-        if raw_city is not None and raw_city != city:
-            issues.append(ImportIssue(path, f.line(), f"city {raw_city!r} has surrounding "
-                                      f"spaces; read as {city!r}"))
-        site = f.string("site")
-        site = site.strip() if site and site.strip() else None
-        if site is not None and declared and site not in declared:
-            raise InputError(f"unknown site {site!r} (not in sites)", path=path, line=f.line(),
-                             field=f"{where}.site")
-        count = int(f.number("gpus", default=gpu_catalog.DEFAULT_GPUS_PER_NODE, low=0,
-                             integer=True))
-        gpu_name = f.string("gpu_name")
-        cc = f.number("compute_capability", low=0)
-        memory = f.number("memory_gb", low=0)
-        if memory is None:
-            row = gpu_catalog.lookup_name(gpu_name)
-            if row is None:
-                raise f.fail("memory_gb", "a number >= 0 (total GPU memory of the server; "
-                             "may be left out only when gpu_name is a known GPU)")
-            memory = count * row[3]
-        lat = f.number("latitude", low=-90, high=90)
-        lon = f.number("longitude", low=-180, high=180)
-        if (lat is None) != (lon is None):
-            raise f.fail("longitude" if lon is None else "latitude",
-                         "both latitude and longitude, or neither")
-        nodes.append(Node(id=node_id, city=city or None, gpus=count, gpu_name=gpu_name,
-                          compute_capability=cc, memory_gb=memory, latitude=lat, longitude=lon,
-                          site=site))
+        nodes.append(_read_node(f, node_id, declared, issues))
     if not nodes:
         raise InputError("expected at least one node", path=path, line=lines.line(),
                          field="nodes")
+    return nodes, seen
 
-    links = read_links(raw_links, [n.id for n in nodes], seen, path, lines, issues, note_unknown)
-    site_links = read_site_links(doc.get("site_links"), _site_names(sites, nodes), path, lines,
-                                 issues, note_unknown)
-    return Fleet(tuple(nodes), links, name=name, sites=sites, site_links=site_links), issues
+
+def _read_node(f: Fields, node_id: str, declared: set[str], issues: list[ImportIssue]) -> Node:
+    raw_city = f.string("city")
+    city = raw_city.strip() if raw_city else None
+    if raw_city is not None and raw_city != city:
+        issues.append(ImportIssue(f.path, f.line(), f"city {raw_city!r} has surrounding "
+                                  f"spaces; read as {city!r}"))
+    site = f.string("site")
+    site = site.strip() if site and site.strip() else None
+    if site is not None and declared and site not in declared:
+        raise InputError(f"unknown site {site!r} (not in sites)", path=f.path, line=f.line(),
+                         field=f"{f.where}.site")
+    count = int(f.number("gpus", default=gpu_catalog.DEFAULT_GPUS_PER_NODE,
+                         bound=FLEET_BOUNDS["gpus"]))
+    gpu_name = f.string("gpu_name")
+    cc = f.number("compute_capability", bound=FLEET_BOUNDS["compute_capability"])
+    memory = f.number("memory_gb", bound=FLEET_BOUNDS["memory_gb"])
+    if memory is None:
+        row = gpu_catalog.lookup_name(gpu_name)
+        if row is None:
+            raise f.fail("memory_gb", f"{FLEET_BOUNDS['memory_gb'].expected} (total GPU "
+                         "memory of the server; may be left out only when gpu_name is a "
+                         "known GPU)")
+        memory = count * row[3]
+    lat = f.number("latitude", low=-90, high=90)
+    lon = f.number("longitude", low=-180, high=180)
+    if (lat is None) != (lon is None):
+        raise f.fail("longitude" if lon is None else "latitude",
+                     "both latitude and longitude, or neither")
+    return Node(id=node_id, city=city or None, gpus=count, gpu_name=gpu_name,
+                compute_capability=cc, memory_gb=memory, latitude=lat, longitude=lon, site=site)
 
 
 def _fast_loads(data: bytes) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import shlex
 from pathlib import Path
 
@@ -10,7 +9,8 @@ import yaml
 
 from hulk.errors import InputError
 from hulk.wire.placement import MAX_PATH, valid_job_name
-from planner.core.jobs import MODEL_CATALOG, Job
+from hulk.validate import Invalid
+from planner.core.jobs import MODEL_CATALOG, Job, check_job_field
 
 INT_FIELDS = ("layers", "hidden", "seq_len", "global_batch", "micro_batch", "steps")
 NUMBER_FIELDS = ("params",) + INT_FIELDS
@@ -18,7 +18,6 @@ NUMBER_FIELDS = ("params",) + INT_FIELDS
 REQUIRED_WITHOUT_CATALOG = ("params", "layers", "hidden", "seq_len", "global_batch")
 JOB_KEYS = frozenset({"name", "model", "command", "checkpoint_dir", *NUMBER_FIELDS})
 TOP_KEYS = frozenset({"jobs"})
-MAX_INT = 2 ** 53  # larger counts are typos or attacks; they would overflow the cost model
 
 
 class _Mapping(dict):
@@ -117,6 +116,29 @@ def load_jobs(path: str | Path) -> list[Job]:
 
 
 def _parse_job(entry, index: int, path: str) -> Job:
+    name = _job_name(entry, index, path)
+    label = f"job {name!r}"
+
+    def fail(field: str, message: str) -> InputError:
+        return InputError(f"{label}: {message}", path=path, line=_line(entry, field), field=field)
+
+    for key in entry:
+        if key not in JOB_KEYS:
+            raise fail(str(key), f"unknown key (expected one of: {', '.join(sorted(JOB_KEYS))})")
+    model, fields = _model_fields(entry.get("model"), entry, fail)
+    fields.update(_numbers(entry, fail))
+    command = _command(entry.get("command"), fail)
+    checkpoint_dir = _checkpoint_dir(entry.get("checkpoint_dir"), fail)
+    fields.setdefault("micro_batch", 1)
+    fields.setdefault("steps", 1000)
+    if fields["micro_batch"] > fields["global_batch"]:
+        raise fail("micro_batch", f"{fields['micro_batch']} is larger than global_batch "
+                                  f"{fields['global_batch']}")
+    return Job(name=name, model=model, command=command, checkpoint_dir=checkpoint_dir, **fields)
+
+
+def _job_name(entry, index: int, path: str) -> str:
+    """The job's name: its own, else its catalog model's; a valid folder name on every node."""
     label = f"job #{index + 1}"
     if not isinstance(entry, dict):
         raise InputError(f"{label}: expected a mapping of job fields, got {type(entry).__name__}",
@@ -136,49 +158,36 @@ def _parse_job(entry, index: int, path: str) -> Job:
         raise InputError(f"job {name!r}: name must be 1-64 letters, digits, '.', '_' or '-' "
                          "(it names the job's folder on each node)", path=path,
                          line=_line(entry, "name" if "name" in entry else "model"), field="name")
-    label = f"job {name!r}"
+    return name
 
-    def fail(field: str, message: str) -> InputError:
-        return InputError(f"{label}: {message}", path=path, line=_line(entry, field), field=field)
 
-    for key in entry:
-        if key not in JOB_KEYS:
-            raise fail(str(key), f"unknown key (expected one of: {', '.join(sorted(JOB_KEYS))})")
-
-    model = entry.get("model")
+def _model_fields(model, entry, fail) -> tuple[str | None, dict]:
+    """The catalog model's name and fields; a job outside the catalog must describe itself."""
     if model is not None:
         if not isinstance(model, str) or not model.strip():
             raise fail("model", "must be a model name")
         model = model.strip()
-    fields: dict = {}
     if model is not None and model.casefold() in MODEL_CATALOG:
-        model = model.casefold()
-        fields.update(MODEL_CATALOG[model])
-    else:
-        absent = [f for f in REQUIRED_WITHOUT_CATALOG if f not in entry]
-        if absent:
-            what = (f"model {model!r} is not in the catalog" if model is not None
-                    else "no catalog model given")
-            raise fail(absent[0], f"{what} and the job does not describe it: missing "
-                                  f"{', '.join(absent)} (catalog: {', '.join(sorted(MODEL_CATALOG))})")
+        return model.casefold(), dict(MODEL_CATALOG[model.casefold()])
+    absent = [f for f in REQUIRED_WITHOUT_CATALOG if f not in entry]
+    if absent:
+        what = (f"model {model!r} is not in the catalog" if model is not None
+                else "no catalog model given")
+        raise fail(absent[0], f"{what} and the job does not describe it: missing "
+                              f"{', '.join(absent)} (catalog: {', '.join(sorted(MODEL_CATALOG))})")
+    return model, {}
 
+
+def _numbers(entry, fail) -> dict:
+    """The job's numbers, each within its bound (planner.core.jobs.JOB_BOUNDS)."""
+    fields = {}
     for key in NUMBER_FIELDS:
-        if key not in entry:
-            continue
-        value = entry[key]
-        if key == "params":
-            fields[key] = _positive_number(value, fail)
-        else:
-            fields[key] = _positive_int(value, key, fail)
-
-    command = _command(entry.get("command"), fail)
-    checkpoint_dir = _checkpoint_dir(entry.get("checkpoint_dir"), fail)
-    fields.setdefault("micro_batch", 1)
-    fields.setdefault("steps", 1000)
-    if fields["micro_batch"] > fields["global_batch"]:
-        raise fail("micro_batch", f"{fields['micro_batch']} is larger than global_batch "
-                                  f"{fields['global_batch']}")
-    return Job(name=name, model=model, command=command, checkpoint_dir=checkpoint_dir, **fields)
+        if key in entry:
+            try:
+                fields[key] = check_job_field(key, entry[key])
+            except Invalid as bad:
+                raise fail(key, bad.expected) from None
+    return fields
 
 
 def _checkpoint_dir(value, fail) -> str | None:
@@ -212,36 +221,3 @@ def _command(value, fail) -> tuple[str, ...] | None:
     if not argv or not argv[0] or any("\0" in a for a in argv):
         raise fail("command", "must name a program")
     return tuple(argv)
-
-
-def _positive_number(value, fail) -> float:
-    if isinstance(value, str):  # YAML 1.1 reads 175e9 (no dot) as a string
-        try:
-            value = float(value.strip())
-        except ValueError:
-            raise fail("params", f"expected a positive number, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or (isinstance(value, int) and value > MAX_INT):
-        raise fail("params", f"expected a positive number, got {_shown(value)}")
-    if not math.isfinite(value) or value <= 0:
-        raise fail("params", f"expected a positive number, got {value!r}")
-    return float(value)
-
-
-def _positive_int(value, key: str, fail) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise fail(key, f"expected a positive integer, got {value!r}")
-    if isinstance(value, float):
-        if not math.isfinite(value) or not value.is_integer():
-            raise fail(key, f"expected a positive integer, got {value!r}")
-        value = int(value)
-    if value <= 0:
-        raise fail(key, f"expected a positive integer, got {value!r}")
-    if value > MAX_INT:
-        raise fail(key, f"expected a positive integer up to 2**53, got {_shown(value)}")
-    return value
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

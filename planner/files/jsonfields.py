@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hulk.errors import InputError
+from hulk.validate import Bound
 
 MAX_JSON_INT = 2 ** 53          # beyond this a JSON integer is no count, memory or RTT we can use
 
@@ -113,14 +114,18 @@ class Fields:
 
     def number(self, key: str, *, required: bool = False, default: float | None = None,
                low: float | None = None, high: float | None = None,
-               integer: bool = False) -> float | None:
+               integer: bool = False, bound: Bound | None = None) -> float | None:
+        """The number at ``key`` (``default`` when absent or null and not ``required``), within
+        ``bound`` (a sensible range with its unit) or ``low`` and ``high``."""
         value = self.obj.get(key)
-        kind = "an integer" if integer else "a number"
-        bounds = ""
-        if low is not None:
-            bounds += f" >= {low:g}"
-        if high is not None:
-            bounds += f"{' and' if low is not None else ''} <= {high:g}"
+        if bound is not None:
+            low, high, integer = bound.low, bound.high, bound.integer
+            kind, bounds = bound.expected, ""
+        else:
+            kind = "an integer" if integer else "a number"
+            bounds = "" if low is None else f" >= {low:g}"
+            if high is not None:
+                bounds += f"{' and' if low is not None else ''} <= {high:g}"
         if value is None:
             if required:
                 raise self.fail(key, kind + bounds)

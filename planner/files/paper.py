@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hulk.errors import InputError
+from hulk.validate import Bound, Invalid
 from planner.core import gpus as gpu_catalog
-from planner.core.fleet import Fleet, Link, Node
+from planner.core.fleet import FLEET_BOUNDS, Fleet, Link, Node
 
 PAPER_NODES = "node_feature.csv"
 PAPER_EDGES = "edge.txt"
@@ -95,6 +96,14 @@ def _number(text: str, path: str, line: int, field: str, *, integer: bool = Fals
     return number
 
 
+def _bounded(text: str, bound: Bound, path: str, line: int, field: str) -> float:
+    """A number of the paper's files within its FLEET_BOUNDS bound."""
+    try:
+        return float(bound.check(text))
+    except Invalid as bad:
+        raise bad.error(path=path, line=line, field=field) from None
+
+
 def read_paper(nodes_bytes: bytes, nodes_path: str, edges_bytes: bytes, edges_path: str,
                 name: str) -> tuple[Fleet, list[ImportIssue]]:
     issues: list[ImportIssue] = []
@@ -141,11 +150,9 @@ def _read_paper_nodes(text: str, path: str, issues: list[ImportIssue]) -> list[N
         city = raw_city.strip()
         if raw_city != city:
             untrimmed[raw_city].append(line)
-        capability = _number(row[col["capability"]], path, line, "Capability")
-        memory = _number(row[col["memory"]], path, line, "Memory")
-        if memory < 0:
-            raise InputError(f"expected GPU memory in GB >= 0, got {memory:g}", path=path,
-                             line=line, field="Memory")
+        capability = _bounded(row[col["capability"]], FLEET_BOUNDS["compute_capability"], path,
+                              line, "Capability")
+        memory = _bounded(row[col["memory"]], FLEET_BOUNDS["memory_gb"], path, line, "Memory")
         nodes.append(Node(id=node_id, city=city or None, gpus=gpu_catalog.DEFAULT_GPUS_PER_NODE,
                           compute_capability=capability, memory_gb=memory))
     for raw_city, lines in untrimmed.items():
@@ -177,14 +184,11 @@ def _read_paper_edges(text: str, path: str, known: set[str],
                              path=path, line=line, field="line")
         src = str(int(_number(fields[0], path, line, "src", integer=True)))
         dst = str(int(_number(fields[1], path, line, "dst", integer=True)))
-        weight = _number(fields[2], path, line, "weight")
+        weight = _bounded(fields[2], FLEET_BOUNDS["rtt_ms"], path, line, "weight")
         for field, node in (("src", src), ("dst", dst)):
             if node not in known:
                 raise InputError(f"unknown node {node} (not in {PAPER_NODES})",
                                  path=path, line=line, field=field)
-        if weight < 0:
-            raise InputError(f"expected a latency in ms >= 0, got {weight:g}",
-                             path=path, line=line, field="weight")
         if src == dst:
             issues.append(ImportIssue(path, line, f"self-loop {src} -> {dst} "
                                       f"({weight:g} ms) dropped"))

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hulk.atomic import write_output
 from hulk.errors import InputError
+from hulk.validate import Invalid, shown
 from planner.core.costmodel import Placement, Stage
 from planner.core.evaluate import PlanReport, evaluate
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan, Unplaced
-from planner.files.atomic import write_text_atomic
 
 FORMAT = "hulk-plan/1"
 TOP_KEYS = ("format", "method", "fleet", "jobs", "totals", "unplaced")
@@ -64,7 +65,7 @@ def plan_to_json(plan: Plan, net: Network, report: PlanReport | None = None) -> 
 
 def write_plan(plan: Plan, net: Network, path: str | Path, report: PlanReport | None = None) -> dict:
     doc = plan_to_json(plan, net, report)
-    write_text_atomic(path, json.dumps(doc, indent=2) + "\n", "plan")
+    write_output(path, json.dumps(doc, indent=2) + "\n", "plan")
     return doc
 
 
@@ -122,109 +123,140 @@ def read_plan(path: str | Path, node_ids: list[str] | None = None) -> PlanDoc:
 
 def parse_plan(data: Any, path: str = "<plan>", node_ids: list[str] | None = None) -> PlanDoc:
     """Validate a ``hulk-plan/1`` document; with ``node_ids``, also that every node is known."""
-    def fail(where: str, message: str) -> InputError:
-        return InputError(message, path=path, field=where)
+    try:
+        return _plan_doc(data, None if node_ids is None else set(node_ids))
+    except Invalid as bad:
+        raise bad.error(path=path) from None
 
-    def number(value, where: str, *, integer=False, minimum=0, nullable=False):
-        if value is None and nullable:
-            return None
-        ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-        if isinstance(value, bool) or not ok or value < minimum:
-            kind = "an integer" if integer else "a number"
-            raise fail(where, f"expected {kind} >= {minimum}, got {value!r}")
-        return value
 
-    if not isinstance(data, dict):
-        raise fail("", "expected a JSON object")
-    for key in TOP_KEYS:
-        if key not in data:
-            raise fail(key, "missing")
-    extra = set(data) - set(TOP_KEYS)
-    if extra:
-        raise fail(sorted(extra)[0], "unknown key")
+def _plan_doc(data: Any, known: set[str] | None) -> PlanDoc:
+    _object(data, TOP_KEYS, "", "expected a JSON object")
     if data["format"] != FORMAT:
-        raise fail("format", f"expected {FORMAT!r}, got {data['format']!r}")
+        raise Invalid(f"expected {FORMAT!r}, got {shown(data['format'])}", field="format")
     if not isinstance(data["method"], str) or not data["method"]:
-        raise fail("method", "expected a method name")
-    fleet = data["fleet"]
-    if not isinstance(fleet, dict) or "nodes" not in fleet:
-        raise fail("fleet", "expected {\"nodes\": N}")
-    fleet_nodes = number(fleet["nodes"], "fleet.nodes", integer=True)
-    known = set(node_ids) if node_ids is not None else None
-    if known is not None and fleet_nodes != len(known):
-        raise fail("fleet.nodes", f"plan is for {fleet_nodes} nodes, the fleet has {len(known)}")
-    if not isinstance(data["jobs"], list):
-        raise fail("jobs", "expected a list")
-    jobs: list[JobDoc] = []
+        raise Invalid("expected a method name", field="method")
+    fleet_nodes = _fleet_nodes(data["fleet"], known)
     names: set[str] = set()
     used_by_phase: dict[int, dict[str, str]] = {}
-    for n, job in enumerate(data["jobs"]):
-        where = f"jobs[{n}]"
-        if not isinstance(job, dict):
-            raise fail(where, "expected an object")
-        for key in JOB_KEYS:
-            if key not in job:
-                raise fail(f"{where}.{key}", "missing")
-        if set(job) - set(JOB_KEYS):
-            raise fail(f"{where}.{sorted(set(job) - set(JOB_KEYS))[0]}", "unknown key")
-        name = job["name"]
-        if not isinstance(name, str) or not name:
-            raise fail(f"{where}.name", "expected a job name")
-        if name in names:
-            raise fail(f"{where}.name", f"duplicate job {name!r}")
-        names.add(name)
-        phase = number(job["phase"], f"{where}.phase", integer=True)
-        micro = number(job["micro_batch"], f"{where}.micro_batch", integer=True, minimum=1)
-        if not isinstance(job["stages"], list) or not job["stages"]:
-            raise fail(f"{where}.stages", "expected a non-empty list of stages")
-        stages: list[StageDoc] = []
-        width = None
-        for k, st in enumerate(job["stages"]):
-            sw = f"{where}.stages[{k}]"
-            if not isinstance(st, dict) or set(st) != {"layers", "nodes"}:
-                raise fail(sw, "expected {\"layers\": [lo, hi], \"nodes\": [ids]}")
-            layers = st["layers"]
-            if (not isinstance(layers, list) or len(layers) != 2
-                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)):
-                raise fail(f"{sw}.layers", "expected [lo, hi] integers")
-            lo, hi = layers
-            expected_lo = stages[-1].hi if stages else 0
-            if lo != expected_lo or hi <= lo:
-                raise fail(f"{sw}.layers", f"expected [{expected_lo}, hi) with hi > {expected_lo}, "
-                                           f"got [{lo}, {hi}] (ranges must be contiguous)")
-            nodes = st["nodes"]
-            if not isinstance(nodes, list) or not nodes or not all(isinstance(x, str) for x in nodes):
-                raise fail(f"{sw}.nodes", "expected a non-empty list of node ids")
-            if width is None:
-                width = len(nodes)
-            elif len(nodes) != width:
-                raise fail(f"{sw}.nodes", f"every stage must list {width} nodes (one per replica), "
-                                          f"got {len(nodes)}")
-            for node in nodes:
-                if known is not None and node not in known:
-                    raise fail(f"{sw}.nodes", f"unknown node {node!r}")
-                other = used_by_phase.setdefault(phase, {}).get(node)
-                if other is not None:
-                    raise fail(f"{sw}.nodes", f"node {node!r} is used by {other!r} in the same phase")
-                used_by_phase[phase][node] = name
-            stages.append(StageDoc(lo, hi, tuple(nodes)))
-        est = job["estimate"]
-        if not isinstance(est, dict) or set(est) != set(ESTIMATE_KEYS):
-            raise fail(f"{where}.estimate", f"expected keys {', '.join(ESTIMATE_KEYS)}")
-        for key in ESTIMATE_KEYS:
-            number(est[key], f"{where}.estimate.{key}", nullable=True)
-        jobs.append(JobDoc(name, phase, micro, tuple(stages), dict(est)))
-    totals = data["totals"]
-    if not isinstance(totals, dict) or set(totals) != set(TOTAL_KEYS):
-        raise fail("totals", f"expected keys {', '.join(TOTAL_KEYS)}")
-    for key in TOTAL_KEYS:
-        number(totals[key], f"totals.{key}", nullable=True)
-    if not isinstance(data["unplaced"], list):
-        raise fail("unplaced", "expected a list")
-    unplaced = []
-    for n, u in enumerate(data["unplaced"]):
-        if (not isinstance(u, dict) or set(u) != {"name", "reason"}
-                or not all(isinstance(u[k], str) for k in ("name", "reason"))):
-            raise fail(f"unplaced[{n}]", "expected {\"name\": ..., \"reason\": ...}")
-        unplaced.append(Unplaced(u["name"], u["reason"]))
-    return PlanDoc(data["method"], fleet_nodes, tuple(jobs), dict(totals), tuple(unplaced))
+    jobs = tuple(_job(job, f"jobs[{n}]", known, names, used_by_phase)
+                 for n, job in enumerate(_list(data["jobs"], "jobs")))
+    totals = _numbers(data["totals"], TOTAL_KEYS, "totals")
+    unplaced = tuple(_unplaced(u, f"unplaced[{n}]")
+                     for n, u in enumerate(_list(data["unplaced"], "unplaced")))
+    return PlanDoc(data["method"], fleet_nodes, jobs, totals, unplaced)
+
+
+def _object(value: Any, keys: tuple[str, ...], where: str, expected: str) -> None:
+    """An object with exactly ``keys``."""
+    if not isinstance(value, dict):
+        raise Invalid(expected, field=where)
+    prefix = f"{where}." if where else ""
+    for key in keys:
+        if key not in value:
+            raise Invalid("missing", field=prefix + key)
+    extra = set(value) - set(keys)
+    if extra:
+        raise Invalid("unknown key", field=prefix + sorted(extra)[0])
+
+
+def _list(value: Any, where: str) -> list:
+    if not isinstance(value, list):
+        raise Invalid("expected a list", field=where)
+    return value
+
+
+def _number(value: Any, where: str, *, integer: bool = False, minimum: int = 0,
+            nullable: bool = False) -> float | None:
+    if value is None and nullable:
+        return None
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or not minimum <= value < math.inf:   # also NaN
+        kind = "an integer" if integer else "a number"
+        raise Invalid(f"expected {kind} >= {minimum}, got {shown(value)}", field=where)
+    return value
+
+
+def _numbers(value: Any, keys: tuple[str, ...], where: str) -> dict[str, float | None]:
+    """An object of exactly ``keys``, each a number >= 0 or null."""
+    if not isinstance(value, dict) or set(value) != set(keys):
+        raise Invalid(f"expected keys {', '.join(keys)}", field=where)
+    return {key: _number(value[key], f"{where}.{key}", nullable=True) for key in keys}
+
+
+def _fleet_nodes(fleet: Any, known: set[str] | None) -> int:
+    if not isinstance(fleet, dict) or "nodes" not in fleet:
+        raise Invalid("expected {\"nodes\": N}", field="fleet")
+    count = _number(fleet["nodes"], "fleet.nodes", integer=True)
+    if known is not None and count != len(known):
+        raise Invalid(f"plan is for {count} nodes, the fleet has {len(known)}", field="fleet.nodes")
+    return count
+
+
+def _job(job: Any, where: str, known: set[str] | None, names: set[str],
+         used_by_phase: dict[int, dict[str, str]]) -> JobDoc:
+    """One job; ``names`` and ``used_by_phase`` gather what later jobs may not repeat."""
+    _object(job, JOB_KEYS, where, "expected an object")
+    name = job["name"]
+    if not isinstance(name, str) or not name:
+        raise Invalid("expected a job name", field=f"{where}.name")
+    if name in names:
+        raise Invalid(f"duplicate job {name!r}", field=f"{where}.name")
+    names.add(name)
+    phase = _number(job["phase"], f"{where}.phase", integer=True)
+    micro = _number(job["micro_batch"], f"{where}.micro_batch", integer=True, minimum=1)
+    stages = _stages(job["stages"], f"{where}.stages")
+    _claim_nodes(stages, f"{where}.stages", name, known, used_by_phase.setdefault(phase, {}))
+    estimate = _numbers(job["estimate"], ESTIMATE_KEYS, f"{where}.estimate")
+    return JobDoc(name, phase, micro, stages, estimate)
+
+
+def _stages(value: Any, where: str) -> tuple[StageDoc, ...]:
+    """Contiguous layer ranges from 0, each stage with as many nodes as the first."""
+    if not isinstance(value, list) or not value:
+        raise Invalid("expected a non-empty list of stages", field=where)
+    stages: list[StageDoc] = []
+    for k, stage in enumerate(value):
+        stages.append(_stage(stage, f"{where}[{k}]", stages[-1].hi if stages else 0,
+                             len(stages[0].nodes) if stages else None))
+    return tuple(stages)
+
+
+def _stage(stage: Any, where: str, expected_lo: int, width: int | None) -> StageDoc:
+    if not isinstance(stage, dict) or set(stage) != {"layers", "nodes"}:
+        raise Invalid("expected {\"layers\": [lo, hi], \"nodes\": [ids]}", field=where)
+    layers = stage["layers"]
+    if (not isinstance(layers, list) or len(layers) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)):
+        raise Invalid("expected [lo, hi] integers", field=f"{where}.layers")
+    lo, hi = layers
+    if lo != expected_lo or hi <= lo:
+        raise Invalid(f"expected [{expected_lo}, hi) with hi > {expected_lo}, got [{lo}, {hi}] "
+                      "(ranges must be contiguous)", field=f"{where}.layers")
+    nodes = stage["nodes"]
+    if not isinstance(nodes, list) or not nodes or not all(isinstance(x, str) for x in nodes):
+        raise Invalid("expected a non-empty list of node ids", field=f"{where}.nodes")
+    if width is not None and len(nodes) != width:
+        raise Invalid(f"every stage must list {width} nodes (one per replica), got {len(nodes)}",
+                      field=f"{where}.nodes")
+    return StageDoc(lo, hi, tuple(nodes))
+
+
+def _claim_nodes(stages: tuple[StageDoc, ...], where: str, name: str, known: set[str] | None,
+                 used: dict[str, str]) -> None:
+    """Every node known, and used by no other stage or job of the same phase."""
+    for k, stage in enumerate(stages):
+        for node in stage.nodes:
+            if known is not None and node not in known:
+                raise Invalid(f"unknown node {node!r}", field=f"{where}[{k}].nodes")
+            other = used.get(node)
+            if other is not None:
+                raise Invalid(f"node {node!r} is used by {other!r} in the same phase",
+                              field=f"{where}[{k}].nodes")
+            used[node] = name
+
+
+def _unplaced(value: Any, where: str) -> Unplaced:
+    if (not isinstance(value, dict) or set(value) != {"name", "reason"}
+            or not all(isinstance(value[k], str) for k in ("name", "reason"))):
+        raise Invalid("expected {\"name\": ..., \"reason\": ...}", field=where)
+    return Unplaced(value["name"], value["reason"])

@@ -19,12 +19,12 @@ import os
 import secrets
 import sqlite3
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hulk.atomic import write_atomic
 from hulk.errors import ConfigError, InputError, NotFoundError, StoreError, UnavailableError
 from planner.security.credentials import check_node_id
 
@@ -128,7 +128,7 @@ class BrokerAccounts:
     def write_acl(self) -> None:
         if self.acl_file is None:
             return
-        _atomic_write(self.acl_file, self.render_acl(), mode=0o640)
+        write_atomic(self.acl_file, self.render_acl(), mode=0o640)
 
     def _passwd(self, flag: str, username: str, password: str | None = None, *,
                 allow_missing: bool = False) -> None:
@@ -152,16 +152,3 @@ class BrokerAccounts:
             message = (done.stderr or done.stdout or "").strip().splitlines()
             raise ConfigError(f"{self._tool} {flag} failed: {message[0] if message else done.returncode}",
                               path=str(self.passwd_file))
-
-
-def _atomic_write(path: Path, text: str, *, mode: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -3,7 +3,7 @@
 Python 3.11's asyncio.wait_for returns the result instead of raising CancelledError when the
 awaited thing finishes in the same loop iteration as the cancel; a loop built on it then goes
 on forever and the runtime's shutdown waits for it forever (seen as a stop that timed out).
-Found while testing issue 12's fixes (re-registrations wake the prober several times a second).
+Found in hostile testing (re-registrations wake the prober several times a second).
 """
 
 from __future__ import annotations

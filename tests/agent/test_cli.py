@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from hulk.v1 import hulk_pb2
-from tests.agent.planner_double import PlannerDouble, start_server
 
 from tests.helpers.paths import REPO
+from tests.helpers.planner_double import PlannerDouble, start_server
 from tests.helpers.processes import agent_command
 from tests.helpers.waits import wait_until_async
 

@@ -1,5 +1,4 @@
-"""mTLS from the agent's side (issue 12: advertised, but the agent could not present a client
-certificate). A real `hulk-planner serve --client-ca` and a real mosquitto with
+"""mTLS from the agent's side (the agent presents its client certificate). A real `hulk-planner serve --client-ca` and a real mosquitto with
 ``require_certificate true``: without the node's certificate the agent is refused; with it (config
 file fields, HULK_CLIENT_CERT/HULK_CLIENT_KEY, flags; ``?cert=&key=`` in the broker URL) it is in.
 """

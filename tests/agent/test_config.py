@@ -110,7 +110,7 @@ def test_config_is_frozen():
 
 
 def test_site_comes_from_file_env_or_flag_and_defaults_to_empty(tmp_path: Path):
-    """The node's site (issue 13): "" leaves the node in its city's site."""
+    """The node's site: "" leaves the node in its city's site."""
     assert load_config(BASE, env_reader=env_of({})).site == ""
     path = tmp_path / "agent.yaml"
     path.write_text("planner: p:1\nnode_id: n\ncity: Frankfurt\nsite: fra-dc2\n")

@@ -1,5 +1,5 @@
 """The last lines of a job's log travel in its launch status (the heartbeat), while it runs and
-when it ends, so `hulk-planner jobs logs` can show them (issue 11)."""
+when it ends, so `hulk-planner jobs logs` can show them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from agent.launcher import Launcher, log_tail
 from hulk.wire.records import LaunchState
-from tests.agent.test_launch_policy import direct, placement
+from tests.helpers.launch import direct, placement
 from tests.helpers.waits import wait_until_async
 
 pytestmark = pytest.mark.process

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
 from agent.launcher import JOB_LOG, Launcher, role_env
-from hulk.wire.placement import NodePlacement, Role
 from hulk.wire.records import LaunchState
+from tests.helpers.launch import direct, placement
 from tests.helpers.waits import wait_until_async
 
 pytestmark = pytest.mark.process
@@ -19,19 +18,6 @@ pytestmark = pytest.mark.process
 DUMP = ("import json, os, pathlib; pathlib.Path('out.json').write_text(json.dumps({"
         "'env': dict(os.environ), 'cwd': os.getcwd(), "
         "'status': open('/proc/self/status').read()}))")
-
-
-def placement(command: tuple[str, ...], job: str = "a") -> NodePlacement:
-    role = Role(plan_id="p1", job=job, phase=0, stage=0, num_stages=1, layer_lo=0, layer_hi=4,
-                replica=0, num_replicas=1, rank=0, world_size=1, rendezvous_address="127.0.0.1",
-                rendezvous_port=29500, micro_batch=1, command=command)
-    return NodePlacement(fleet="lab", node="n1", plan_id="p1", roles=(role,))
-
-
-def direct(role: Role) -> list[str]:
-    """Stands in for torchrun: runs the role's argv with this interpreter as ``python``."""
-    argv = list(role.command)
-    return [sys.executable, *argv[1:]] if argv[0] == "python" else argv
 
 
 @pytest.fixture

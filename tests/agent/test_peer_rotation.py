@@ -19,7 +19,7 @@ from agent.runtime import AgentRuntime
 from agent.spool import Spool
 from hulk.v1 import hulk_pb2
 from hulk.wire.records import Inventory
-from tests.agent.planner_double import PlannerDouble, start_server
+from tests.helpers.planner_double import PlannerDouble, start_server
 from tests.helpers.waits import wait_until_async
 
 

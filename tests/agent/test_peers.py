@@ -1,4 +1,4 @@
-"""Peers the planner names (issue 12): a name that does not resolve must delay no other peer,
+"""Peers the planner names: a name that does not resolve must delay no other peer,
 and a peer the agent cannot probe (a bad port, a bad address) costs one warning line, never a
 traceback a round."""
 
@@ -25,9 +25,9 @@ from agent.runtime import AgentRuntime
 from agent.spool import Spool
 from hulk.v1 import hulk_pb2
 from hulk.wire.records import Inventory, Peer
-from tests.agent.planner_double import PlannerDouble, start_server
-from tests.helpers.waits import wait_until_async
 from tests.helpers.paths import REPO
+from tests.helpers.planner_double import PlannerDouble, start_server
+from tests.helpers.waits import wait_until_async
 
 
 def agent_command() -> list[str]:

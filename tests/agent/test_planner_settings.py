@@ -1,4 +1,4 @@
-"""Absurd probe settings in the planner's answer (issue 12's untrusted input): the agent uses its
+"""Absurd probe settings in the planner's answer (untrusted input): the agent uses its
 own value instead, says so once, and goes on probing and reporting (real gRPC planner double)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from agent.runtime import AgentRuntime, effective_settings, unusable_planner_set
 from agent.spool import Spool
 from hulk.v1 import hulk_pb2
 from hulk.wire.records import Inventory, ProbeSettings
-from tests.agent.planner_double import PlannerDouble, start_server
+from tests.helpers.planner_double import PlannerDouble, start_server
 from tests.helpers.waits import wait_until_async
 
 

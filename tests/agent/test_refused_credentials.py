@@ -1,5 +1,5 @@
-"""An agent whose credentials the planner refuses ends with one line and exit code 2 (issue 15:
-it used to retry forever and look healthy). A real `hulk-planner serve` over TLS, real agents."""
+"""An agent whose credentials the planner refuses ends with one line and exit code 2 rather
+than retrying for ever while looking healthy. A real `hulk-planner serve` over TLS, real agents."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A batch the planner cannot take must not block the spool (issue 12): a real grpc.aio planner
+"""A batch the planner cannot take must not block the spool: a real grpc.aio planner
 double refuses one poisoned batch, the reporter sets it aside (counted as dropped) and every
 later sample flows."""
 
@@ -15,7 +15,7 @@ import pytest
 from agent.reporter import Backoff, GrpcPlannerClient, Reporter
 from agent.spool import Spool
 from hulk.wire.records import ProbeKind, ProbeSample
-from tests.agent.planner_double import PlannerDouble, start_server
+from tests.helpers.planner_double import PlannerDouble, start_server
 from tests.helpers.waits import wait_until_async
 
 POISON_RTT_MS = 1e300

@@ -20,7 +20,7 @@ from hulk import errors
 from hulk.v1 import hulk_pb2, hulk_pb2_grpc
 from hulk.wire.records import (Inventory, LaunchState, LaunchStatus, ProbeKind, ProbeSample,
                                RegisterRequest)
-from tests.agent.planner_double import PlannerDouble, start_server
+from tests.helpers.planner_double import PlannerDouble, start_server
 from tests.helpers.ports import free_port
 from tests.helpers.waits import wait_until_async
 

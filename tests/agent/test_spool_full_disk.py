@@ -1,4 +1,4 @@
-"""The spool near a full disk (issue 12), on real tiny tmpfs filesystems:
+"""The spool near a full disk, on real tiny tmpfs filesystems:
 
 - its log stays bounded: a small, busy spool does not fill a small filesystem by itself;
 - when the filesystem is full, accepted samples wait in memory (bounded; what the bound drops is
@@ -27,7 +27,7 @@ from agent.runtime import AgentRuntime
 from agent.spool import Spool
 from hulk.v1 import hulk_pb2
 from hulk.wire.records import Inventory, ProbeKind, ProbeSample
-from tests.agent.planner_double import PlannerDouble, start_server
+from tests.helpers.planner_double import PlannerDouble, start_server
 from tests.helpers.waits import wait_until_async
 
 pytestmark = [pytest.mark.root, pytest.mark.process]   # tmpfs mounts, a real agent process
@@ -83,7 +83,7 @@ def fill(directory: Path, leave_bytes: int = 0) -> Path:
 
 
 def test_a_busy_small_spool_does_not_fill_a_small_filesystem(tiny_fs):
-    """Issue 12: 987 KB of write-ahead log for a 28 KB spool filled the agent's disk."""
+    """The write-ahead log is kept small: unchecked, it can reach 987 KB for a 28 KB spool."""
     where = tiny_fs("1m")
     spool = Spool(where / "spool.sqlite", max_samples=100_000)
     try:

@@ -1,6 +1,6 @@
 """An agent that cannot verify the planner's or the broker's certificate (no CA, another CA) ends
-with one line naming what to fix and exit code 2 (issue 15: it retried forever and looked
-healthy); a planner that is merely down is retried. A real `hulk-planner serve` over TLS, the
+with one line naming what to fix and exit code 2 rather than retrying for ever while looking
+healthy; a planner that is merely down is retried. A real `hulk-planner serve` over TLS, the
 shipped mosquitto configuration over TLS, real `hulk-agent` processes."""
 
 from __future__ import annotations

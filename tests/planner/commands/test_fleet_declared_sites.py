@@ -1,4 +1,4 @@
-"""`fleet show --db` and `fleet export --db` on a store whose agents declared sites (issue 13): two
+"""`fleet show --db` and `fleet export --db` on a store whose agents declared sites: two
 data centres in one city are two sites in the table and in the exported file; a node without a
 site is in its city's, and the file names no site for it (as before). Real SQLite store."""
 

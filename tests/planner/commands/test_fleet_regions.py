@@ -1,4 +1,4 @@
-"""`fleet show` and `fleet plot` on a fleet whose cities are cloud regions (issue 13): the table
+"""`fleet show` and `fleet plot` on a fleet whose cities are cloud regions: the table
 names each region's place, the plot puts the nodes at their regions' coordinates."""
 
 from __future__ import annotations

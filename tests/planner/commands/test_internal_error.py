@@ -1,10 +1,14 @@
-"""An unexpected failure inside a command is one line on stderr and exit 1, never a traceback
-(a GPU server whose grpcio was older than the generated stubs need gave serve a traceback)."""
+"""An unexpected failure inside a command (say, a grpcio older than the generated stubs need) is
+one line on stderr and exit 1, never a traceback; --log-level DEBUG, before or after the
+subcommand, shows the traceback too."""
 
 from __future__ import annotations
 
+import pytest
+
 from planner import cli
 from planner.commands import fleet
+from planner.settings import PlannerSettings
 
 
 def _boom(args):
@@ -36,3 +40,24 @@ def test_a_command_module_that_fails_to_import_is_one_line(monkeypatch, capsys):
     assert cli.main(["serve", "--db", "x"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hulk-planner: internal error: ImportError: ")
+
+
+def test_the_log_level_may_follow_the_subcommand(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(fleet, "cmd_show", _boom)
+    assert cli.main(["fleet", "show", "--db", str(tmp_path / "x.sqlite"),
+                     "--log-level", "DEBUG"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):")
+    assert err.strip().splitlines()[-1].startswith("hulk-planner: internal error: RuntimeError")
+
+
+@pytest.mark.parametrize("argv, level", [
+    (["plan", "j.yaml", "--fleet", "f", "--log-level", "DEBUG"], "DEBUG"),
+    (["plan", "j.yaml", "--log-level=WARNING", "--fleet", "f"], "WARNING"),
+    (["--log-level", "ERROR", "plan", "j.yaml", "--fleet", "f"], "ERROR"),
+    (["--log-level", "ERROR", "plan", "j.yaml", "--fleet", "f", "--log-level", "DEBUG"], "DEBUG"),
+    (["plan", "j.yaml", "--fleet", "f"], "INFO"),
+    (["jobs", "list", "--db", "x", "--log-level", "DEBUG"], "DEBUG"),
+])
+def test_the_log_level_before_or_after_the_subcommand(argv, level):
+    assert cli.build_parser(PlannerSettings()).parse_args(argv).log_level == level

@@ -1,4 +1,4 @@
-"""What an operator reads (issue 15): the fleet's name, memory figures, the no-GPU error, the
+"""What an operator reads: the fleet's name, memory figures, the no-GPU error, the
 plot's colour bar on a fleet without GPUs."""
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def test_not_yaml(tmp_path, paper_fleet_dir):
 
 def test_impossible_job(tmp_path, paper_fleet_dir):
     jobs = tmp_path / "jobs.yaml"
-    jobs.write_text("jobs:\n  - {name: giant, model: opt-175b, params: 1.0e15}\n")
+    jobs.write_text("jobs:\n  - {name: giant, model: opt-175b, params: 5.0e12}\n")
     assert_one_line_error(hulk_planner("plan", jobs, "--fleet", paper_fleet_dir),
                           "giant", "whole fleet has")
 

@@ -1,4 +1,4 @@
-"""What `plan` prints about a placement says what its numbers are (issue 15): stages, replicas,
+"""What `plan` prints about a placement says what its numbers are: stages, replicas,
 nodes and cities, and per replica and step the micro-batch count and size that the placement
 hands the training program (HULK_MICRO_BATCHES, HULK_MICRO_BATCH)."""
 

@@ -24,11 +24,24 @@ def test_good_flags_pass(tmp_path):
     assert not (tmp_path / "p.db").exists()
 
 
+def test_checking_returns_the_signer_and_leaves_the_flags_as_parsed(tmp_path):
+    args = serve_args("--db", str(tmp_path / "p.db"), "--mqtt", "mqtt://b",
+                      "--signing-key", write_signing_key(tmp_path / "k"))
+    parsed = dict(vars(args))
+    checked = check_flags(args)
+    assert checked.signer is not None and vars(args) == parsed
+    assert check_flags(serve_args("--db", str(tmp_path / "p.db"))).signer is None
+
+
 @pytest.mark.parametrize("flags, field", [
     ((), "--db"),
     (("--raw-days", "0"), "--raw-days"),
     (("--window-days", "0"), "--window-days"),
     (("--rate-limit", "0"), "--rate-limit"),
+    (("--rate-burst", "inf"), "--rate-burst"),
+    (("--raw-days", "100000"), "--raw-days"),
+    (("--report-seconds", "1e300"), "--report-seconds"),
+    (("--jobs-interval", "nan"), "--jobs-interval"),
     (("--rollup-seconds", "0"), "--rollup-seconds"),
     (("--probe-peers", "1"), "--probe-peers"),
     (("--probe-site-reps", "0"), "--probe-site-reps"),

@@ -130,12 +130,12 @@ JSON_CASES = {
     "id is a number": ('{"nodes": [\n {"id": 1, "memory_gb": 1}]}', ":2: nodes[0].id: ",
                        "non-empty string"),
     "gpus is a string": ('{"nodes": [\n {"id": "a", "gpus": "8", "memory_gb": 1}]}',
-                         ":2: nodes[0].gpus: ", "integer"),
+                         ":2: nodes[0].gpus: ", "whole number of GPUs"),
     "rtt missing": ('{"nodes": [{"id": "a", "memory_gb": 1}, {"id": "b", "memory_gb": 1}],\n'
-                    ' "links": [\n  {"src": "a", "dst": "b"}]}', ":3: links[0].rtt_ms: ", "number"),
+                    ' "links": [\n  {"src": "a", "dst": "b"}]}', ":3: links[0].rtt_ms: ", "milliseconds of RTT"),
     "negative rtt": ('{"nodes": [{"id": "a", "memory_gb": 1}, {"id": "b", "memory_gb": 1}],\n'
                      ' "links": [{"src": "a", "dst": "b", "rtt_ms": -3}]}',
-                     ":2: links[0].rtt_ms: ", ">= 0"),
+                     ":2: links[0].rtt_ms: ", "between 0 and 60000, got -3"),
     "unknown link node": ('{"nodes": [{"id": "a", "memory_gb": 1}],\n "links": [\n'
                           '  {"src": "a", "dst": "zz", "rtt_ms": 3}]}', ":3: links[0].dst: ",
                           "unknown node"),

@@ -104,12 +104,14 @@ def test_valid_jobs_file_parses():
     assert [j.name for j in jobfile.parse_jobs(yaml.safe_dump(VALID_JOBS))] == ["opt", "custom"]
 
 
+@pytest.mark.slow   # a fuzzer: 80-150 examples
 @SETTINGS
 @given(mutations(VALID_JOBS))
 def test_jobs_yaml_mutated_documents(doc):
     _check_jobs(yaml.safe_dump(doc, allow_unicode=True))
 
 
+@pytest.mark.slow   # a fuzzer: 80-150 examples
 @SETTINGS
 @given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=300))
 def test_jobs_yaml_arbitrary_text(text):
@@ -158,12 +160,14 @@ def test_valid_fleet_json_parses(tmp_path):
     assert fleetio.load_fleet(path) is not None
 
 
+@pytest.mark.slow   # a fuzzer: 80-150 examples
 @SETTINGS
 @given(mutations(VALID_FLEET))
 def test_fleet_json_mutated_documents(doc):
     _check_fleet_file("fleet.json", json.dumps(doc).encode())
 
 
+@pytest.mark.slow   # a fuzzer: 80-150 examples
 @SETTINGS
 @given(st.binary(max_size=300))
 def test_fleet_arbitrary_bytes(data):
@@ -177,6 +181,7 @@ csv_cells = st.text(alphabet="0123456789.-eE ,abcxyz\"", max_size=8)
 @given(st.lists(st.lists(csv_cells, min_size=0, max_size=5), max_size=6),
        st.lists(st.lists(st.text(alphabet="0123456789.- abcnNaif", max_size=6), max_size=4),
                 max_size=6))
+@pytest.mark.slow   # a fuzzer: 80-150 examples
 def test_paper_folder_random_rows(node_rows, edge_rows):
     nodes = "node,City,Capability,Memory\n" + "\n".join(",".join(r) for r in node_rows)
     edges = "\n".join(" ".join(r) for r in edge_rows)
@@ -210,12 +215,14 @@ def test_valid_placement_round_trips():
     assert placements.parse_placement(json.dumps(doc)).to_json() == doc
 
 
+@pytest.mark.slow   # a fuzzer: 80-150 examples
 @SETTINGS
 @given(st.builds(lambda: None).flatmap(lambda _: mutations(_valid_placement())))
 def test_placement_mutated_documents(doc):
     _check_placement(json.dumps(doc).encode())
 
 
+@pytest.mark.slow   # a fuzzer: 80-150 examples
 @SETTINGS
 @given(st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode()))
 def test_placement_arbitrary_payloads(data):
@@ -284,6 +291,7 @@ def report_requests(draw):
                                   samples=samples, spool_dropped=draw(st.integers(0, 2**64 - 1)))
 
 
+@pytest.mark.slow   # a fuzzer: 80-150 examples
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(report_requests())
 def test_grpc_report_random_fields(fuzz_planner, request_):
@@ -293,6 +301,7 @@ def test_grpc_report_random_fields(fuzz_planner, request_):
         assert code == "PERMISSION_DENIED"
 
 
+@pytest.mark.slow   # a fuzzer: 80-150 examples
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_grpc_register_and_heartbeat_random_fields(fuzz_planner, data):
