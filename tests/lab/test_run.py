@@ -30,7 +30,10 @@ def test_the_planner_learns_the_configured_rtts_and_plans(lab_available, tmp_pat
     assert len(rows) == 3
     for row in rows:
         assert row["learned_ms"] is not None, row
-        assert abs(row["learned_ms"] - row["configured_ms"]) <= max(1.0, 0.05 * row["configured_ms"]), row
+        # The switch is a user-space process: a busy core delays a packet, nothing makes one
+        # early. Late by up to 2.3 ms was seen on an otherwise idle 2-core machine.
+        configured = row["configured_ms"]
+        assert configured - 1.0 <= row["learned_ms"] <= configured + max(3.0, 0.15 * configured), row
     plan = json.loads((work / "plan.json").read_text())
     assert plan["jobs"], plan
     assert "lab: torn down" in proc.stdout
