@@ -6,8 +6,8 @@ small in-process gRPC planner hands them out and counts what arrives. The agent'
 
     python -m bench.agent_cost --duration 150 --out bench/results
 
-Targets (issue 2): under 1% of one core, under 60 MB RSS. ``bench.agent_cost_fleet`` runs the
-same measurement with the bounded peer list of a 10,000-server fleet (issue 13: 64 peers,
+Targets: under 1% of one core, under 60 MB RSS. ``bench.agent_cost_fleet`` runs the
+same measurement with the bounded peer list of a 10,000-server fleet (64 peers,
 < 0.5% of a core). The agent sends per-round summaries; the counting planner counts the
 packets they stand for (and raw samples, should any come).
 """

@@ -1,4 +1,4 @@
-"""One agent's cost with the bounded peer list of a 10,000-server fleet (issue 13).
+"""One agent's cost with the bounded peer list of a 10,000-server fleet.
 
 bench.agent_cost's measurement (a real hulk-agent, loopback peers, a counting gRPC planner)
 with 64 peers, the default round (3 packets a minute per peer) and the planner asking for a
@@ -7,7 +7,7 @@ the window). The agent folds each round into a summary, spools it and reports it
 
     python -m bench.agent_cost_fleet [--duration 150] [--quick]
 
-Targets (issue 13): under 0.5% of one core, under 60 MB RSS.
+Targets: under 0.5% of one core, under 60 MB RSS.
 """
 
 from __future__ import annotations

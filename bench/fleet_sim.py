@@ -1,4 +1,4 @@
-"""A simulated regional fleet for the planner benchmarks (issue 13): 10,000 servers in 200 sites
+"""A simulated regional fleet for the planner benchmarks: 10,000 servers in 200 sites
 of 50, each probing at most 64 peers (its 49 site neighbours and 15 servers of other sites),
 one round of 3 packets a minute per peer. Pure and seeded: the same fleet every run.
 

@@ -1,4 +1,4 @@
-"""Planner ingest of a 10,000-server fleet's per-round summaries through real gRPC (issue 13).
+"""Planner ingest of a 10,000-server fleet's per-round summaries through real gRPC.
 
 The fleet (bench.fleet_sim: 200 sites of 50 servers, 64 peers an agent, a round of 3 packets a
 minute per peer) is registered in the store first (through ``Store.register``: the registration
@@ -12,7 +12,7 @@ every 30 s as serve does. Figure: the planner process's CPU seconds over wall se
 
     python -m bench.ingest_fleet [--seconds 60] [--report-seconds 600] [--quick]
 
-Target (issue 13): under 1 core on average.
+Target: under 1 core on average.
 """
 
 from __future__ import annotations

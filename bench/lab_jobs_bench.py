@@ -1,4 +1,4 @@
-"""WAN lab benchmark of job recovery and hand-over (issue 11), with real serve, agents and
+"""WAN lab benchmark of job recovery and hand-over, with real serve, agents and
 torchrun training of examples/train_gpt.py:
 
 - node death -> running again from a checkpoint: a job's node (agent and training process) is

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.run --only scale_bench [--quick]
 
-Writes bench/results/scale.json. Scenarios (issue 13): a 1,000-server full-mesh fleet JSON
+Writes bench/results/scale.json. Scenarios: a 1,000-server full-mesh fleet JSON
 (45 cities, half a million measured links) with the 5 jobs of examples/jobs.yaml, and 10,000
 servers in 200 sites written with site links only, with 20 generated jobs; both `--no-compare`.
 For each (the 1,000-server runs MESH_REPEATS times, the median run reported with every run's

@@ -1,5 +1,4 @@
-"""Store size for 90 days of a 10,000-server fleet probing by plan, and `plan --db` on that store
-(issue 13).
+"""Store size for 90 days of a 10,000-server fleet probing by plan, and `plan --db` on that store.
 
 The fleet: 10,000 servers in 200 sites of 50 (``bench.probe_plan_bench.fleet_layout``), each
 agent probing the peers the rotating probe plan (``planner.core.probe_plan``, bound 64, 2
@@ -26,7 +25,7 @@ summaries. Everything goes into a real SQLite file:
     python -m bench.store_size [--quick] [--days 2] [--waves 4] [--no-plan]
 
 ``--quick``: 2,000 servers in 40 sites, one simulated day of 2 waves, a 10-day window, and
-the size is not compared with the target. Targets (issue 13): store < 5 GB, plan --db < 90 s.
+the size is not compared with the target. Targets: store < 5 GB, plan --db < 90 s.
 """
 
 from __future__ import annotations

@@ -19,6 +19,11 @@ from hypothesis import settings as hypothesis_settings
 from tests.helpers.broker import broker  # noqa: F401  (a real mosquitto, for any test area)
 from tests.helpers.paths import REPO, SHARED
 
+# pytest keeps the test modules it rewrites as byte-code only where byte-code may be written:
+# with PYTHONDONTWRITEBYTECODE set, every run would rewrite and compile them all afresh (about
+# 5 s of a fast-lane run). The files go to the ignored __pycache__ folders.
+sys.dont_write_bytecode = False
+
 # Property tests draw the same examples on every run (CI included): a failure is reproducible
 # and a green run means the same thing twice. HYPOTHESIS_PROFILE=explore draws new ones.
 hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)

@@ -92,3 +92,68 @@ def test_nothing_cites_the_documents_outside_the_repository(name: str) -> None:
                if name in text]
     assert not outside, f"cite docs/{name}.md, not the copy outside the repository:\n" + \
         "\n".join(outside)
+
+
+# -- the README as a user's guide, the benchmarks' figures with their command and date ---------------
+
+README_MAX_LINES = 300
+README_SECTIONS = ("Two commands on a fresh machine", "Quick tour", "The command line",
+                   "Running a real fleet", "Where to read more")
+MARKDOWN_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+BENCH_COMMAND = re.compile(r"python -m bench\.\w+")
+
+
+def readme() -> str:
+    return (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def sections(markdown: str, level: str = "## ") -> dict[str, str]:
+    """Heading text -> the text under it, for the headings of one level."""
+    out: dict[str, str] = {}
+    title = None
+    for line in markdown.splitlines():
+        if line.startswith(level):
+            title = line[len(level):].strip()
+            out[title] = ""
+        elif title is not None:
+            out[title] += line + "\n"
+    return out
+
+
+def test_the_readme_is_a_short_guide_with_its_sections() -> None:
+    text = readme()
+    assert text.count("\n") <= README_MAX_LINES, f"README.md has {text.count(chr(10))} lines"
+    missing = [s for s in README_SECTIONS if s not in sections(text)]
+    assert not missing, f"README.md lacks the sections {missing}"
+
+
+def test_the_readme_shows_the_demo_as_the_makefile_runs_it() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    (recipe,) = re.findall(r"^demo:.*\n\t(.+)$", makefile, re.MULTILINE)
+    command = recipe.replace("$(BIN)", ".venv/bin")
+    assert command.startswith(".venv/bin/hulk-planner plan "), command
+    assert command in readme(), f"README.md does not show `make demo`'s command: {command}"
+    for target in ("make demo", "make test", "make test-fast"):
+        assert target in readme(), target
+
+
+def test_every_relative_link_of_the_readme_and_docs_names_a_file() -> None:
+    documents = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    links = [(doc, target) for doc in documents
+             for target in MARKDOWN_LINK.findall(doc.read_text(encoding="utf-8"))
+             if "://" not in target]
+    assert links, "no relative link found: the scan is broken"
+    broken = [f"{doc.relative_to(ROOT)}: {target}" for doc, target in links
+              if not (doc.parent / target).exists()]
+    assert not broken, "links to missing files:\n" + "\n".join(broken)
+
+
+def test_every_benchmark_figure_names_its_command_and_date() -> None:
+    text = (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")
+    found = sections(text)
+    assert len(found) >= 5, f"docs/BENCHMARKS.md sections: {sorted(found)}"
+    for title, body in found.items():
+        assert "|---" in body, f"docs/BENCHMARKS.md, {title!r}: no table"
+        assert BENCH_COMMAND.search(body), f"docs/BENCHMARKS.md, {title!r}: no command"
+        assert DATE.search(body), f"docs/BENCHMARKS.md, {title!r}: no date"

@@ -1,4 +1,4 @@
-"""One host cannot lock the fleet out of the broker (issue 12).
+"""One host cannot lock the fleet out of the broker.
 
 Reproduced as found: a mosquitto with the usual 1,024 file descriptors, the shipped configuration,
 and one host opening 1,100 idle connections to the agents' port. Without a per-source limit the

@@ -1,4 +1,4 @@
-"""deploy/INSTALL.md run as written (issue 15: the docs had drifted from the programs).
+"""deploy/INSTALL.md run as written (the docs had drifted from the programs).
 
 The ``sh`` blocks of INSTALL.md run in order, each as one bash script (``set -euo pipefail``), on
 two lab hosts: the **planner host** (the lab's hub namespace, 10.77.0.1, which the lab's

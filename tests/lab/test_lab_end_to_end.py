@@ -1,4 +1,4 @@
-"""Issue 5 end to end in the WAN lab: real namespaces and switch, mosquitto and `hulk-planner serve
+"""End to end in the WAN lab: real namespaces and switch, mosquitto and `hulk-planner serve
 --mqtt` in the hub, one agent per host namespace, `hulk-planner plan --push` from the hub.
 
 1. The example program (examples/train_gpt.py) runs as two pipeline stages over two namespaces

@@ -1,4 +1,4 @@
-"""Issue 11 in the WAN lab: jobs owned by `hulk-planner serve --mqtt` survive a lost node and a
+"""In the WAN lab: jobs owned by `hulk-planner serve --mqtt` survive a lost node and a
 planner outage. Real namespaces and switch, mosquitto, serve, one agent per host (8 declared
 A100s, 1 s heartbeats: lab/fleet.py), torchrun training examples/train_gpt.py with its
 checkpoints in one folder every namespace sees. The scenarios are lab/job_scenarios.py (the

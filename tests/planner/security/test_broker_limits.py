@@ -1,4 +1,4 @@
-"""The shipped broker's limits (issue 12): a node cannot take over another node's client id, the
+"""The shipped broker's limits: a node cannot take over another node's client id, the
 planner's own concurrent connections still deliver, and one host cannot exhaust the connections."""
 
 from __future__ import annotations

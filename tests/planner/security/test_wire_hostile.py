@@ -1,4 +1,4 @@
-"""The real planner (TLS, NodeGuard, SQLite) against hostile bytes on the wire (issue 12).
+"""The real planner (TLS, NodeGuard, SQLite) against hostile bytes on the wire.
 
 - a caller without a token is refused before its message is read;
 - bytes that are no protobuf, or over a method's size bound, answer INVALID_ARGUMENT (not UNKNOWN);

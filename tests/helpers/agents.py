@@ -1,0 +1,61 @@
+"""An agent runtime in the test's event loop (real gRPC to serve, a real broker), whose launcher
+runs a short Python command instead of torchrun."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from pathlib import Path
+
+from agent.config import load_config
+from agent.launcher import Launcher
+from agent.placement import PlacementComponent
+from agent.reporter import GrpcPlannerClient
+from agent.runtime import AgentRuntime
+from agent.spool import Spool
+from hulk.wire.broker import parse_broker_url
+from hulk.wire.records import GpuInfo, Inventory
+from tests.helpers.signing import VERIFIER
+
+A100 = GpuInfo(name="NVIDIA A100-SXM4-40GB", uuid="", compute_capability=8.0, memory_bytes=40 * 10**9)
+
+
+def sleeper(role):
+    """A job that runs until it is stopped (two minutes at most)."""
+    return [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+class Agent:
+    def __init__(self, node_id: str, target: str, broker_url: str, state_dir: Path,
+                 command=sleeper):
+        config = load_config({"planner": target, "node_id": node_id, "address": "127.0.0.1",
+                              "city": "Beijing", "state_dir": str(state_dir), "insecure": True,
+                              "mqtt": broker_url, "interval_s": 60}, env_reader=lambda name: None)
+        self.changes: list = []
+        self.component = PlacementComponent(
+            parse_broker_url(broker_url), state_dir=state_dir, node_id=node_id,
+            launcher_factory=lambda on_status: Launcher(command=command, running_after_s=0.2,
+                                                        grace_s=2, on_status=on_status,
+                                                        allowed_commands=[("python", "train.py")]),
+            subscriber_kwargs={"backoff_initial_s": 0.1, "verifier": VERIFIER})
+        self.runtime = AgentRuntime(
+            config, client=GrpcPlannerClient.connect(target, insecure=True),
+            spool=Spool(config.spool_path, 10_000), pinger=None,
+            inventory_reader=lambda: Inventory(gpus=(A100,) * 8), components=[self.component],
+            heartbeat_interval_s=0.3)
+        self.task: asyncio.Task | None = None
+
+    @property
+    def placement(self):
+        sub = self.component.subscriber
+        return sub.current if sub else None
+
+    def start(self):
+        self.task = asyncio.create_task(self.runtime.run())
+
+    async def stop(self):
+        self.runtime.request_stop()
+        if self.task:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(self.task, 20)
