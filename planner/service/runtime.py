@@ -26,6 +26,7 @@ from planner.service.servicer import StoreHealth, create_server
 from planner.service.store import Store
 
 log = logging.getLogger(__name__)
+STOP_SLACK_S = 5.0   # past the grace period, how long stop() waits for gRPC to finish
 
 
 @dataclass
@@ -135,14 +136,20 @@ class PlannerRuntime:
         await self._stopped.wait()
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        if self.health is not None:
-            await self.health.enter_graceful_shutdown()
-        if self.server is not None:
-            await self.server.stop(grace_s)
+        # Background tasks first: once the server refuses new calls every node falls silent to
+        # this planner, and a recovery round still running would move their jobs.
         for t in self._running:
             t.cancel()
         await asyncio.gather(*self._running, return_exceptions=True)
         self._running.clear()
+        if self.health is not None:
+            await self.health.enter_graceful_shutdown()
+        if self.server is not None:
+            try:
+                await asyncio.wait_for(self.server.stop(grace_s), grace_s + STOP_SLACK_S)
+            except TimeoutError:
+                log.warning("the gRPC server did not stop within %.0f s; leaving it",
+                            grace_s + STOP_SLACK_S)
         try:
             await self.in_store(self.store.rollup_pending)  # leave the rollups current
         except errors.HulkError as exc:

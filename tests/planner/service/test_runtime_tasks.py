@@ -33,3 +33,34 @@ async def test_a_failed_job_is_retried_after_retry_s_not_after_its_interval(tmp_
         assert runtime.store_health.serving     # the successful retry made it SERVING again
     finally:
         await runtime.stop(grace_s=0)
+
+
+async def test_no_background_task_runs_while_the_server_stops(tmp_path):
+    # Once the server refuses new calls every node falls silent to the planner: a recovery round
+    # then would move every job. The tasks end before the server's grace period begins.
+    runs: list[float] = []
+    runtime = PlannerRuntime(str(tmp_path / "planner.sqlite"), "127.0.0.1:0")
+
+    async def recovery_round() -> None:
+        runs.append(asyncio.get_running_loop().time())
+
+    runtime.tasks = [BackgroundTask("recovery", recovery_round, interval_s=0.02,
+                                    in_store_thread=False, run_at_start=True)]
+    await runtime.start()
+    for _ in range(200):
+        if len(runs) >= 3:
+            break
+        await asyncio.sleep(0.02)
+    assert len(runs) >= 3
+    server, seen_at_stop = runtime.server, []
+
+    class SlowStop:
+        async def stop(self, grace):
+            seen_at_stop.append(len(runs))
+            await asyncio.sleep(0.3)            # fifteen task intervals of grace
+            seen_at_stop.append(len(runs))
+            await server.stop(0)
+
+    runtime.server = SlowStop()
+    await runtime.stop(grace_s=0.3)
+    assert seen_at_stop[0] == seen_at_stop[1] == len(runs), (seen_at_stop, len(runs))
