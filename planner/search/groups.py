@@ -80,7 +80,7 @@ class GridCache:
         return hit
 
 
-def _cache_for(net: Network, cache: GridCache | None) -> GridCache:
+def cache_for(net: Network, cache: GridCache | None) -> GridCache:
     """``cache``, or a fresh one for a caller outside a search run."""
     if cache is None:
         return GridCache(net)
@@ -118,7 +118,7 @@ def evaluate_grid(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool =
                   cache: GridCache | None = None) -> Solved:
     """Match, balance and judge a grid; ``trim``: also try keeping only its fastest rows.
     A pure function of its arguments; ``cache`` (:class:`GridCache`) keeps the answers."""
-    return _cache_for(net, cache).answer("evaluate", _evaluate_grid, job, grid, b, trim)
+    return cache_for(net, cache).answer("evaluate", _evaluate_grid, job, grid, b, trim)
 
 
 def _evaluate_grid(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool,
@@ -156,7 +156,7 @@ def approx_time(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool = F
     kept or None for all). About a tenth of
     :func:`evaluate_grid`'s cost; inf where memory cannot hold the model. ``cache`` keeps the
     answers like evaluate_grid's (the screening asks for the same grids again)."""
-    return _cache_for(net, cache).answer("approx", _approx_time, job, grid, b, trim)
+    return cache_for(net, cache).answer("approx", _approx_time, job, grid, b, trim)
 
 
 def _approx_time(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool,
@@ -357,7 +357,7 @@ def solve_group(job: Job, net: Network, nodes: np.ndarray, effort: Effort,
     nodes = np.unique(np.asarray(nodes, dtype=np.int64))
     if nodes.size == 0:
         return UNSOLVED
-    cache = _cache_for(net, cache)
+    cache = cache_for(net, cache)
     params = effort.params
     if labels is None:
         labels = cluster_labels(net.rtt_ms[np.ix_(nodes, nodes)],
@@ -424,7 +424,7 @@ def deep_solve(job: Job, net: Network, nodes: np.ndarray, labels: np.ndarray,
     nodes = np.unique(np.asarray(nodes, dtype=np.int64))
     if nodes.size == 0 or not alg1.fits(job, net, nodes):
         return UNSOLVED
-    cache = _cache_for(net, cache)
+    cache = cache_for(net, cache)
     clusters = ordered_clusters(net, nodes, labels if labels.size == nodes.size else
                                 cluster_labels(net.rtt_ms[np.ix_(nodes, nodes)],
                                                cities=[net.nodes[i].city_key for i in nodes]))

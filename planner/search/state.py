@@ -15,7 +15,7 @@ from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.search import algorithm1 as alg1
 from planner.search.clusters import network_clusters
-from planner.search.groups import GridCache, Solved, deep_solve, solve_group
+from planner.search.groups import GridCache, Solved, cache_for, deep_solve, solve_group
 from planner.search.options import Effort, SearchOptions
 
 
@@ -47,8 +47,6 @@ class SearchRun:
                  should_stop: Callable[[], bool] | None = None,
                  snapshot: Callable[[list[dict[str, JobState]]], None] | None = None,
                  grids: GridCache | None = None):
-        if grids is not None and grids.net is not net:
-            raise ValueError("a GridCache keeps the answers of one network only")
         self.jobs, self.net, self.options = jobs, net, options
         self.deadline = None if options.budget_s is None else time.monotonic() + options.budget_s
         self.should_stop = should_stop
@@ -59,7 +57,7 @@ class SearchRun:
         self.components = alg1.component_labels(net)
         self.labels = network_clusters(net)
         self.cut_short = False
-        self.grids = GridCache(net) if grids is None else grids   # shareable: answers are pure
+        self.grids = cache_for(net, grids)   # shareable: answers are pure
         self._solved: dict[tuple, Solved] = {}
 
     def critical(self, states: dict[str, JobState]) -> tuple[str, dict[str, float], np.ndarray]:

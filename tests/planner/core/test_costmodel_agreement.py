@@ -64,11 +64,15 @@ def _placement(rng: np.random.Generator, net: Network, job: Job, grid: np.ndarra
     return Placement(job, stages, _micro_batch(rng, job, d))
 
 
+def _pick(rng: np.random.Generator) -> tuple[Network, Job]:
+    """A random fleet and job of the fixed sets."""
+    return NETS[int(rng.integers(len(NETS)))], JOBS[int(rng.integers(len(JOBS)))]
+
+
 def _cases(seed: int, count: int = CASES):
     rng = np.random.default_rng(seed)
     for _ in range(count):
-        net = NETS[int(rng.integers(len(NETS)))]
-        job = JOBS[int(rng.integers(len(JOBS)))]
+        net, job = _pick(rng)
         yield rng, net, job, _placement(rng, net, job, _grid(rng, net, job))
 
 
@@ -174,8 +178,7 @@ def test_algorithm1_memory_rule():
     rng = np.random.default_rng(10)
     fitting = 0
     for _ in range(CASES):
-        net = NETS[int(rng.integers(len(NETS)))]
-        job = JOBS[int(rng.integers(len(JOBS)))]
+        net, job = _pick(rng)
         k = int(rng.integers(1, min(job.layers, 12) + 1))
         m = cm.micro_batches(job, 1, job.micro_batch)
         total = sum(cm.stage_memory_bytes(job, lay, job.micro_batch, m, k)
@@ -207,8 +210,7 @@ def test_search_screens_against_estimate():
     rng = np.random.default_rng(11)
     finite = 0
     for _ in range(CASES):
-        net = NETS[int(rng.integers(len(NETS)))]
-        job = JOBS[int(rng.integers(len(JOBS)))]
+        net, job = _pick(rng)
         grid = _grid(rng, net, job)
         k, d = grid.shape
         b = _micro_batch(rng, job, d)
@@ -270,8 +272,7 @@ def test_baselines_against_estimate():
             grad = cm.gradient_bytes(job, float(job.layers))
             assert systems.ring_allreduce_s(net, ring, grad) == estimate(one_stage, net).allreduce_s
     for _ in range(60):
-        net = NETS[int(rng.integers(len(NETS)))]
-        job = JOBS[int(rng.integers(len(JOBS)))]
+        net, job = _pick(rng)
         grid = _grid(rng, net, job)
         p, e = dtfm._score(job, net, grid, _micro_batch(rng, job, grid.shape[1]))
         if p is not None:
