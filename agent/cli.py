@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                f"(default {PROBE_DEFAULTS.max_concurrency})")
     add("--probe-port", metavar="PORT", help="TCP port to accept peers' connect probes on "
                                              "(default 0: none)")
+    add("--throughput-port", metavar="PORT", help="TCP port peers send throughput tests to, "
+                                                  "planned by the planner (default 0: none)")
     add("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics at "
                                                "http://HOST:PORT/metrics (default: off)")
     add("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
@@ -79,6 +81,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         "mqtt": args.mqtt, "spool_max": args.spool_max,
         "packets_per_round": args.packets_per_round, "timeout_s": args.timeout,
         "max_concurrency": args.max_concurrency, "probe_port": args.probe_port,
+        "throughput_port": args.throughput_port,
         "log_level": args.log_level, "metrics": args.metrics,
     })
 

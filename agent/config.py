@@ -53,6 +53,7 @@ class AgentConfig:
     max_probe_rate: float = 10.0
     log_level: str = "INFO"
     probe_port: int = 0               # TCP port peers connect-probe us on (0: no listener)
+    throughput_port: int = 0          # TCP port peers send throughput tests to (0: takes none)
     # Placements (agent/placement.py, agent/launcher.py; docs/PLACEMENTS.md):
     placement_key: str = ""           # the planner's public key (ed25519:... or a PEM file)
     allowed_commands: tuple[tuple[str, ...], ...] = ()   # argv prefixes a placement may run
@@ -91,6 +92,7 @@ SOURCES: dict[str, tuple[str | None, str | None]] = {
     "max_probe_rate": ("HULK_MAX_PROBE_RATE", None),
     "log_level": ("HULK_LOG_LEVEL", "--log-level"),
     "probe_port": ("HULK_PROBE_PORT", "--probe-port"),
+    "throughput_port": ("HULK_THROUGHPUT_PORT", "--throughput-port"),
     "placement_key": ("HULK_PLACEMENT_KEY", None),
     "allowed_commands": ("HULK_ALLOWED_COMMANDS", None),
     "pass_env": ("HULK_PASS_ENV", None),
@@ -188,6 +190,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "max_probe_rate": Bound(0.01, 10_000.0, "packets per second"),
     "log_level": lambda v: validate.choice(v, LOG_LEVELS),
     "probe_port": Bound(0, 65535, "port", integer=True),
+    "throughput_port": Bound(0, 65535, "port", integer=True),
     "placement_key": validate.from_error(_verify_key),
     "allowed_commands": _allowed_commands,
     "pass_env": validate.identifiers,

@@ -14,7 +14,9 @@ What a placement may run (docs/PLACEMENTS.md):
 - only a command whose argv starts with one of the agent's ``allowed_commands`` (argv prefixes,
   compared word by word, before ``python`` is replaced; none by default) and whose job name is
   1-64 of [A-Za-z0-9._-]; a refused role is state FAILED with a one-line ``refused: ...`` detail;
-- in ``jobs_dir/<job>/`` (state_dir/jobs/<job>/, made 0700) with its log ``job.log`` there;
+- in ``jobs_dir/<job>/`` (state_dir/jobs/<job>/, made 0700) with its log ``job.log`` there, and
+  its progress file ``progress-<rank>.jsonl`` (HULK_PROGRESS_FILE, fresh for each run), whose
+  summary (agent/progress.py) the status carries while the job runs and after it ends;
 - with an environment built from an allow-list: the role's HULK_* variables, PATH, HOME, LANG and
   the config's ``pass_env`` names (never a HULK_* of the agent: not its token, broker URL or keys);
 - without the agent's capabilities: before exec the child clears its ambient and inheritable
@@ -46,7 +48,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
+from agent.progress import read_progress
 from hulk.wire.placement import NodePlacement, Role, valid_job_name
+from hulk.wire.progress import ENV_VAR as PROGRESS_ENV_VAR
 from hulk.wire.records import LaunchState, LaunchStatus
 
 log = logging.getLogger(__name__)
@@ -181,6 +185,20 @@ def role_env(role: Role) -> dict[str, str]:
     }
 
 
+def progress_file(job_dir: Path | None, role: Role) -> Path | None:
+    """The rank's progress file in its job's directory (absolute, as HULK_PROGRESS_FILE), with
+    any earlier run's removed: the summary's warm-up is the file's first line."""
+    if job_dir is None:
+        return None
+    path = Path(os.path.abspath(job_dir / f"progress-{role.rank}.jsonl"))
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as err:       # e.g. the job made it a directory: no progress for this run
+        log.warning("cannot reset the progress file %s: %s", path, err)
+        return None
+    return path
+
+
 def default_torchrun() -> str:
     """torchrun beside this interpreter (the venv), else on PATH."""
     beside = Path(sys.executable).with_name("torchrun")
@@ -249,10 +267,11 @@ class Launcher:
                  f" {self.status.detail.splitlines()[0]}" if self.status.detail else "")
         self._notify()
 
-    def _update_detail(self, detail: str) -> None:
-        """A new detail (the log's last lines) without a state change."""
-        if detail != self.status.detail:
-            self.status = replace(self.status, detail=detail)
+    def _update_detail(self, detail: str, progress_path: Path | None = None) -> None:
+        """A new detail (the log's last lines) and step progress without a state change."""
+        progress = read_progress(progress_path) or self.status.progress
+        if detail != self.status.detail or progress != self.status.progress:
+            self.status = replace(self.status, detail=detail, progress=progress)
             self._notify()
 
     def _notify(self) -> None:
@@ -274,7 +293,8 @@ class Launcher:
             if not runnable:
                 detail = "no placement" if not roles else "the placed job has no command"
                 self._set(state=LaunchState.IDLE, plan_id=placement.plan_id if placement else "",
-                          job=roles[0].job if roles else "", exit_code=0, detail=detail)
+                          job=roles[0].job if roles else "", exit_code=0, detail=detail,
+                          progress=None)
                 return
             self._task = asyncio.create_task(self._run_roles(runnable), name="hulk-launch")
 
@@ -334,15 +354,19 @@ class Launcher:
         if reason is not None:
             log.warning("refused to launch job %s of plan %s: %s", role.job[:80], role.plan_id, reason)
             self._set(state=LaunchState.FAILED, plan_id=role.plan_id, job=role.job[:64], exit_code=0,
-                      detail=f"refused: {reason}")
+                      detail=f"refused: {reason}", progress=None)
             return None
         self._set(state=LaunchState.STARTING, plan_id=role.plan_id, job=role.job, exit_code=0,
-                  detail=f"stage {role.stage} replica {role.replica} rank {role.rank}/{role.world_size}")
+                  detail=f"stage {role.stage} replica {role.replica} rank {role.rank}/{role.world_size}",
+                  progress=None)
         try:
             argv = self.command(role)
             env = {**self.base_env, **role_env(role)}
             cwd = self.job_dir(role.job)
             log_path = cwd / JOB_LOG if cwd is not None else None
+            progress_path = progress_file(cwd, role)
+            if progress_path is not None:
+                env[PROGRESS_ENV_VAR] = str(progress_path)
             proc = await self.runner.start(argv, env, cwd, log_path)
         except (OSError, ValueError) as exc:
             self._set(state=LaunchState.FAILED, detail=f"cannot start: {exc}")
@@ -357,7 +381,8 @@ class Launcher:
             while not done:
                 done, _ = await asyncio.wait({waiter}, timeout=self.tail_every_s)
                 if not done:
-                    self._update_detail(f"pid {proc.pid}\n{log_tail(log_path)}".rstrip())
+                    self._update_detail(f"pid {proc.pid}\n{log_tail(log_path)}".rstrip(),
+                                        progress_path)
             code = waiter.result()
         except asyncio.CancelledError:
             waiter.cancel()
@@ -365,5 +390,6 @@ class Launcher:
         self._proc = None
         head = "exited 0" if code == 0 else f"exit code {code}"
         self._set(state=LaunchState.EXITED, exit_code=code,
-                  detail=f"{head}\n{log_tail(log_path)}".rstrip())
+                  detail=f"{head}\n{log_tail(log_path)}".rstrip(),
+                  progress=read_progress(progress_path) or self.status.progress)
         return code

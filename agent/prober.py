@@ -12,6 +12,10 @@
 - Peers come from the planner: one the agent cannot probe (agent.peers.peer_problem) is skipped
   with one warning; a host name is resolved off the event loop (agent.peers.PeerResolver), so
   a name that does not resolve delays only its own rounds.
+- While ``paused()`` is true (this node sends or receives a throughput test, whose bytes fill
+  the path and queue the probes behind them) a due round is skipped, and a round that finds
+  the pause begun when it ends is dropped whole: a summary is of a whole round, and every
+  round counts once, in ``rounds_done`` or in ``rounds_paused``.
 """
 
 from __future__ import annotations
@@ -163,8 +167,10 @@ class Prober:
                  connector: Connector | None = None, clock: Clock | None = None,
                  rng: random.Random | None = None, icmp_recheck_rounds: int = 10,
                  batch_window_s: float = 0.5, packet_gap_s: float = 0.2,
-                 resolver: PeerResolver | None = None, summarize: bool = True):
+                 resolver: PeerResolver | None = None, summarize: bool = True,
+                 paused: Callable[[], bool] = lambda: False):
         self.settings = settings
+        self._paused = paused
         self.summarize = summarize
         self.packet_gap_s = packet_gap_s
         self._sink = sink
@@ -181,6 +187,7 @@ class Prober:
         self._wake = asyncio.Event()
         self._warned: set[str] = set()
         self.rounds_done = 0
+        self.rounds_paused = 0   # skipped or dropped while paused
 
     # -- configuration, safe to call while running
     def set_peers(self, peers: Iterable[Peer]) -> None:
@@ -240,7 +247,13 @@ class Prober:
     async def _round(self, peer: Peer) -> None:
         try:
             async with self._semaphore:
+                if self._paused():
+                    self.rounds_paused += 1
+                    return
                 samples = await self.probe_round(peer)
+            if self._paused():   # the pause began during the round: its last packets queued
+                self.rounds_paused += 1
+                return
             if samples:
                 self._sink(summarize_round(samples) if self.summarize else samples)
             self.rounds_done += 1

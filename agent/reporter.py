@@ -2,9 +2,9 @@
 
 - PlannerClient is the small interface the runtime uses; GrpcPlannerClient implements it with
   grpc.aio and is the one place where grpc errors become hulk.errors.
-- Reporter sends the spool's batches (per-round summaries, and raw samples an older agent
-  spooled); a batch leaves the spool only when the planner acknowledged it (stored now or
-  already stored: ``duplicate``). A retry reuses the batch id.
+- Reporter sends the spool's batches (per-round summaries, throughput test results, and raw
+  samples an older agent spooled); a batch leaves the spool only when the planner acknowledged
+  it (stored now or already stored: ``duplicate``). A retry reuses the batch id.
 - Backoff: exponential with jitter and a cap, for a planner that is down.
 """
 
@@ -28,6 +28,7 @@ from hulk.v1 import hulk_pb2_grpc
 from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, LaunchStatus, PeerSummary,
                                ProbeSample, RegisterAnswer, RegisterRequest, ReportRequest,
                                ReportResult)
+from hulk.wire.throughput import ThroughputResult
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class PlannerClient(Protocol):
     async def register(self, request: RegisterRequest) -> RegisterAnswer: ...
 
     async def report(self, node_id: str, batch_id: str,
-                     samples: tuple[ProbeSample | PeerSummary, ...],
+                     samples: tuple[ProbeSample | PeerSummary | ThroughputResult, ...],
                      spool_dropped: int) -> ReportResult: ...
 
     async def heartbeat(self, node_id: str, time_ms: int, spool_depth: int, spool_dropped: int,
@@ -157,12 +158,15 @@ class GrpcPlannerClient:
         return RegisterAnswer.from_proto(await self._call("Register", request.to_proto()))
 
     async def report(self, node_id: str, batch_id: str,
-                     samples: tuple[ProbeSample | PeerSummary, ...],
+                     samples: tuple[ProbeSample | PeerSummary | ThroughputResult, ...],
                      spool_dropped: int) -> ReportResult:
-        """One Report; ``samples`` may mix summaries and raw samples (they go in their fields)."""
+        """One Report; ``samples`` may mix summaries, throughput results and raw samples (each
+        kind goes in its field)."""
         summaries = tuple(s for s in samples if isinstance(s, PeerSummary))
-        raw = tuple(s for s in samples if not isinstance(s, PeerSummary)) if summaries else samples
-        request = ReportRequest(node_id, batch_id, raw, spool_dropped, summaries)
+        throughput = tuple(s for s in samples if isinstance(s, ThroughputResult))
+        raw = tuple(s for s in samples if isinstance(s, ProbeSample)) \
+            if summaries or throughput else samples
+        request = ReportRequest(node_id, batch_id, raw, spool_dropped, summaries, throughput)
         return ReportResult.from_proto(await self._call("Report", request.to_proto()))
 
     async def heartbeat(self, node_id: str, time_ms: int, spool_depth: int, spool_dropped: int,

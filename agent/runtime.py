@@ -7,6 +7,11 @@ Extension seam (the placement subscriber and the launcher plug in here):
     runtime.set_launch_status(LaunchStatus(...)) # goes out in the next Heartbeat.launch
     await runtime.run()
 
+With ``throughput_port`` set, the runtime also owns the throughput tests (agent/throughput.py):
+the slots heartbeats bring go to it, and the results it hands back are spooled and reported
+like probe summaries. The prober keeps quiet while this node is in a test (its probes would
+queue behind the test's bytes and measure the queue).
+
 A component's ``run(runtime)`` starts after the first successful registration may be awaited
 with ``await runtime.wait_registered()`` (``runtime.registration.fleet`` names the MQTT fleet);
 it is cancelled on stop and restarted (after a pause) if it raises.
@@ -35,6 +40,7 @@ from agent.systemd import SystemdNotifier
 from hulk import __version__, errors, geo
 from hulk.wire.records import (Inventory, LaunchState, LaunchStatus, NodeLocation, PeerSummary,
                                ProbeSample, ProbeSettings, RegisterAnswer, RegisterRequest)
+from hulk.wire.throughput import ThroughputResult, ThroughputSlot
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +51,16 @@ class Component(Protocol):
     name: str
 
     async def run(self, runtime: AgentRuntime) -> None: ...
+
+
+class ThroughputTests(Protocol):
+    """What the runtime needs of agent.throughput.ThroughputTests."""
+
+    def accept(self, slots: Sequence[ThroughputSlot]) -> None: ...
+
+    def testing(self, now_ms: int) -> bool: ...
+
+    async def run(self) -> None: ...
 
 
 # What the agent takes from the planner's ProbeSettings: a value outside is not used (the local
@@ -104,7 +120,8 @@ class AgentRuntime:
                  restart_delay_s: float = 5.0, report_linger_s: float = 5.0,
                  spool_write_s: float = 1.0,
                  rng: random.Random | None = None, summarize: bool = True,
-                 events: AgentEvents = NO_EVENTS):
+                 events: AgentEvents = NO_EVENTS,
+                 throughput_tests: Callable[..., ThroughputTests] | None = None):
         self.config = config
         self.events = events   # metrics (agent/metrics.py); no-op by default
         self.client = client
@@ -130,7 +147,7 @@ class AgentRuntime:
         settings = effective_settings(config, None)
         self.prober = Prober(settings, self._sink, pinger=pinger,
                              connector=connector or TcpConnector(), clock=self.clock, rng=rng,
-                             summarize=summarize)
+                             summarize=summarize, paused=self._in_throughput_test)
         self.reporter = Reporter(config.node_id, spool, client, max_batch=settings.max_batch,
                                  backoff=report_backoff or Backoff(rng=rng),
                                  clock=self.clock, linger_s=report_linger_s,
@@ -140,6 +157,13 @@ class AgentRuntime:
         self._reregister: asyncio.Event | None = None
         self.heartbeats_sent = 0
         self._warned_settings: set[tuple[str, str]] = set()
+        self.throughput: ThroughputTests | None = None
+        if config.throughput_port:
+            if throughput_tests is None:  # only an agent that takes tests loads the engine
+                from agent.throughput import ThroughputTests as throughput_tests
+            self.throughput = throughput_tests(
+                port=config.throughput_port, sink=self._throughput_sink, clock=self.clock,
+                bind_host=config.address or "0.0.0.0")
 
     @classmethod
     def from_config(cls, config: AgentConfig, *, components: Iterable[Component] = (),
@@ -210,7 +234,9 @@ class AgentRuntime:
                                                      self.config.site),
                                agent_version=__version__, inventory=self.inventory or Inventory(),
                                address=self.config.address,
-                               probe_port=self.listener.port if self.listener else 0)
+                               probe_port=self.listener.port if self.listener else 0,
+                               throughput_port=self.config.throughput_port
+                               if self.throughput is not None else 0)
 
     async def run(self) -> int:
         """Run until request_stop(); returns the exit code (0)."""
@@ -241,6 +267,9 @@ class AgentRuntime:
             ("reporter", self._reporter_loop),
             ("heartbeat", self._heartbeat_loop),
         ]]
+        if self.throughput is not None:
+            tasks.append(asyncio.create_task(
+                self._supervise("throughput tests", self.throughput.run), name="throughput"))
         for component in self._components:
             tasks.append(asyncio.create_task(
                 self._supervise(component.name, lambda c=component: c.run(self)),
@@ -297,6 +326,29 @@ class AgentRuntime:
         # Held in memory for up to spool_write_s: one SQLite transaction a second, not one a round.
         self.spool.hold(samples)
         self.events.probed(samples)
+
+    def _throughput_sink(self, result: ThroughputResult) -> None:
+        """A test this node received: spooled, then reported like a summary (the planner stores
+        it once by test_id). One that fails the wire's checks would cost its whole batch."""
+        try:
+            result.check()
+        except errors.InputError as err:
+            log.error("not reporting a throughput test result: %s", err)
+            return
+        log.info("throughput test %s from %s: %s", result.test_id, result.sender_id,
+                 f"{result.gbps:.3g} Gbit/s" if result.ok else f"failed ({result.detail})")
+        self.spool.hold([result])
+
+    def _in_throughput_test(self) -> bool:
+        return self.throughput is not None and self.throughput.testing(epoch_ms(self.clock))
+
+    def _accept_slots(self, slots: Sequence[ThroughputSlot]) -> None:
+        """The heartbeat's slots (read unchecked) to the throughput tests, which check each,
+        skip a malformed one and say so once."""
+        if self.throughput is None:
+            log.debug("ignoring %d throughput slot(s): throughput_port is 0", len(slots))
+            return
+        self.throughput.accept(slots)
 
     def _write_spool(self) -> None:
         """What the spool holds in memory onto disk, as far as there is room (a full disk is
@@ -420,6 +472,8 @@ class AgentRuntime:
             failures = 0
             self.heartbeats_sent += 1
             self.events.heartbeat(True, sent_ms, epoch_ms(self.clock), result.server_time_ms)
+            if result.throughput_slots:
+                self._accept_slots(result.throughput_slots)
             if result.reregister or result.peers_changed:
                 log.info("planner asks to register again (%s)",
                          "unknown node" if result.reregister else "peers or settings changed")

@@ -1,9 +1,11 @@
 """The agent's local SQLite spool: records wait here until the planner acknowledges them.
 
-A record is a per-round summary (``PeerSummary``, what the prober makes) or a
-raw sample (``ProbeSample``: what older agents spooled, still sent after an upgrade). Both are
-rows of one table, so a batch keeps the exact-once order whatever it holds; a summary's row
-has ``count`` set (a sample's is NULL). "Samples" below means records of either kind.
+A record is a per-round summary (``PeerSummary``, what the prober makes), a throughput test
+this node received (``ThroughputResult``), or a raw sample (``ProbeSample``: what older agents
+spooled, still sent after an upgrade). All are rows of one table, so a batch keeps the
+exact-once order whatever it holds; a summary's row has ``count`` set, a throughput result's
+``throughput`` (its fields as JSON; a sample has neither). "Samples" below means records of any
+kind.
 
 - hold(): new samples, into memory (cheap; the prober calls it every round).
 - save(): what memory holds, onto disk (the runtime calls it about once a second).
@@ -33,18 +35,20 @@ Near a full disk (the write-ahead log alone can fill a small filesystem):
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sqlite3
 import uuid
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hulk.errors import StoreError
 from hulk.wire import histogram
 from hulk.wire.records import PeerSummary, ProbeKind, ProbeSample
+from hulk.wire.throughput import ThroughputResult
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +68,8 @@ CREATE TABLE IF NOT EXISTS samples (
     sumsq REAL,
     min_ms REAL,
     max_ms REAL,
-    hist BLOB
+    hist BLOB,
+    throughput TEXT
 );
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO counters VALUES ('dropped', 0);
@@ -80,11 +85,11 @@ MEMORY_MAX = 50_000               # samples held in memory at most while the dis
 
 SQLITE_IOERR, SQLITE_FULL = 10, 13
 _COLUMNS = ("peer_id, sent_at_ms, kind, payload_bytes, lost, rtt_ms, timeout_ms, count, sumsq, "
-            "min_ms, max_ms, hist")
-# Columns a spool written before summaries lacks (added on open).
+            "min_ms, max_ms, hist, throughput")
+# Columns a spool written before summaries or throughput results lacks (added on open).
 _SUMMARY_COLUMNS = {"count": "INTEGER", "sumsq": "REAL", "min_ms": "REAL", "max_ms": "REAL",
-                    "hist": "BLOB"}
-Record = ProbeSample | PeerSummary
+                    "hist": "BLOB", "throughput": "TEXT"}
+Record = ProbeSample | PeerSummary | ThroughputResult
 
 
 class SpoolFullError(StoreError):
@@ -94,7 +99,7 @@ class SpoolFullError(StoreError):
 @dataclass(frozen=True)
 class Batch:
     batch_id: str
-    samples: tuple[Record, ...]      # summaries and (from an older agent's spool) samples
+    samples: tuple[Record, ...]      # summaries, throughput results, an older spool's samples
 
 
 def _is_full(err: sqlite3.Error) -> bool:
@@ -109,12 +114,17 @@ def _row(s: Record) -> tuple:
     if isinstance(s, PeerSummary):
         return (s.peer_id, s.round_start_ms, int(s.kind), s.payload_bytes, s.lost, s.rtt_sum_ms,
                 s.timeout_ms, s.count, s.rtt_sum_sq_ms2, s.rtt_min_ms, s.rtt_max_ms,
-                histogram.encode(dict(s.buckets)))
+                histogram.encode(dict(s.buckets)), None)
+    if isinstance(s, ThroughputResult):   # the NOT NULL columns get what they can say
+        return (s.sender_id, s.start_ms, 0, 0, int(not s.ok), 0.0, 0.0, None, None, None, None,
+                None, json.dumps(asdict(s)))
     return (s.peer_id, s.sent_at_ms, int(s.kind), s.payload_bytes, int(s.lost), s.rtt_ms,
-            s.timeout_ms, None, None, None, None, None)
+            s.timeout_ms, None, None, None, None, None, None)
 
 
 def _record(r: tuple) -> Record:
+    if r[12] is not None:
+        return ThroughputResult(**json.loads(r[12]))
     if r[7] is None:
         return ProbeSample(peer_id=r[0], sent_at_ms=r[1], kind=ProbeKind(r[2]),
                            payload_bytes=r[3], lost=bool(r[4]), rtt_ms=r[5], timeout_ms=r[6])
@@ -240,7 +250,7 @@ class Spool:
         try:
             with self._transaction():
                 self._db.executemany(f"INSERT INTO samples ({_COLUMNS}) VALUES (?, ?, ?, ?, ?,"
-                                     " ?, ?, ?, ?, ?, ?, ?)", [_row(s) for s in chunk])
+                                     " ?, ?, ?, ?, ?, ?, ?, ?)", [_row(s) for s in chunk])
                 depth = self._stored + len(chunk)
                 dropped = 0
                 if depth > self.max_samples:

@@ -1,6 +1,7 @@
 """The parts of examples/train_gpt.py around its training loop: a process's role from its HULK_*
 variables and the check that every rank's role fits the others', the GPT's stage parts and its
-built-in data, fp16's loss scale agreed by every rank, and the sharded checkpoints.
+built-in data, fp16's loss scale agreed by every rank, the sharded checkpoints, and the progress
+file the agent reads.
 
 It sits beside train_gpt.py (Python puts a script's folder on ``sys.path``), so a GPU server
 needs both files.
@@ -9,7 +10,9 @@ needs both files.
 from __future__ import annotations
 
 import glob
+import json
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +34,33 @@ def _hulk_env(name: str, default: str | None = None) -> str | None:
         return _project_env(name, default)
     value = os.environ.get(name)
     return value if value not in (None, "") else default
+
+class ProgressFile:
+    """One JSON line a step to HULK_PROGRESS_FILE, which the agent reads (docs/JOBS.md); does
+    nothing when the variable is unset. Each line is flushed whole, so the agent never waits on
+    a buffer and sees at most one line cut short."""
+
+    def __init__(self, path: str | None = None):
+        path = path if path is not None else _hulk_env("HULK_PROGRESS_FILE")
+        self._file = open(path, "a", encoding="utf-8") if path else None
+
+    def step(self, step: int, step_s: float, total_steps: int = 0, compute_s: float | None = None,
+             communication_s: float | None = None) -> None:
+        """``step``: steps done counting this one; compute and communication when known."""
+        if self._file is None:
+            return
+        line = {"step": step, "time": round(time.time(), 3), "step_s": round(step_s, 6)}
+        if total_steps:
+            line["total_steps"] = total_steps
+        if compute_s is not None and communication_s is not None:
+            line["compute_s"], line["communication_s"] = round(compute_s, 6), round(communication_s, 6)
+        self._file.write(json.dumps(line) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
 
 TEXT = (
     "Hulk places large model training jobs on servers spread across cities and countries. "

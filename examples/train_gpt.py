@@ -54,8 +54,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from gpt_parts import (AUTOCAST, TEXT, LossScaler, Role, RoleError, StagePart, agreed_resume_step,
-                       batches, check_roles, load_checkpoint, role_from_env, save_checkpoint)
+from gpt_parts import (AUTOCAST, TEXT, LossScaler, ProgressFile, Role, RoleError, StagePart,
+                       agreed_resume_step, batches, check_roles, load_checkpoint, role_from_env,
+                       save_checkpoint)
 
 
 # -- networking -----------------------------------------------------------------------------------
@@ -210,6 +211,7 @@ def train(me: Role, args: argparse.Namespace, device: torch.device = torch.devic
 
     params = [p for p in part.parameters()]
     times, losses_out, skipped = [], [], 0
+    progress = ProgressFile()
     for step in range(start, args.steps):
         x, y = batches(TEXT, args.seq_len, per_replica * d, args.seed, step)
         x = x[me.replica * per_replica:(me.replica + 1) * per_replica].to(device)
@@ -229,10 +231,17 @@ def train(me: Role, args: argparse.Namespace, device: torch.device = torch.devic
             schedule.step(target=y, losses=micro_losses)
         else:
             schedule.step()
+        reduce_s = 0.0
         if d > 1:  # average gradients over the stage's replicas, one flat all-reduce
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
             flat = torch.cat([g.reshape(-1) for g in grads])
+            if device.type == "cuda":   # the all-reduce's time, not the backward's still running
+                torch.cuda.synchronize(device)
+            t_reduce = time.perf_counter()
             dist.all_reduce(flat, group=pg_stage[me.stage])
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            reduce_s = time.perf_counter() - t_reduce
             flat /= d
             offset = 0
             for p, g in zip(params, grads):
@@ -246,6 +255,10 @@ def train(me: Role, args: argparse.Namespace, device: torch.device = torch.devic
             torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - t0
         times.append(elapsed)
+        # Without a pipeline the all-reduce is the step's only communication; a pipeline's
+        # transfers run inside the schedule, so its split is not known and not written.
+        split = (elapsed - reduce_s, reduce_s) if k == 1 else (None, None)
+        progress.step(step + 1, elapsed, args.steps, *split)
         line = f"step {step + 1}/{args.steps} stage {me.stage} replica {me.replica} time {elapsed:.3f}s"
         if last:
             loss_value = float(torch.stack([v.detach().float() for v in micro_losses]).mean()) / scale
@@ -259,6 +272,7 @@ def train(me: Role, args: argparse.Namespace, device: torch.device = torch.devic
         if me.checkpoint_dir and (done % args.checkpoint_every == 0 or done == args.steps):
             save_checkpoint(me.checkpoint_dir, done, me, layers, part, optimizer, scaler, args.keep)
 
+    progress.close()
     if args.summary and me.replica == 0:
         path = args.summary.replace("{stage}", str(me.stage))
         summary = {"role": asdict(me), "layers": layers, "step_s": times, "loss": losses_out,

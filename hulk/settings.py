@@ -40,6 +40,7 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_SPOOL_MAX", "agent", "most samples the spool keeps before dropping the oldest"),
     EnvVar("HULK_LOG_LEVEL", "agent, planner", "DEBUG, INFO, WARNING or ERROR"),
     EnvVar("HULK_PROBE_PORT", "agent", "TCP port this agent listens on for peers' connect probes (0: none)"),
+    EnvVar("HULK_THROUGHPUT_PORT", "agent", "TCP port this agent receives throughput tests on, at times the planner sets (0: none)"),
     EnvVar("HULK_PACKETS_PER_ROUND", "agent", "probe packets per round to each peer"),
     EnvVar("HULK_PROBE_TIMEOUT", "agent", "seconds to wait for each probe's reply"),
     EnvVar("HULK_PAYLOAD_BYTES", "agent", "ICMP payload bytes (56 gives a 64-byte ICMP message)"),
@@ -80,6 +81,8 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_CHECKPOINT_DIR", "launched job", "the job's checkpoint_dir (relative: to its working "
            "directory; empty: none)"),
     EnvVar("HULK_RESTART_COUNT", "launched job", "times the job has been placed again (0 the first time)"),
+    EnvVar("HULK_PROGRESS_FILE", "launched job", "absolute path where the job appends one JSON line "
+           "per step (docs/JOBS.md); unset: nowhere to report"),
 ]}
 
 

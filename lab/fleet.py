@@ -16,10 +16,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TypeVar
 
+from lab import fleet_throughput
 from lab.netns import HUB_ADDRESS, LabError
 from lab.run import (MQTT_PORT, PLANNER_PORT, Services, cities_plausible, export_fleet,
                      learned_rtts, read_placements, wait_port)
@@ -112,8 +113,11 @@ class LabFleet:
         os.killpg(proc.pid, signal.SIGTERM)
         return proc.wait(timeout=30)
 
-    def start_agents(self, program: list[str]) -> None:
-        """``program``: the agent's command before its flags (the CLI, or the CLI plus seams)."""
+    def start_agents(self, program: list[str], *, throughput_port: int = 0,
+                     throughput_off: Collection[str] = ()) -> None:
+        """``program``: the agent's command before its flags (the CLI, or the CLI plus seams).
+        With ``throughput_port`` every agent declares its site and all but ``throughput_off``
+        take throughput tests on that port."""
         send_cities = cities_plausible(self.lab.matrix)
         for host in self.lab.matrix.hosts:
             argv = [*program, "--planner", f"{HUB_ADDRESS}:{PLANNER_PORT}", "--node-id", host.name,
@@ -122,6 +126,9 @@ class LabFleet:
                     "--mqtt", MQTT_URL, "--log-level", "INFO"]
             if send_cities and host.city:
                 argv += ["--city", host.city]
+            if throughput_port:
+                argv += fleet_throughput.agent_flags(
+                    host, 0 if host.name in throughput_off else throughput_port)
             self.agents[host.name] = self.services.start(f"agent-{host.name}", host.name, argv)
 
     def kill_agent(self, host: str) -> None:

@@ -12,6 +12,11 @@ Names: ``hulk-lab-<pid>-<k>-<host>``, where ``pid`` is the process that built th
 behind by a crash is found by that prefix and removed by :func:`cleanup_stale` (called before every
 build, and by ``python -m lab.netns --cleanup``): its processes are stopped and the namespace is
 deleted. The TUN devices need no cleanup: they vanish when the switch that holds them exits.
+
+CPU quota: a host may get a cgroup v1 ``cpu`` group of the same name (:class:`CpuGroup`,
+``cpu.cfs_period_us`` = ``CFS_PERIOD_US``, ``cpu.cfs_quota_us`` = cores x period), which every
+process the lab starts in that host joins before it enters the namespace; such groups are removed
+with the lab and by :func:`cleanup_stale`.
 """
 
 from __future__ import annotations
@@ -43,8 +48,14 @@ FIRST_HOST = 10               # lab host i gets LAB_NET + (FIRST_HOST + i)
 MAX_HOSTS = 240
 DEVICE = "wan0"
 ETC_NETNS = Path("/etc/netns")
+# A short period makes a quota hold on the time scale of one micro-batch (tens of ms): with a
+# long one, a process that waits part of the period bursts above its quota. The kernel takes
+# no quota under 1 ms, so a host gets at least MIN_CORES.
+CFS_PERIOD_US = 10_000
+MIN_CORES = 1000 / CFS_PERIOD_US
+MOUNTS = Path("/proc/mounts")
 # A large MTU keeps the switch's packet rate (its real cost) low for bulk TCP such as gloo's
-# tensors; the lab models latency, not link bandwidth (see lab/README.md).
+# tensors; link bandwidth exists only where a lab sets a rate (see lab/README.md).
 DEFAULT_MTU = 65000
 
 _TUNSETIFF = 0x400454CA
@@ -185,8 +196,69 @@ def write_etc(netns: str, own_address: str, peers: dict[str, str]) -> None:
     (folder / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
 
 
+def cpu_cgroup_root(mounts: Path = MOUNTS) -> Path | None:
+    """Where cgroup v1's ``cpu`` controller is mounted (/sys/fs/cgroup/cpu or .../cpu,cpuacct)."""
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == "cgroup" and "cpu" in parts[3].split(","):
+            return Path(parts[1])
+    return None
+
+
+@dataclass
+class CpuGroup:
+    """A cgroup v1 ``cpu`` group that holds one lab host's processes to ``cores`` CPU cores."""
+
+    path: Path
+    cores: float
+
+    @property
+    def quota_us(self) -> int:
+        return round(self.cores * CFS_PERIOD_US)
+
+    def create(self) -> "CpuGroup":
+        if not MIN_CORES <= self.cores <= 1024:
+            raise LabError(f"a host's CPU quota must be {MIN_CORES:g} to 1024 cores, got {self.cores}")
+        try:
+            self.path.mkdir()
+            (self.path / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+            (self.path / "cpu.cfs_quota_us").write_text(str(self.quota_us))
+        except OSError as err:
+            remove_cpu_group(self.path)
+            raise LabError(f"cannot set up the CPU quota in {self.path}: {err.strerror}") from None
+        return self
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` that first moves itself into this group (outside the namespace: ``ip netns
+        exec`` mounts a fresh /sys, which hides the cgroup tree), then runs ``argv``."""
+        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.path / "cgroup.procs"), *argv]
+
+
+def cpu_group_pids(path: Path) -> list[int]:
+    try:
+        return [int(tok) for tok in (path / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+def remove_cpu_group(path: Path) -> None:
+    """Stop what is left in the group (only the lab's processes join it), then remove it."""
+    stop_processes(cpu_group_pids(path))
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        log.warning("could not remove cgroup %s: %s", path, err)
+
+
 def cleanup_stale(runner: Runner = run_command, everything: bool = False) -> list[str]:
-    """Delete lab namespaces whose building process is gone (all of them when ``everything``)."""
+    """Delete lab namespaces and CPU groups whose building process is gone (all of them when
+    ``everything``)."""
     removed = []
     for netns in list_namespaces(runner):
         if not netns.startswith(PREFIX):
@@ -200,6 +272,13 @@ def cleanup_stale(runner: Runner = run_command, everything: bool = False) -> lis
             owner = _owner_pid(folder.name)
             if everything or owner is None or not _alive(owner):
                 remove_etc(folder.name)
+    root = cpu_cgroup_root()
+    if root is not None and root.is_dir():
+        for group in root.glob(PREFIX + "*"):
+            owner = _owner_pid(group.name)
+            if everything or owner is None or not _alive(owner):
+                remove_cpu_group(group)
+                removed.append(group.name)
     if removed:
         log.info("removed %d stale lab namespace(s)", len(removed))
     return removed
@@ -223,6 +302,8 @@ class Namespaces:
     tun_opener: Callable[[str], int] = open_tun
     members: list[Namespace] = field(default_factory=list)
     lab_id: str = ""
+    cpu_cores: dict[str, float] = field(default_factory=dict)  # host -> CPU quota (cores)
+    cpu_groups: dict[str, CpuGroup] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.hosts) > MAX_HOSTS:
@@ -231,10 +312,19 @@ class Namespaces:
             raise LabError("lab host names must be unique")
         if not self.lab_id:
             self.lab_id = f"{os.getpid()}-{next(_lab_counter)}"
+        unknown = sorted(set(self.cpu_cores) - set(self.hosts))
+        if unknown:
+            raise LabError(f"CPU quota for hosts not in the lab: {', '.join(unknown)}")
 
     @property
     def prefix(self) -> str:
         return f"{PREFIX}{self.lab_id}-"
+
+    def exec_argv(self, host: str, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside ``host``'s namespace, and in its CPU group when it has a quota."""
+        inside = self.by_host(host).exec_argv(argv)
+        group = self.cpu_groups.get(host)
+        return group.wrap(inside) if group else inside
 
     def by_host(self, host: str) -> Namespace:
         for m in self.members:
@@ -249,10 +339,16 @@ class Namespaces:
         if self.hub:
             plan.append(("hub", HUB_ADDRESS))
         peers = dict(plan)
+        root = cpu_cgroup_root() if self.cpu_cores else None
+        if self.cpu_cores and (root is None or not root.is_dir()):
+            raise LabError("a CPU quota needs cgroup v1's cpu controller (no cgroup 'cpu' mount)")
         try:
             for host, address in plan:
                 self.members.append(self._create_one(host, address))
                 write_etc(self.members[-1].netns, address, peers)
+                if host in self.cpu_cores:
+                    self.cpu_groups[host] = CpuGroup(root / self.members[-1].netns,
+                                                     float(self.cpu_cores[host])).create()
         except BaseException:
             self.destroy()
             raise
@@ -304,6 +400,9 @@ class Namespaces:
         for netns in list_namespaces(self.runner):
             if netns.startswith(self.prefix):
                 delete_namespace(netns, self.runner)
+        for group in self.cpu_groups.values():
+            remove_cpu_group(group.path)
+        self.cpu_groups.clear()
         self.members.clear()
 
 

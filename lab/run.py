@@ -1,6 +1,7 @@
 """``make lab``: a whole Hulk fleet on one machine, over a WAN with the paper's latencies.
 
-    python -m lab.run [--secure] [--hosts N] [--scale S] [--matrix FILE] [--jobs FILE] [--interval S] [--keep]
+    python -m lab.run [--secure] [--hosts N] [--scale S] [--matrix FILE] [--jobs FILE] [--interval S]
+                      [--throughput-port P] [--throughput-wait S] [--rate-mbit R] [--keep]
 
 1. builds one namespace per host (default: the paper's Table 1 cities) and the ``hub`` namespace,
    joined by the delaying switch (:mod:`lab.wan`);
@@ -9,7 +10,9 @@
    placement-signing key signs the placements, every agent pins its public key and may run only
    the example trainer (``python <repo>/examples/train_gpt.py``; :func:`placement_security_env`);
 3. waits until the planner has learned an RTT for every pair and prints it beside the configured
-   one;
+   one; then (unless ``--throughput-port 0``) until the throughput tests serve plans between the
+   agents have measured every directed site pair, or ``--throughput-wait`` passes, and prints
+   ``hulk-planner fleet show`` (:mod:`lab.fleet_throughput`);
 4. plans the jobs file and pushes the placements (``hulk-planner plan JOBS --db DB --push --mqtt
    URL`` when the planner supports it), then shows each agent's ``placement.json`` as it arrives;
 5. tears everything down on exit or Ctrl-C (``--keep``: stays up until Ctrl-C).
@@ -41,6 +44,7 @@ from typing import Sequence
 
 from hulk import geo
 from hulk.errors import HulkError
+from lab import fleet_throughput
 from lab import matrix as lab_matrix
 from lab import secure as lab_secure
 from lab.netns import HUB_ADDRESS, LabError
@@ -253,6 +257,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds to wait for the placements to reach the agents")
     p.add_argument("--gpus", type=int, default=8, help="GPUs each lab host is declared to have")
     p.add_argument("--gpu-name", default="NVIDIA A100-SXM4-40GB")
+    p.add_argument("--throughput-port", type=int, default=fleet_throughput.PORT,
+                   help=f"agents' throughput test port (default {fleet_throughput.PORT}; "
+                        "0: no tests)")
+    p.add_argument("--throughput-period", type=float, default=fleet_throughput.PERIOD_S,
+                   help="serve tests each directed site pair again after this many seconds")
+    p.add_argument("--throughput-wait", type=float, default=180.0,
+                   help="seconds to wait for every site pair's throughput before planning")
+    p.add_argument("--rate-mbit", type=float,
+                   help="every link between two hosts carries at most this many Mbit/s "
+                        "(default: no limit)")
     p.add_argument("--keep", action="store_true", help="stay up until Ctrl-C")
     p.add_argument("--secure", action="store_true",
                    help="as deploy/INSTALL.md: private CA, TLS gRPC, the shipped mosquitto "
@@ -297,10 +311,14 @@ def run(args: argparse.Namespace) -> int:
     python = sys.executable
     if shutil.which("mosquitto") is None:
         raise LabError("mosquitto is not installed (make install installs it)")
+    if not 0 <= args.throughput_port <= 65535:
+        raise LabError(f"--throughput-port: expected 0 to 65535, got {args.throughput_port}")
 
     # SIGTERM ends the lab like Ctrl-C does: through the finally blocks below.
     signal.signal(signal.SIGTERM, _interrupt)
-    lab = WanLab(matrix, hub=True, work_dir=work / "lab")
+    rates = ({(a, b): args.rate_mbit for a in matrix.names for b in matrix.names if a != b}
+             if args.rate_mbit else None)
+    lab = WanLab(matrix, hub=True, work_dir=work / "lab", rate_mbps=rates)
     services = Services(lab, work, python)
     hub: lab_secure.SecureHub | None = None
     try:
@@ -330,6 +348,8 @@ def run(args: argparse.Namespace) -> int:
                      "--listen", f"{HUB_ADDRESS}:{PLANNER_PORT}", "--insecure"]
             if supports(python, ["-m", "planner.cli", "serve"], "--mqtt"):
                 serve += ["--mqtt", mqtt_url]
+        if args.throughput_port:
+            serve += fleet_throughput.serve_flags(args.throughput_period)
         services.start("planner", HUB, serve)
         wait_port(lab, HUB, HUB_ADDRESS, PLANNER_PORT, timeout_s=60)
 
@@ -345,6 +365,8 @@ def run(args: argparse.Namespace) -> int:
                     "--log-level", "WARNING"]
             if host.city and send_cities:
                 argv += ["--city", host.city]
+            if args.throughput_port:
+                argv += fleet_throughput.agent_flags(host, args.throughput_port)
             if hub is not None:
                 argv += ["--ca", str(hub.ca)]
             else:
@@ -356,6 +378,10 @@ def run(args: argparse.Namespace) -> int:
 
         fleet = wait_for_measurements(services, python, db, work, matrix, args.measure_timeout,
                                       args.min_samples)
+        if args.throughput_port:
+            show_throughput(services, python, db, matrix, args.throughput_wait)
+            # Again: links between tested sites now carry the measured Gbit/s.
+            fleet = export_fleet(python, db, work / "fleet.json") or fleet
         plan_and_show(args, lab, python, db, work, jobs, matrix, fleet, mqtt_url, state_root, services)
         if args.keep:
             print("lab: up; Ctrl-C tears it down")
@@ -388,6 +414,18 @@ def wait_for_measurements(services: Services, python: str, db: Path, work: Path,
     print_rtts(rows)
     (work / "rtts.json").write_text(json.dumps(rows, indent=1))
     return fleet
+
+
+def show_throughput(services: Services, python: str, db: Path,
+                    matrix: lab_matrix.LatencyMatrix, wait_s: float) -> None:
+    want = fleet_throughput.wanted_pairs(matrix.hosts)
+    print(f"lab: waiting up to {wait_s:g} s for the throughput of {len(want)} directed site "
+          "pairs ...")
+    got = fleet_throughput.wait_for_throughput(db, want, wait_s, services.check)
+    done = sum(1 for pair in want if got.get(pair) and got[pair].tests)
+    print(fleet_throughput.fleet_show(python, db).rstrip())
+    if done < len(want):
+        print(f"lab: {done}/{len(want)} site pairs measured so far; serve goes on testing")
 
 
 def plan_and_show(args, lab, python, db, work, jobs, matrix, fleet, mqtt_url, state_root, services) -> None:

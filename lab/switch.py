@@ -16,6 +16,12 @@ Run as ``python -m lab.switch --config FILE`` with the TUN fds inherited (``pass
 is JSON ``{"fds": [...], "addresses": [...], "one_way_s": [[...]], "stats": PATH}`` and optionally
 ``"early_s"`` (default ``DEFAULT_EARLY_S``) and ``"realtime"`` (default true). SIGTERM or
 SIGINT stops it; SIGUSR1 (and exit) write the counters to ``stats``.
+
+Rate: with ``"rate_mbps"`` (a matrix like ``one_way_s``; 0 or null = unlimited) a directed pair is a
+link of that rate with a router's tail-drop buffer. A packet i -> j leaves the link at
+``max(now, previous departure of i -> j) + size * 8 / rate`` and arrives the pair's one-way delay
+later; a packet that would find more than ``"queue_bytes"`` (default: ``DEFAULT_QUEUE_S`` of the
+rate, at least ``MIN_QUEUE_BYTES``) already waiting for the link is dropped and counted.
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ DEFAULT_EARLY_S = 0.00015
 # Packets read from one host before the loop looks at the release heap again: bounds how long a
 # burst from one host can hold up due packets.
 BURST = 64
+# A rated pair's buffer: this many seconds of its rate (a router buffer of about one WAN RTT lets
+# a few TCP streams fill the link), never less than a few of the lab's 65 KB packets.
+DEFAULT_QUEUE_S = 0.1
+MIN_QUEUE_BYTES = 4 * 65536
 
 
 @dataclass
@@ -58,6 +68,7 @@ class SwitchStats:
     dropped_not_ipv4: int = 0
     dropped_unknown_dst: int = 0
     dropped_write_error: int = 0
+    dropped_queue_full: int = 0
     late_sum_s: float = 0.0    # release time minus due time, summed over delayed packets
     late_max_s: float = 0.0
     delayed: int = 0
@@ -69,6 +80,7 @@ class SwitchStats:
             "dropped_not_ipv4": self.dropped_not_ipv4,
             "dropped_unknown_dst": self.dropped_unknown_dst,
             "dropped_write_error": self.dropped_write_error,
+            "dropped_queue_full": self.dropped_queue_full,
             "late_mean_ms": 1000.0 * self.late_sum_s / self.delayed if self.delayed else 0.0,
             "late_max_ms": 1000.0 * self.late_max_s,
             "pairs": {f"{s}->{d}": {"packets": p.packets, "bytes": p.bytes}
@@ -77,10 +89,13 @@ class SwitchStats:
 
 
 class Switch:
-    """Forwarder over ``fds[i]`` (host i's TUN, address ``addresses[i]``) with delays ``one_way_s``."""
+    """Forwarder over ``fds[i]`` (host i's TUN, address ``addresses[i]``) with delays ``one_way_s``
+    and, where ``rate_mbps[i][j]`` is positive, that pair's link rate (Mbit/s)."""
 
     def __init__(self, fds: list[int], addresses: list[str], one_way_s: list[list[float]],
                  early_s: float = DEFAULT_EARLY_S,
+                 rate_mbps: list[list[float | None]] | None = None,
+                 queue_bytes: float | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  read: Callable[[int, int], bytes] = os.read,
                  write: Callable[[int, bytes], int] = os.write):
@@ -92,6 +107,17 @@ class Switch:
         # What the switch holds each packet for: the configured delay less the hop's own cost.
         self.one_way_s = [list(map(float, row)) for row in one_way_s]
         self.hold_s = [[max(0.0, d - early_s) if d > 0 else 0.0 for d in row] for row in self.one_way_s]
+        if rate_mbps is not None and (len(rate_mbps) != n or any(len(r) != n for r in rate_mbps)):
+            raise ValueError("rate_mbps must be an n x n matrix over the same hosts")
+        # Bytes per second of each rated pair (None: unlimited) and when its link is next free.
+        self.rate_Bps = [[float(r) * 1e6 / 8 if r else None for r in row]
+                         for row in (rate_mbps or [[None] * n for _ in range(n)])]
+        if any(r is not None and r < 0 for row in self.rate_Bps for r in row):
+            raise ValueError("rate_mbps must be positive (0 or null: unlimited)")
+        self.queue_bytes = [[0.0 if r is None else float(queue_bytes) if queue_bytes is not None
+                             else max(MIN_QUEUE_BYTES, r * DEFAULT_QUEUE_S) for r in row]
+                            for row in self.rate_Bps]
+        self.free_at = [[0.0] * n for _ in range(n)]
         self.index = {fd: i for i, fd in enumerate(self.fds)}
         self.clock, self._read, self._write = clock, read, write
         self.heap: list[tuple[float, int, int, bytes]] = []
@@ -108,10 +134,20 @@ class Switch:
         if dst is None:
             self.stats.dropped_unknown_dst += 1
             return
+        rate = self.rate_Bps[src][dst]
+        if rate is not None:
+            start = max(now, self.free_at[src][dst])
+            if (start - now) * rate > self.queue_bytes[src][dst]:
+                self.stats.dropped_queue_full += 1
+                return
+            self.free_at[src][dst] = start + len(packet) / rate
         pair = self.stats.pairs.setdefault((src, dst), PairStats())
         pair.packets += 1
         pair.bytes += len(packet)
         delay = self.hold_s[src][dst]
+        if rate is not None:
+            # On the wire until its last byte leaves, then the path's delay.
+            delay = self.free_at[src][dst] - now + delay
         if delay <= 0:
             self._deliver(dst, packet)
             return
@@ -216,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = json.load(fh)
     _raise_priority(cfg.get("realtime", True))
     switch = Switch(cfg["fds"], cfg["addresses"], cfg["one_way_s"],
-                    early_s=float(cfg.get("early_s", DEFAULT_EARLY_S)))
+                    early_s=float(cfg.get("early_s", DEFAULT_EARLY_S)),
+                    rate_mbps=cfg.get("rate_mbps"), queue_bytes=cfg.get("queue_bytes"))
     stats_path = cfg.get("stats")
 
     def write_stats() -> None:

@@ -76,8 +76,10 @@ def split_layers(layers: int, stages: int) -> list[tuple[int, int]]:
 def run_placement(stages: list[list[str]], *, lab: WanLab | None = None, layers: int = 4,
                   steps: int = 3, micro_batch: int = 2, args: list[str] | None = None,
                   timeout_s: float = 300.0, python: str = sys.executable,
-                  job: str = "train-gpt", plan_id: str = "lab", reverse_ranks: bool = False) -> JobRun:
-    """Run the example with ``stages[k]`` = the hosts of stage k (the p-th host is replica p).
+                  job: str = "train-gpt", plan_id: str = "lab", reverse_ranks: bool = False,
+                  layer_ranges: list[tuple[int, int]] | None = None) -> JobRun:
+    """Run the example with ``stages[k]`` = the hosts of stage k (the p-th host is replica p),
+    stage k holding blocks ``layer_ranges[k]`` (default: ``layers`` split evenly).
 
     Without a lab the hosts are just labels and everything runs on 127.0.0.1. Ranks follow stage
     order, or the reverse with ``reverse_ranks`` (a launcher may number nodes any way it likes).
@@ -85,7 +87,10 @@ def run_placement(stages: list[list[str]], *, lab: WanLab | None = None, layers:
     k, d = len(stages), len(stages[0])
     if any(len(s) != d for s in stages):
         raise ValueError("every stage must list the same number of hosts")
-    ranges = split_layers(layers, k)
+    ranges = split_layers(layers, k) if layer_ranges is None else [tuple(r) for r in layer_ranges]
+    if len(ranges) != k or ranges[0][0] != 0 or ranges[-1][1] != layers \
+            or any(a[1] != b[0] or a[0] >= a[1] for a, b in zip(ranges, ranges[1:] + [(layers, 0)])):
+        raise ValueError(f"layer ranges {ranges} must split [0, {layers}) into {k} contiguous stages")
     # The rendezvous store lives with rank 0.
     master_host = stages[-1][-1] if reverse_ranks else stages[0][0]
     master_addr = lab.address(master_host) if lab else "127.0.0.1"

@@ -6,6 +6,10 @@
 With ``hub=True`` (the default) there is one more host, ``hub`` at ``10.77.0.1``, with zero delay
 to every other host: the planner and the broker run there, so agents reach them over the lab
 network exactly as they reach each other, and the root namespace needs no route into the lab.
+
+Both optional: ``rate_mbps`` {(src, dst): Mbit/s} makes those directed pairs links of that rate
+(the switch's serialisation queue), and ``cpu_cores`` {host: cores} holds every process the lab
+starts in a host to that many cores (a cgroup v1 ``cpu`` quota). The hub is never limited.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from lab.matrix import LatencyMatrix
 from lab.netns import DEFAULT_MTU, HUB_ADDRESS, LabError, Namespace, Namespaces
@@ -32,13 +36,21 @@ _PING_TIME = re.compile(r"time[=<]([0-9.]+) ms")
 
 class WanLab:
     def __init__(self, matrix: LatencyMatrix, *, hub: bool = True, mtu: int = DEFAULT_MTU,
-                 work_dir: Path | None = None, python: str = sys.executable):
+                 work_dir: Path | None = None, python: str = sys.executable,
+                 rate_mbps: Mapping[tuple[str, str], float] | None = None,
+                 cpu_cores: Mapping[str, float] | None = None):
         if hub and HUB in matrix.names:
             raise LabError(f"a lab host may not be called {HUB!r} (the planner's host)")
         self.matrix = matrix
         self.hub = hub
         self.python = python
-        self.namespaces = Namespaces(matrix.names, hub=hub, mtu=mtu)
+        self.rate_mbps = dict(rate_mbps or {})
+        for (a, b), rate in self.rate_mbps.items():
+            if a not in matrix.names or b not in matrix.names or a == b:
+                raise LabError(f"rate for {a!r} -> {b!r}: both must be distinct lab hosts")
+            if not rate > 0:
+                raise LabError(f"rate for {a!r} -> {b!r} must be a positive Mbit/s, got {rate!r}")
+        self.namespaces = Namespaces(matrix.names, hub=hub, mtu=mtu, cpu_cores=dict(cpu_cores or {}))
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="hulk-lab-"))
         self.switch_proc: subprocess.Popen | None = None
@@ -64,10 +76,22 @@ class WanLab:
                 table[i][j] = self.matrix.one_way_s(i, j)
         return table  # hub row/column stay 0: the planner is "everywhere"
 
+    def _rate_table(self) -> list[list[float]] | None:
+        if not self.rate_mbps:
+            return None
+        names = self.matrix.names
+        size = len(names) + (1 if self.hub else 0)
+        table = [[0.0] * size for _ in range(size)]  # 0: unlimited (the hub's row and column too)
+        for (a, b), rate in self.rate_mbps.items():
+            table[names.index(a)][names.index(b)] = float(rate)
+        return table
+
     def _start_switch(self) -> None:
         fds = [m.fd for m in self.namespaces.members]
         cfg = {"fds": fds, "addresses": [m.address for m in self.namespaces.members],
                "one_way_s": self._one_way_s(), "stats": str(self._stats_path)}
+        if self.rate_mbps:
+            cfg["rate_mbps"] = self._rate_table()
         cfg_path = self.work_dir / "switch.json"
         cfg_path.write_text(json.dumps(cfg))
         env = dict(os.environ)
@@ -121,7 +145,7 @@ class WanLab:
         return HUB_ADDRESS if host == HUB and self.hub else self.ns(host).address
 
     def exec_argv(self, host: str, argv: Sequence[str]) -> list[str]:
-        return self.ns(host).exec_argv(argv)
+        return self.namespaces.exec_argv(host, argv)
 
     def popen(self, host: str, argv: Sequence[str], **kwargs) -> subprocess.Popen:
         return subprocess.Popen(self.exec_argv(host, argv), **kwargs)

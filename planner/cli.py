@@ -19,7 +19,7 @@ from hulk.errors import HulkError
 from planner.settings import LOG_LEVELS, PlannerSettings, load_settings
 
 # The modules under planner/commands/, in the order `--help` lists their subcommands.
-COMMANDS = ("serve", "fleet", "plan", "jobs", "train", "enroll")
+COMMANDS = ("serve", "fleet", "plan", "calibrate", "jobs", "train", "enroll")
 MODULE_OF = {**{name: name for name in COMMANDS}, "revoke": "enroll"}   # subcommand -> module
 
 

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12hulk/v1/hulk.proto\x12\x07hulk.v1\"S\n\x03Gpu\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x1a\n\x12\x63ompute_capability\x18\x03 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\"^\n\x0cGpuInventory\x12\x1a\n\x04gpus\x18\x01 \x03(\x0b\x32\x0c.hulk.v1.Gpu\x12\x16\n\x0e\x64river_version\x18\x02 \x01(\t\x12\x1a\n\x12unavailable_reason\x18\x03 \x01(\t\"d\n\x08Location\x12\x0c\n\x04\x63ity\x18\x01 \x01(\t\x12\x17\n\x0fhas_coordinates\x18\x02 \x01(\x08\x12\x10\n\x08latitude\x18\x03 \x01(\x01\x12\x11\n\tlongitude\x18\x04 \x01(\x01\x12\x0c\n\x04site\x18\x05 \x01(\t\"\xbf\x01\n\x0fRegisterRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12#\n\x08location\x18\x03 \x01(\x0b\x32\x11.hulk.v1.Location\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12(\n\tinventory\x18\x05 \x01(\x0b\x32\x15.hulk.v1.GpuInventory\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12\x12\n\nprobe_port\x18\x07 \x01(\r\"<\n\x04Peer\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\nprobe_port\x18\x03 \x01(\r\"\xaf\x01\n\rProbeSettings\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\x12\x19\n\x11packets_per_round\x18\x02 \x01(\r\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x15\n\rpayload_bytes\x18\x04 \x01(\r\x12\x17\n\x0fmax_concurrency\x18\x05 \x01(\r\x12\x11\n\tmax_batch\x18\x06 \x01(\r\x12\x19\n\x11report_interval_s\x18\x07 \x01(\x01\"\x81\x01\n\x10RegisterResponse\x12\x1c\n\x05peers\x18\x01 \x03(\x0b\x32\r.hulk.v1.Peer\x12(\n\x08settings\x18\x02 \x01(\x0b\x32\x16.hulk.v1.ProbeSettings\x12\r\n\x05\x66leet\x18\x03 \x01(\t\x12\x16\n\x0eserver_time_ms\x18\x04 \x01(\x03\"\x98\x01\n\x06Sample\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x12\n\nsent_at_ms\x18\x02 \x01(\x03\x12 \n\x04kind\x18\x03 \x01(\x0e\x32\x12.hulk.v1.ProbeKind\x12\x15\n\rpayload_bytes\x18\x04 \x01(\r\x12\x0c\n\x04lost\x18\x05 \x01(\x08\x12\x0e\n\x06rtt_ms\x18\x06 \x01(\x01\x12\x12\n\ntimeout_ms\x18\x07 \x01(\x01\"\xa9\x02\n\x0bPeerSummary\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x16\n\x0eround_start_ms\x18\x02 \x01(\x03\x12 \n\x04kind\x18\x03 \x01(\x0e\x32\x12.hulk.v1.ProbeKind\x12\x15\n\rpayload_bytes\x18\x04 \x01(\r\x12\x12\n\ntimeout_ms\x18\x05 \x01(\x01\x12\r\n\x05\x63ount\x18\x06 \x01(\r\x12\x0c\n\x04lost\x18\x07 \x01(\r\x12\x12\n\nrtt_sum_ms\x18\x08 \x01(\x01\x12\x16\n\x0ertt_sum_sq_ms2\x18\t \x01(\x01\x12\x12\n\nrtt_min_ms\x18\n \x01(\x01\x12\x12\n\nrtt_max_ms\x18\x0b \x01(\x01\x12\x19\n\x11histogram_buckets\x18\x0c \x03(\r\x12\x18\n\x10histogram_counts\x18\r \x03(\r\"\x94\x01\n\rReportRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12 \n\x07samples\x18\x03 \x03(\x0b\x32\x0f.hulk.v1.Sample\x12\x15\n\rspool_dropped\x18\x04 \x01(\x04\x12\'\n\tsummaries\x18\x05 \x03(\x0b\x32\x14.hulk.v1.PeerSummary\"G\n\x0eReportResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x10\n\x08rejected\x18\x02 \x01(\r\x12\x11\n\tduplicate\x18\x03 \x01(\x08\"\x8b\x01\n\x0cLaunchStatus\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.hulk.v1.LaunchState\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\x15\n\rchanged_at_ms\x18\x06 \x01(\x03\"\x87\x01\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07time_ms\x18\x02 \x01(\x03\x12\x13\n\x0bspool_depth\x18\x03 \x01(\x04\x12\x15\n\rspool_dropped\x18\x04 \x01(\x04\x12%\n\x06launch\x18\x05 \x01(\x0b\x32\x15.hulk.v1.LaunchStatus\"V\n\x11HeartbeatResponse\x12\x16\n\x0eserver_time_ms\x18\x01 \x01(\x03\x12\x12\n\nreregister\x18\x02 \x01(\x08\x12\x15\n\rpeers_changed\x18\x03 \x01(\x08*P\n\tProbeKind\x12\x1a\n\x16PROBE_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fPROBE_KIND_ICMP\x10\x01\x12\x12\n\x0ePROBE_KIND_TCP\x10\x02*\xa9\x01\n\x0bLaunchState\x12\x1c\n\x18LAUNCH_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11LAUNCH_STATE_IDLE\x10\x01\x12\x19\n\x15LAUNCH_STATE_STARTING\x10\x02\x12\x18\n\x14LAUNCH_STATE_RUNNING\x10\x03\x12\x17\n\x13LAUNCH_STATE_EXITED\x10\x04\x12\x17\n\x13LAUNCH_STATE_FAILED\x10\x05\x32\xc9\x01\n\x07Planner\x12?\n\x08Register\x12\x18.hulk.v1.RegisterRequest\x1a\x19.hulk.v1.RegisterResponse\x12\x39\n\x06Report\x12\x16.hulk.v1.ReportRequest\x1a\x17.hulk.v1.ReportResponse\x12\x42\n\tHeartbeat\x12\x19.hulk.v1.HeartbeatRequest\x1a\x1a.hulk.v1.HeartbeatResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12hulk/v1/hulk.proto\x12\x07hulk.v1\"S\n\x03Gpu\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x1a\n\x12\x63ompute_capability\x18\x03 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\"^\n\x0cGpuInventory\x12\x1a\n\x04gpus\x18\x01 \x03(\x0b\x32\x0c.hulk.v1.Gpu\x12\x16\n\x0e\x64river_version\x18\x02 \x01(\t\x12\x1a\n\x12unavailable_reason\x18\x03 \x01(\t\"d\n\x08Location\x12\x0c\n\x04\x63ity\x18\x01 \x01(\t\x12\x17\n\x0fhas_coordinates\x18\x02 \x01(\x08\x12\x10\n\x08latitude\x18\x03 \x01(\x01\x12\x11\n\tlongitude\x18\x04 \x01(\x01\x12\x0c\n\x04site\x18\x05 \x01(\t\"\xd8\x01\n\x0fRegisterRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12#\n\x08location\x18\x03 \x01(\x0b\x32\x11.hulk.v1.Location\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12(\n\tinventory\x18\x05 \x01(\x0b\x32\x15.hulk.v1.GpuInventory\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12\x12\n\nprobe_port\x18\x07 \x01(\r\x12\x17\n\x0fthroughput_port\x18\x08 \x01(\r\"<\n\x04Peer\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\nprobe_port\x18\x03 \x01(\r\"\xaf\x01\n\rProbeSettings\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\x12\x19\n\x11packets_per_round\x18\x02 \x01(\r\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x15\n\rpayload_bytes\x18\x04 \x01(\r\x12\x17\n\x0fmax_concurrency\x18\x05 \x01(\r\x12\x11\n\tmax_batch\x18\x06 \x01(\r\x12\x19\n\x11report_interval_s\x18\x07 \x01(\x01\"\x81\x01\n\x10RegisterResponse\x12\x1c\n\x05peers\x18\x01 \x03(\x0b\x32\r.hulk.v1.Peer\x12(\n\x08settings\x18\x02 \x01(\x0b\x32\x16.hulk.v1.ProbeSettings\x12\r\n\x05\x66leet\x18\x03 \x01(\t\x12\x16\n\x0eserver_time_ms\x18\x04 \x01(\x03\"\x98\x01\n\x06Sample\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x12\n\nsent_at_ms\x18\x02 \x01(\x03\x12 \n\x04kind\x18\x03 \x01(\x0e\x32\x12.hulk.v1.ProbeKind\x12\x15\n\rpayload_bytes\x18\x04 \x01(\r\x12\x0c\n\x04lost\x18\x05 \x01(\x08\x12\x0e\n\x06rtt_ms\x18\x06 \x01(\x01\x12\x12\n\ntimeout_ms\x18\x07 \x01(\x01\"\xa9\x02\n\x0bPeerSummary\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x16\n\x0eround_start_ms\x18\x02 \x01(\x03\x12 \n\x04kind\x18\x03 \x01(\x0e\x32\x12.hulk.v1.ProbeKind\x12\x15\n\rpayload_bytes\x18\x04 \x01(\r\x12\x12\n\ntimeout_ms\x18\x05 \x01(\x01\x12\r\n\x05\x63ount\x18\x06 \x01(\r\x12\x0c\n\x04lost\x18\x07 \x01(\r\x12\x12\n\nrtt_sum_ms\x18\x08 \x01(\x01\x12\x16\n\x0ertt_sum_sq_ms2\x18\t \x01(\x01\x12\x12\n\nrtt_min_ms\x18\n \x01(\x01\x12\x12\n\nrtt_max_ms\x18\x0b \x01(\x01\x12\x19\n\x11histogram_buckets\x18\x0c \x03(\r\x12\x18\n\x10histogram_counts\x18\r \x03(\r\"\xc3\x01\n\rReportRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12 \n\x07samples\x18\x03 \x03(\x0b\x32\x0f.hulk.v1.Sample\x12\x15\n\rspool_dropped\x18\x04 \x01(\x04\x12\'\n\tsummaries\x18\x05 \x03(\x0b\x32\x14.hulk.v1.PeerSummary\x12-\n\nthroughput\x18\x06 \x03(\x0b\x32\x19.hulk.v1.ThroughputResult\"G\n\x0eReportResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x10\n\x08rejected\x18\x02 \x01(\r\x12\x11\n\tduplicate\x18\x03 \x01(\x08\"\xb4\x01\n\x0cLaunchStatus\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.hulk.v1.LaunchState\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\x15\n\rchanged_at_ms\x18\x06 \x01(\x03\x12\'\n\x08progress\x18\x07 \x01(\x0b\x32\x15.hulk.v1.StepProgress\"\xb1\x01\n\x0cStepProgress\x12\r\n\x05steps\x18\x01 \x01(\x04\x12\x13\n\x0btotal_steps\x18\x02 \x01(\x04\x12\x13\n\x0biteration_s\x18\x03 \x01(\x01\x12\x17\n\x0fiteration_p90_s\x18\x04 \x01(\x01\x12\x11\n\tcompute_s\x18\x05 \x01(\x01\x12\x17\n\x0f\x63ommunication_s\x18\x06 \x01(\x01\x12\x0f\n\x07samples\x18\x07 \x01(\r\x12\x12\n\nupdated_ms\x18\x08 \x01(\x03\"\x87\x01\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07time_ms\x18\x02 \x01(\x03\x12\x13\n\x0bspool_depth\x18\x03 \x01(\x04\x12\x15\n\rspool_dropped\x18\x04 \x01(\x04\x12%\n\x06launch\x18\x05 \x01(\x0b\x32\x15.hulk.v1.LaunchStatus\"\x89\x01\n\x11HeartbeatResponse\x12\x16\n\x0eserver_time_ms\x18\x01 \x01(\x03\x12\x12\n\nreregister\x18\x02 \x01(\x08\x12\x15\n\rpeers_changed\x18\x03 \x01(\x08\x12\x31\n\x10throughput_slots\x18\x04 \x03(\x0b\x32\x17.hulk.v1.ThroughputSlot\"\xab\x01\n\x0eThroughputSlot\x12\x0f\n\x07test_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07peer_id\x18\x03 \x01(\t\x12\x14\n\x0cpeer_address\x18\x04 \x01(\t\x12\x0c\n\x04port\x18\x05 \x01(\r\x12\x10\n\x08start_ms\x18\x06 \x01(\x03\x12\x12\n\nduration_s\x18\x07 \x01(\x01\x12\x0f\n\x07streams\x18\x08 \x01(\r\x12\x0e\n\x06secret\x18\t \x01(\x0c\"\xa6\x01\n\x10ThroughputResult\x12\x0f\n\x07test_id\x18\x01 \x01(\t\x12\x11\n\tsender_id\x18\x02 \x01(\t\x12\x10\n\x08start_ms\x18\x03 \x01(\x03\x12\x12\n\nduration_s\x18\x04 \x01(\x01\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\x12\x0f\n\x07streams\x18\x06 \x01(\r\x12\x0c\n\x04gbps\x18\x07 \x01(\x01\x12\n\n\x02ok\x18\x08 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\t \x01(\t*P\n\tProbeKind\x12\x1a\n\x16PROBE_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fPROBE_KIND_ICMP\x10\x01\x12\x12\n\x0ePROBE_KIND_TCP\x10\x02*\xa9\x01\n\x0bLaunchState\x12\x1c\n\x18LAUNCH_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11LAUNCH_STATE_IDLE\x10\x01\x12\x19\n\x15LAUNCH_STATE_STARTING\x10\x02\x12\x18\n\x14LAUNCH_STATE_RUNNING\x10\x03\x12\x17\n\x13LAUNCH_STATE_EXITED\x10\x04\x12\x17\n\x13LAUNCH_STATE_FAILED\x10\x05\x32\xc9\x01\n\x07Planner\x12?\n\x08Register\x12\x18.hulk.v1.RegisterRequest\x1a\x19.hulk.v1.RegisterResponse\x12\x39\n\x06Report\x12\x16.hulk.v1.ReportRequest\x1a\x17.hulk.v1.ReportResponse\x12\x42\n\tHeartbeat\x12\x19.hulk.v1.HeartbeatRequest\x1a\x1a.hulk.v1.HeartbeatResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'hulk.v1.hulk_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PROBEKIND']._serialized_start=1927
-  _globals['_PROBEKIND']._serialized_end=2007
-  _globals['_LAUNCHSTATE']._serialized_start=2010
-  _globals['_LAUNCHSTATE']._serialized_end=2179
+  _globals['_PROBEKIND']._serialized_start=2615
+  _globals['_PROBEKIND']._serialized_end=2695
+  _globals['_LAUNCHSTATE']._serialized_start=2698
+  _globals['_LAUNCHSTATE']._serialized_end=2867
   _globals['_GPU']._serialized_start=31
   _globals['_GPU']._serialized_end=114
   _globals['_GPUINVENTORY']._serialized_start=116
@@ -42,27 +42,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOCATION']._serialized_start=212
   _globals['_LOCATION']._serialized_end=312
   _globals['_REGISTERREQUEST']._serialized_start=315
-  _globals['_REGISTERREQUEST']._serialized_end=506
-  _globals['_PEER']._serialized_start=508
-  _globals['_PEER']._serialized_end=568
-  _globals['_PROBESETTINGS']._serialized_start=571
-  _globals['_PROBESETTINGS']._serialized_end=746
-  _globals['_REGISTERRESPONSE']._serialized_start=749
-  _globals['_REGISTERRESPONSE']._serialized_end=878
-  _globals['_SAMPLE']._serialized_start=881
-  _globals['_SAMPLE']._serialized_end=1033
-  _globals['_PEERSUMMARY']._serialized_start=1036
-  _globals['_PEERSUMMARY']._serialized_end=1333
-  _globals['_REPORTREQUEST']._serialized_start=1336
-  _globals['_REPORTREQUEST']._serialized_end=1484
-  _globals['_REPORTRESPONSE']._serialized_start=1486
-  _globals['_REPORTRESPONSE']._serialized_end=1557
-  _globals['_LAUNCHSTATUS']._serialized_start=1560
-  _globals['_LAUNCHSTATUS']._serialized_end=1699
-  _globals['_HEARTBEATREQUEST']._serialized_start=1702
-  _globals['_HEARTBEATREQUEST']._serialized_end=1837
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1839
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1925
-  _globals['_PLANNER']._serialized_start=2182
-  _globals['_PLANNER']._serialized_end=2383
+  _globals['_REGISTERREQUEST']._serialized_end=531
+  _globals['_PEER']._serialized_start=533
+  _globals['_PEER']._serialized_end=593
+  _globals['_PROBESETTINGS']._serialized_start=596
+  _globals['_PROBESETTINGS']._serialized_end=771
+  _globals['_REGISTERRESPONSE']._serialized_start=774
+  _globals['_REGISTERRESPONSE']._serialized_end=903
+  _globals['_SAMPLE']._serialized_start=906
+  _globals['_SAMPLE']._serialized_end=1058
+  _globals['_PEERSUMMARY']._serialized_start=1061
+  _globals['_PEERSUMMARY']._serialized_end=1358
+  _globals['_REPORTREQUEST']._serialized_start=1361
+  _globals['_REPORTREQUEST']._serialized_end=1556
+  _globals['_REPORTRESPONSE']._serialized_start=1558
+  _globals['_REPORTRESPONSE']._serialized_end=1629
+  _globals['_LAUNCHSTATUS']._serialized_start=1632
+  _globals['_LAUNCHSTATUS']._serialized_end=1812
+  _globals['_STEPPROGRESS']._serialized_start=1815
+  _globals['_STEPPROGRESS']._serialized_end=1992
+  _globals['_HEARTBEATREQUEST']._serialized_start=1995
+  _globals['_HEARTBEATREQUEST']._serialized_end=2130
+  _globals['_HEARTBEATRESPONSE']._serialized_start=2133
+  _globals['_HEARTBEATRESPONSE']._serialized_end=2270
+  _globals['_THROUGHPUTSLOT']._serialized_start=2273
+  _globals['_THROUGHPUTSLOT']._serialized_end=2444
+  _globals['_THROUGHPUTRESULT']._serialized_start=2447
+  _globals['_THROUGHPUTRESULT']._serialized_end=2613
+  _globals['_PLANNER']._serialized_start=2870
+  _globals['_PLANNER']._serialized_end=3071
 # @@protoc_insertion_point(module_scope)

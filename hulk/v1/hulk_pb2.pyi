@@ -68,7 +68,7 @@ class Location(_message.Message):
     def __init__(self, city: _Optional[str] = ..., has_coordinates: _Optional[bool] = ..., latitude: _Optional[float] = ..., longitude: _Optional[float] = ..., site: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node_id", "hostname", "location", "agent_version", "inventory", "address", "probe_port")
+    __slots__ = ("node_id", "hostname", "location", "agent_version", "inventory", "address", "probe_port", "throughput_port")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class RegisterRequest(_message.Message):
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_PORT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     hostname: str
     location: Location
@@ -83,7 +84,8 @@ class RegisterRequest(_message.Message):
     inventory: GpuInventory
     address: str
     probe_port: int
-    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., agent_version: _Optional[str] = ..., inventory: _Optional[_Union[GpuInventory, _Mapping]] = ..., address: _Optional[str] = ..., probe_port: _Optional[int] = ...) -> None: ...
+    throughput_port: int
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., agent_version: _Optional[str] = ..., inventory: _Optional[_Union[GpuInventory, _Mapping]] = ..., address: _Optional[str] = ..., probe_port: _Optional[int] = ..., throughput_port: _Optional[int] = ...) -> None: ...
 
 class Peer(_message.Message):
     __slots__ = ("node_id", "address", "probe_port")
@@ -174,18 +176,20 @@ class PeerSummary(_message.Message):
     def __init__(self, peer_id: _Optional[str] = ..., round_start_ms: _Optional[int] = ..., kind: _Optional[_Union[ProbeKind, str]] = ..., payload_bytes: _Optional[int] = ..., timeout_ms: _Optional[float] = ..., count: _Optional[int] = ..., lost: _Optional[int] = ..., rtt_sum_ms: _Optional[float] = ..., rtt_sum_sq_ms2: _Optional[float] = ..., rtt_min_ms: _Optional[float] = ..., rtt_max_ms: _Optional[float] = ..., histogram_buckets: _Optional[_Iterable[int]] = ..., histogram_counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("node_id", "batch_id", "samples", "spool_dropped", "summaries")
+    __slots__ = ("node_id", "batch_id", "samples", "spool_dropped", "summaries", "throughput")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     SPOOL_DROPPED_FIELD_NUMBER: _ClassVar[int]
     SUMMARIES_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     batch_id: str
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
     spool_dropped: int
     summaries: _containers.RepeatedCompositeFieldContainer[PeerSummary]
-    def __init__(self, node_id: _Optional[str] = ..., batch_id: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., spool_dropped: _Optional[int] = ..., summaries: _Optional[_Iterable[_Union[PeerSummary, _Mapping]]] = ...) -> None: ...
+    throughput: _containers.RepeatedCompositeFieldContainer[ThroughputResult]
+    def __init__(self, node_id: _Optional[str] = ..., batch_id: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., spool_dropped: _Optional[int] = ..., summaries: _Optional[_Iterable[_Union[PeerSummary, _Mapping]]] = ..., throughput: _Optional[_Iterable[_Union[ThroughputResult, _Mapping]]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
     __slots__ = ("accepted", "rejected", "duplicate")
@@ -198,20 +202,42 @@ class ReportResponse(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class LaunchStatus(_message.Message):
-    __slots__ = ("plan_id", "job", "state", "exit_code", "detail", "changed_at_ms")
+    __slots__ = ("plan_id", "job", "state", "exit_code", "detail", "changed_at_ms", "progress")
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     CHANGED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     plan_id: str
     job: str
     state: LaunchState
     exit_code: int
     detail: str
     changed_at_ms: int
-    def __init__(self, plan_id: _Optional[str] = ..., job: _Optional[str] = ..., state: _Optional[_Union[LaunchState, str]] = ..., exit_code: _Optional[int] = ..., detail: _Optional[str] = ..., changed_at_ms: _Optional[int] = ...) -> None: ...
+    progress: StepProgress
+    def __init__(self, plan_id: _Optional[str] = ..., job: _Optional[str] = ..., state: _Optional[_Union[LaunchState, str]] = ..., exit_code: _Optional[int] = ..., detail: _Optional[str] = ..., changed_at_ms: _Optional[int] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ...) -> None: ...
+
+class StepProgress(_message.Message):
+    __slots__ = ("steps", "total_steps", "iteration_s", "iteration_p90_s", "compute_s", "communication_s", "samples", "updated_ms")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_S_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_P90_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    COMMUNICATION_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_MS_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    total_steps: int
+    iteration_s: float
+    iteration_p90_s: float
+    compute_s: float
+    communication_s: float
+    samples: int
+    updated_ms: int
+    def __init__(self, steps: _Optional[int] = ..., total_steps: _Optional[int] = ..., iteration_s: _Optional[float] = ..., iteration_p90_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., communication_s: _Optional[float] = ..., samples: _Optional[int] = ..., updated_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "time_ms", "spool_depth", "spool_dropped", "launch")
@@ -228,11 +254,57 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., time_ms: _Optional[int] = ..., spool_depth: _Optional[int] = ..., spool_dropped: _Optional[int] = ..., launch: _Optional[_Union[LaunchStatus, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("server_time_ms", "reregister", "peers_changed")
+    __slots__ = ("server_time_ms", "reregister", "peers_changed", "throughput_slots")
     SERVER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     REREGISTER_FIELD_NUMBER: _ClassVar[int]
     PEERS_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_SLOTS_FIELD_NUMBER: _ClassVar[int]
     server_time_ms: int
     reregister: bool
     peers_changed: bool
-    def __init__(self, server_time_ms: _Optional[int] = ..., reregister: _Optional[bool] = ..., peers_changed: _Optional[bool] = ...) -> None: ...
+    throughput_slots: _containers.RepeatedCompositeFieldContainer[ThroughputSlot]
+    def __init__(self, server_time_ms: _Optional[int] = ..., reregister: _Optional[bool] = ..., peers_changed: _Optional[bool] = ..., throughput_slots: _Optional[_Iterable[_Union[ThroughputSlot, _Mapping]]] = ...) -> None: ...
+
+class ThroughputSlot(_message.Message):
+    __slots__ = ("test_id", "role", "peer_id", "peer_address", "port", "start_ms", "duration_s", "streams", "secret")
+    TEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    test_id: str
+    role: str
+    peer_id: str
+    peer_address: str
+    port: int
+    start_ms: int
+    duration_s: float
+    streams: int
+    secret: bytes
+    def __init__(self, test_id: _Optional[str] = ..., role: _Optional[str] = ..., peer_id: _Optional[str] = ..., peer_address: _Optional[str] = ..., port: _Optional[int] = ..., start_ms: _Optional[int] = ..., duration_s: _Optional[float] = ..., streams: _Optional[int] = ..., secret: _Optional[bytes] = ...) -> None: ...
+
+class ThroughputResult(_message.Message):
+    __slots__ = ("test_id", "sender_id", "start_ms", "duration_s", "bytes", "streams", "gbps", "ok", "detail")
+    TEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SENDER_ID_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    GBPS_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    test_id: str
+    sender_id: str
+    start_ms: int
+    duration_s: float
+    bytes: int
+    streams: int
+    gbps: float
+    ok: bool
+    detail: str
+    def __init__(self, test_id: _Optional[str] = ..., sender_id: _Optional[str] = ..., start_ms: _Optional[int] = ..., duration_s: _Optional[float] = ..., bytes: _Optional[int] = ..., streams: _Optional[int] = ..., gbps: _Optional[float] = ..., ok: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...

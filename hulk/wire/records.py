@@ -23,6 +23,8 @@ from typing import NamedTuple
 from hulk.errors import InputError
 from hulk.v1 import hulk_pb2
 from hulk.wire.histogram import histogram_of
+from hulk.wire.progress import StepProgress
+from hulk.wire.throughput import ThroughputResult, ThroughputSlot
 
 
 class ProbeKind(enum.IntEnum):
@@ -222,12 +224,14 @@ class RegisterRequest:
     inventory: Inventory = field(default_factory=Inventory)
     address: str = ""              # the address peers probe
     probe_port: int = 0            # TCP port for peers' connect probes (0: none)
+    throughput_port: int = 0       # TCP port for throughput tests (0: takes none)
 
     def to_proto(self) -> hulk_pb2.RegisterRequest:
         return hulk_pb2.RegisterRequest(
             node_id=self.node_id, hostname=self.hostname, location=self.location.to_proto(),
             agent_version=self.agent_version, inventory=self.inventory.to_proto(),
-            address=self.address, probe_port=self.probe_port)
+            address=self.address, probe_port=self.probe_port,
+            throughput_port=self.throughput_port)
 
     @classmethod
     def from_proto(cls, msg: hulk_pb2.RegisterRequest) -> RegisterRequest:
@@ -235,7 +239,7 @@ class RegisterRequest:
                    location=NodeLocation.from_proto(msg.location),
                    agent_version=msg.agent_version,
                    inventory=Inventory.from_proto(msg.inventory), address=msg.address,
-                   probe_port=msg.probe_port)
+                   probe_port=msg.probe_port, throughput_port=msg.throughput_port)
 
 
 @dataclass(frozen=True)
@@ -280,30 +284,37 @@ class RegisterAnswer:
 
 @dataclass(frozen=True)
 class ReportRequest:
-    """A batch of raw samples and/or per-round summaries (Report's request); retries reuse the
-    batch id. Agents before summaries send samples only; both kinds may share a batch."""
+    """A batch of raw samples, per-round summaries and/or throughput results (Report's
+    request); retries reuse the batch id. Agents before summaries send samples only; every kind
+    may share a batch."""
 
     node_id: str
     batch_id: str
     samples: tuple[ProbeSample, ...] = ()
     spool_dropped: int = 0         # records the agent's spool dropped past its bound, cumulative
     summaries: tuple[PeerSummary, ...] = ()
+    throughput: tuple[ThroughputResult, ...] = ()
 
     def to_proto(self) -> hulk_pb2.ReportRequest:
         return hulk_pb2.ReportRequest(node_id=self.node_id, batch_id=self.batch_id,
                                       samples=[s.to_proto() for s in self.samples],
                                       spool_dropped=self.spool_dropped,
-                                      summaries=[s.to_proto() for s in self.summaries])
+                                      summaries=[s.to_proto() for s in self.summaries],
+                                      throughput=[r.to_proto() for r in self.throughput])
 
     @classmethod
     def from_proto(cls, msg: hulk_pb2.ReportRequest) -> ReportRequest:
+        """InputError (naming the record) for a summary's mismatched histogram lists or a
+        throughput result out of bounds."""
         make = ProbeSample
         summaries = [PeerSummary.from_proto(s, f"summaries[{i}]")
                      for i, s in enumerate(msg.summaries)]
+        throughput = [ThroughputResult.from_proto(r, f"throughput[{i}]")
+                      for i, r in enumerate(msg.throughput)]
         return cls(node_id=msg.node_id, batch_id=msg.batch_id, spool_dropped=msg.spool_dropped,
                    samples=tuple(make(s.peer_id, s.sent_at_ms, s.kind, s.payload_bytes, s.lost,
                                       s.rtt_ms, s.timeout_ms) for s in msg.samples),
-                   summaries=tuple(summaries))
+                   summaries=tuple(summaries), throughput=tuple(throughput))
 
 
 @dataclass(frozen=True)
@@ -346,22 +357,29 @@ class LaunchStatus:
     exit_code: int = 0
     detail: str = ""
     changed_at_ms: int = 0
+    progress: StepProgress | None = None   # the rank's step progress, when its job reports it
 
     def to_proto(self) -> hulk_pb2.LaunchStatus:
-        return hulk_pb2.LaunchStatus(plan_id=self.plan_id, job=self.job, state=int(self.state),
-                                     exit_code=self.exit_code, detail=self.detail,
-                                     changed_at_ms=self.changed_at_ms)
+        msg = hulk_pb2.LaunchStatus(plan_id=self.plan_id, job=self.job, state=int(self.state),
+                                    exit_code=self.exit_code, detail=self.detail,
+                                    changed_at_ms=self.changed_at_ms)
+        if self.progress is not None:
+            msg.progress.CopyFrom(self.progress.to_proto())
+        return msg
 
     @classmethod
     def from_proto(cls, msg: hulk_pb2.LaunchStatus) -> LaunchStatus:
-        """InputError for a state this side does not know (an agent newer than the planner)."""
+        """InputError for a state this side does not know (an agent newer than the planner),
+        or for progress figures that cannot be true (NaN, negative, past their bounds)."""
         try:
             state = LaunchState(msg.state)
         except ValueError:
             raise InputError(f"unknown LaunchState value {msg.state}",
                              field="launch.state") from None
+        progress = (StepProgress.from_proto(msg.progress, "launch.progress")
+                    if msg.HasField("progress") else None)
         return cls(state=state, plan_id=msg.plan_id, job=msg.job, exit_code=msg.exit_code,
-                   detail=msg.detail, changed_at_ms=msg.changed_at_ms)
+                   detail=msg.detail, changed_at_ms=msg.changed_at_ms, progress=progress)
 
 
 @dataclass(frozen=True)
@@ -396,12 +414,18 @@ class HeartbeatResult:
     server_time_ms: int
     reregister: bool = False       # the planner does not know this node: Register again
     peers_changed: bool = False    # Register again to fetch the new peer list or settings
+    throughput_slots: tuple[ThroughputSlot, ...] = ()   # tests this node takes part in, soon
 
     def to_proto(self) -> hulk_pb2.HeartbeatResponse:
-        return hulk_pb2.HeartbeatResponse(server_time_ms=self.server_time_ms,
-                                          reregister=self.reregister,
-                                          peers_changed=self.peers_changed)
+        return hulk_pb2.HeartbeatResponse(
+            server_time_ms=self.server_time_ms, reregister=self.reregister,
+            peers_changed=self.peers_changed,
+            throughput_slots=[s.to_proto() for s in self.throughput_slots])
 
     @classmethod
     def from_proto(cls, msg: hulk_pb2.HeartbeatResponse) -> HeartbeatResult:
-        return cls(msg.server_time_ms, msg.reregister, msg.peers_changed)
+        """Slots are read as sent, unchecked: one malformed slot must not cost the heartbeat
+        (a reregister, a peer change); the agent checks each (``ThroughputSlot.check``)."""
+        return cls(msg.server_time_ms, msg.reregister, msg.peers_changed,
+                   tuple(ThroughputSlot.from_proto(s, check=False)
+                         for s in msg.throughput_slots))

@@ -115,7 +115,53 @@ def cmd_show(args: argparse.Namespace) -> int:
     console.print(table)
     for line in _coverage_lines(fleet, network, pairs):
         print(line)
+    if rows is not None:
+        measured = _site_throughput(args)
+        if measured:
+            console.print(_throughput_table(fleet, measured))
     return 0
+
+
+def _site_throughput(args: argparse.Namespace) -> list:
+    """The store's throughput tests per directed site pair over the window."""
+    from planner.service.store import Store
+    with Store(args.db) as store:
+        return store.throughput.site_pairs(args.window_days)
+
+
+def _site_rtts(fleet: Fleet) -> dict[tuple[str, str], float]:
+    """Mean measured RTT between two sites (either order; a site with itself too)."""
+    site_of = {n.id: n.site_key for n in fleet.nodes}
+    sums: dict[tuple[str, str], list[float]] = {}
+    for a, b, rtt in ([(site_of.get(k.src), site_of.get(k.dst), k.rtt_ms) for k in fleet.links]
+                      + [(k.src, k.dst, k.rtt_ms) for k in fleet.site_links]):
+        if a is None or b is None:
+            continue
+        for key in {(a, b), (b, a)}:
+            acc = sums.setdefault(key, [0.0, 0])
+            acc[0] += rtt
+            acc[1] += 1
+    return {key: total / count for key, (total, count) in sums.items()}
+
+
+def _throughput_table(fleet: Fleet, measured: list):
+    """One row per directed site pair the throughput tests measured: RTT beside the median
+    Gbit/s, the tests behind it and how old the newest is."""
+    from rich.table import Table
+
+    rtts = _site_rtts(fleet)
+    table = Table(title="measured throughput (sender's site -> receiver's site; plans use it "
+                  "instead of the RTT formula)", title_justify="left")
+    for col, justify in [("from", "left"), ("to", "left"), ("RTT ms", "right"),
+                         ("Gbit/s", "right"), ("tests", "right"), ("failed", "right"),
+                         ("last test", "left")]:
+        table.add_column(col, justify=justify)
+    for p in measured:
+        rtt = rtts.get((p.src_site, p.dst_site))
+        table.add_row(p.src_site, p.dst_site, "-" if rtt is None else f"{rtt:.1f}",
+                      f"{p.gbps:.2f}" if p.tests else "-", str(p.tests), str(p.failed),
+                      _ago(p.last_ms))
+    return table
 
 
 def _measured_peers(fleet: Fleet) -> tuple[Counter[str], int]:

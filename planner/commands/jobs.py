@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from hulk.errors import InputError, NotFoundError
 from planner.core.lifecycle import CANCELLED, FINAL, JobRecord
+from planner.service.job_progress import JobIteration, estimated_iteration_s, measured
 from planner.settings import PlannerSettings
 
 if TYPE_CHECKING:
@@ -101,7 +102,23 @@ def _when(ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "-"
 
 
-def _row(record: JobRecord, cities: dict[str, str], now_ms: int) -> dict[str, Any]:
+def _step(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _measured_vs_estimated(measured: float | None, estimated: float | None) -> str:
+    """``0.231 s / est. 0.200 s (+16%)``: a step's measured time against the plan's estimate."""
+    if measured is None:
+        return f"- / est. {_step(estimated)}" if estimated is not None else "-"
+    if estimated is None or estimated <= 0:
+        return _step(measured)
+    return f"{_step(measured)} / est. {_step(estimated)} ({(measured / estimated - 1) * 100:+.0f}%)"
+
+
+def _row(record: JobRecord, cities: dict[str, str], now_ms: int,
+         iteration: JobIteration | None = None) -> dict[str, Any]:
     end = record.finished_ms or now_ms
     return {"name": record.name, "state": record.state, "nodes": list(record.nodes),
             "cities": sorted({cities[n] for n in record.nodes if cities.get(n)}),
@@ -109,15 +126,19 @@ def _row(record: JobRecord, cities: dict[str, str], now_ms: int) -> dict[str, An
             "finished_ms": record.finished_ms,
             "elapsed_s": (end - record.started_ms) / 1000 if record.started_ms else None,
             "estimate_s": record.estimate_s, "restarts": record.restarts, "plan_id": record.plan_id,
-            "detail": record.detail}
+            "detail": record.detail,
+            "iteration_s": iteration.measured_iteration_s if iteration else None,
+            "iteration_samples": iteration.samples if iteration else 0,
+            "iteration_estimate_s": estimated_iteration_s(record)}
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     with _store(args) as store:
         records = store.job_records()
         cities = {n.id: n.city for n in store.node_records()}
+        measured = {(j.job_name, j.plan_id): j for j in store.job_iterations()}
     now = int(time.time() * 1000)
-    rows = [_row(r, cities, now) for r in records]
+    rows = [_row(r, cities, now, measured.get((r.name, r.plan_id))) for r in records]
     if args.json:
         print(json.dumps({"jobs": rows}, indent=2))
         return 0
@@ -125,11 +146,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title=f"jobs in {args.db}")
-    for column in ("name", "state", "nodes", "cities", "started", "elapsed", "estimate", "restarts"):
+    for column in ("name", "state", "nodes", "cities", "started", "elapsed", "estimate",
+                   "step: measured / estimated", "restarts"):
         table.add_column(column, justify="right" if column == "restarts" else "left")
     for r in rows:
         table.add_row(r["name"], r["state"], ", ".join(r["nodes"]) or "-", ", ".join(r["cities"]) or "-",
                       _when(r["started_ms"]), _duration(r["elapsed_s"]), _duration(r["estimate_s"]),
+                      _measured_vs_estimated(r["iteration_s"], r["iteration_estimate_s"]),
                       str(r["restarts"]))
     Console(width=160).print(table) if rows else print("no jobs (hulk-planner jobs submit jobs.yaml)")
     return 0
@@ -139,11 +162,27 @@ def cmd_show(args: argparse.Namespace) -> int:
     with _store(args) as store:
         record = _job(store, args.name)
         cities = {n.id: n.city for n in store.node_records()}
-    row = _row(record, cities, int(time.time() * 1000))
+        ranks = store.rank_progress(record.id, record.plan_id) if record.plan_id else []
+    figures = measured(ranks)
+    now = int(time.time() * 1000)
+    row = _row(record, cities, now)
     print(f"job {record.name}: {record.state}" + (f" ({record.detail})" if record.detail else ""))
     print(f"  nodes     {', '.join(record.nodes) or '-'}  ({', '.join(row['cities']) or '-'})")
     print(f"  plan      {record.plan_id or '-'}   restarts {record.restarts}")
     print(f"  elapsed   {_duration(row['elapsed_s'])}   estimate {_duration(record.estimate_s)}")
+    step = _measured_vs_estimated(figures[0] if figures else None, row["iteration_estimate_s"])
+    print(f"  step      {step}"
+          + (f"   (slowest rank's median of {figures[1]} steps)" if figures else ""))
+    for r in ranks:
+        p = r.progress
+        total = f"/{p.total_steps}" if p.total_steps else ""
+        split = (f"  compute {_step(p.compute_s)}  communication {_step(p.communication_s)}"
+                 if p.compute_s or p.communication_s else "")
+        rank = r.rank if r.rank is not None else "?"
+        print(f"    rank {rank} {r.node_id}: step {p.steps}{total}  "
+              f"median {_step(p.iteration_s if p.samples else None)}  "
+              f"p90 {_step(p.iteration_p90_s if p.samples else None)}{split}  "
+              f"({p.samples} steps, heard {_duration(max(0, now - r.received_ms) / 1000)} ago)")
     print(f"  spec      {json.dumps(dict(record.spec), sort_keys=True)}")
     print("  history")
     for state, at_ms, detail in record.events:

@@ -54,6 +54,9 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     p.add_argument("--plot", metavar="PATH", help="draw compute/communication bars per job and system")
     p.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
                    help="also plan with Systems A/B/C and the DT-FM-style peer (default on)")
+    from planner.commands.calibrate import add_cost_model_flags
+
+    add_cost_model_flags(p)
     p.add_argument("--push", action="store_true",
                    help="publish the plan to the agents (retained MQTT messages; needs --mqtt)")
     p.add_argument("--mqtt", metavar="URL", default=settings.mqtt,
@@ -230,6 +233,10 @@ def run(args) -> int:
     jobs = load_jobs(args.jobs)
     fleet, net, issues = load_network(args)
     check_plannable(jobs, net)
+    from planner.commands.calibrate import cost_model_for
+
+    reference = net
+    model, net = cost_model_for(args, net)
     progress = LazyProgress(err_console)
 
     options = {"budget_s": args.budget_s, "workers": args.workers, "starts": args.starts}
@@ -254,9 +261,11 @@ def run(args) -> int:
     if issues:  # shown with the plan, so an error stays a single line
         console.print(f"[yellow]{len(issues)} flaw(s) repaired while reading the fleet "
                       f"(first: {issues[0]})[/yellow]", highlight=False)
+    console.print(f"cost model: {model}", highlight=False)
     print_plan(console, chosen, net)
     if args.compare:
-        print_comparison(console, args.method, results, bound)
+        print_comparison(console, args.method, results, bound, model,
+                         None if net is reference else reference)
         for method in skipped:
             console.print(f"[dim]{label(method)}: not compared above {SCALE_NODE_LIMIT:,} servers "
                           f"(it would take too long; plan it with --method {method})[/dim]",
@@ -267,7 +276,7 @@ def run(args) -> int:
     if args.out:
         from planner.files.plan import write_plan
 
-        write_plan(chosen.plan, net, args.out, chosen.report)
+        write_plan(chosen.plan, net, args.out, chosen.report, cost_model=model)
         console.print(f"plan written to {args.out}")
     if args.push:
         console.print(push(args, chosen.plan, net, jobs))
@@ -304,11 +313,12 @@ def push(args: argparse.Namespace, plan, net, jobs) -> str:
         MqttPublisher(broker), plan, net, fleet=fleet, plan_id=plan_id, issued_at_ms=now,
         signer=signer, addresses=registered_addresses(args.db), jobs=jobs))
     if args.db:   # the same records `jobs` and serve's lifecycle use
-        from planner.core.placements import job_spec
+        from planner.core.placements import job_spec, stages_doc
         from planner.service.job_records import record_pushed_plan
         from planner.service.store import Store
         with Store(args.db) as store:
-            record_pushed_plan(store, {p.job.name: (job_spec(p.job), [net.ids[i] for i in p.nodes])
+            record_pushed_plan(store, {p.job.name: (job_spec(p.job), [net.ids[i] for i in p.nodes],
+                                                    stages_doc(p, net))
                                        for p in plan.placements}, plan_id)
     return (f"plan {plan_id} pushed to {len(placements)} node(s) of fleet {fleet} via "
             f"{broker.host}:{broker.port}")
@@ -398,30 +408,40 @@ def print_plan(console, result: MethodResult, net) -> None:
                   f"{fmt_s(report.sum_jct_s)}", highlight=False)
 
 
-def print_comparison(console, chosen: str, results: dict[str, MethodResult], bound: float) -> None:
+def print_comparison(console, chosen: str, results: dict[str, MethodResult], bound: float,
+                     model: str = "reference", reference=None) -> None:
+    """The methods' plans judged by ``model``; with ``reference`` (the uncalibrated network) also
+    each plan's makespan by the reference model, in its own column."""
     from rich.table import Table
+
+    from planner.core.evaluate import evaluate
 
     mine = results[chosen].report
     unavailable: list[str] = []
-    table = Table(title="comparison (reference cost model)", header_style="bold")
+    table = Table(title=f"comparison ({model.split(' (')[0]} cost model)", header_style="bold")
+    extra = ("makespan (reference)",) if reference is not None else ()
     for col in ("method", "makespan", "sum JCT", "makespan / this", "sum JCT / this",
-                "x compute bound", "planning"):
+                "x compute bound", "planning", *extra):
         table.add_column(col, justify="left" if col == "method" else "right")
     for method, r in results.items():
         name = label(method) + (" [this plan]" if method == chosen else "")
         if r.report is None:
-            table.add_row(name, "n/a", "", "", "", "", "")
+            table.add_row(name, "n/a", "", "", "", "", "", *[""] * len(extra))
             unavailable.append(f"{label(method)}: {r.error}")
             continue
         rep = r.report
         if not rep.complete:
             note = f"{len(rep.unplaced)} job(s) infeasible"
-            table.add_row(name, note, "", "", "", "", f"{r.seconds:.2f} s")
+            table.add_row(name, note, "", "", "", "", f"{r.seconds:.2f} s", *[""] * len(extra))
             continue
+        # Tensor-parallel plans carry times the calibrated model computed: no reference figure.
+        judged = ((fmt_s(evaluate(r.plan, reference).makespan_s)
+                   if not getattr(r.plan, "job_s_override", None) else "-",) if extra else ())
         table.add_row(name, fmt_s(rep.makespan_s), fmt_s(rep.sum_jct_s),
                       ratio(rep.makespan_s, mine.makespan_s), ratio(rep.sum_jct_s, mine.sum_jct_s),
-                      ratio(rep.makespan_s, bound), f"{r.seconds:.2f} s")
-    table.add_row("compute bound", fmt_s(bound), "", ratio(bound, mine.makespan_s), "", "1.00x", "")
+                      ratio(rep.makespan_s, bound), f"{r.seconds:.2f} s", *judged)
+    table.add_row("compute bound", fmt_s(bound), "", ratio(bound, mine.makespan_s), "", "1.00x", "",
+                  *[""] * len(extra))
     console.print(table)
     for line in unavailable:
         console.print(f"[dim]{line}[/dim]", highlight=False)

@@ -75,6 +75,21 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
                    help="agents send a Report at most this often (default, 0: automatic, "
                         "their own 5 s up to 100 agents, then agents/20 s so the fleet sends "
                         "about 20 Reports a second, at most 600 s)")
+    # Throughput tests between sites (planner/service/throughput.py).
+    p.add_argument("--throughput-tests", action=argparse.BooleanOptionalAction, default=True,
+                   help="schedule throughput tests between agents that offer a throughput port; "
+                        "measured Gbit/s replaces the formula's bandwidth (default on)")
+    p.add_argument("--throughput-period", type=float, default=6 * 3600.0, metavar="SECONDS",
+                   help="each directed site pair is tested once per period (default 21600)")
+    p.add_argument("--throughput-budget-gb", type=float, default=200.0, metavar="GB",
+                   help="bytes all throughput tests may move a day, in GB (default 200)")
+    p.add_argument("--throughput-on-busy", action="store_true",
+                   help="let throughput tests use servers of running jobs (default: idle ones)")
+    # The calibrated cost model serve plans with (planner/service/calibration_refit.py).
+    p.add_argument("--calibration-interval", type=float, default=600.0, metavar="SECONDS",
+                   help="refit the cost model to the step times jobs report and the throughput "
+                        "tests every SECONDS and plan with it (default 600; 0: plan with the "
+                        "reference model)")
     # Recovery: re-plan the jobs of nodes that go silent.
     p.add_argument("--mqtt", metavar="URL", default=settings.mqtt,
                    help="broker mqtt://[user:pass@]HOST:PORT (HULK_MQTT): re-plan and push "
@@ -126,6 +141,8 @@ RATE_BURST = Bound(1, 1e6, "calls")
 REPORT_SECONDS = Bound(0.1, 3600.0, "seconds")      # or 0: automatic
 PERIOD = Bound(0.01, 86400.0, "seconds")            # rollups, rounds, checks: at most daily
 NODE_TIMEOUT = Bound(0.1, 7 * 86400.0, "seconds")
+THROUGHPUT_PERIOD = Bound(60.0, 30 * 86400.0, "seconds")
+THROUGHPUT_BUDGET = Bound(0.0, 1e6, "GB")
 RETRAIN_JOB_SETS = Bound(2, 100_000, "job sets", integer=True)
 RETRAIN_EPOCHS = Bound(1, 100_000, "epochs", integer=True)
 
@@ -166,12 +183,18 @@ def _check_numbers(args: argparse.Namespace) -> None:
             ("--probe-epoch", PROBE_EPOCH, args.probe_epoch),
             ("--rollup-seconds", PERIOD, args.rollup_seconds),
             ("--node-timeout", NODE_TIMEOUT, args.node_timeout),
-            ("--jobs-interval", PERIOD, getattr(args, "jobs_interval", 2.0))):
+            ("--jobs-interval", PERIOD, getattr(args, "jobs_interval", 2.0)),
+            ("--throughput-period", THROUGHPUT_PERIOD,
+             getattr(args, "throughput_period", 6 * 3600.0)),
+            ("--throughput-budget-gb", THROUGHPUT_BUDGET,
+             getattr(args, "throughput_budget_gb", 200.0))):
         _bounded(flag, bound, value)
     if args.report_seconds != 0:
         _bounded("--report-seconds", REPORT_SECONDS, args.report_seconds)
     if args.recovery_interval is not None:
         _bounded("--recovery-interval", PERIOD, args.recovery_interval)
+    if getattr(args, "calibration_interval", 0.0) != 0:
+        _bounded("--calibration-interval", PERIOD, args.calibration_interval)
 
 
 def _recovery_signer(args: argparse.Namespace) -> Signer | None:
@@ -254,25 +277,54 @@ def add_gnn(runtime: PlannerRuntime, args: argparse.Namespace) -> Path | None:
     return active
 
 
+def serve_options(runtime: PlannerRuntime, args: argparse.Namespace):
+    """The lifecycle's, recovery's and throughput tests' settings from the flags."""
+    from planner.service.seams import ServeOptions
+
+    return ServeOptions(fleet=runtime.fleet, node_timeout_s=args.node_timeout,
+                        throughput_tests=getattr(args, "throughput_tests", True),
+                        throughput_period_s=getattr(args, "throughput_period", 6 * 3600.0),
+                        throughput_budget_gb=getattr(args, "throughput_budget_gb", 200.0),
+                        throughput_on_busy=getattr(args, "throughput_on_busy", False),
+                        calibration_interval_s=getattr(args, "calibration_interval", 600.0))
+
+
+def add_throughput(runtime: PlannerRuntime, args: argparse.Namespace) -> None:
+    """Unless --no-throughput-tests: plan throughput tests, hand their slots out by heartbeat."""
+    from planner.service.throughput import add_to_runtime
+
+    add_to_runtime(runtime, serve_options(runtime, args))
+
+
+def add_calibration(runtime: PlannerRuntime, args: argparse.Namespace):
+    """With --mqtt and a --calibration-interval: the refit task; None otherwise (nothing plans
+    without --mqtt)."""
+    if not args.mqtt:
+        return None
+    from planner.service.calibration_refit import add_to_runtime
+
+    return add_to_runtime(runtime, serve_options(runtime, args))
+
+
 def add_recovery(runtime: PlannerRuntime, args: argparse.Namespace, active: Path | None,
-                 signer: Signer | None) -> None:
+                 signer: Signer | None, calibration=None) -> None:
     """With --mqtt: re-plan (with the GNN when there is a model dir) the jobs of silent nodes,
-    and run the job lifecycle (`hulk-planner jobs`) next to it."""
+    and run the job lifecycle (`hulk-planner jobs`) next to it, both on the network
+    ``calibration`` (serve's ServeCalibration, None: the reference model) calibrates."""
     if not args.mqtt:
         return
     # Imported here: it loads the search planner, which other commands need not wait for.
     from planner.service.lifecycle import add_to_runtime as add_lifecycle
     from planner.service.recovery import add_to_runtime
-    from planner.service.seams import ServeOptions
 
     from planner.methods import serve_planner
 
     search = serve_planner(checkpoint=active)   # the GNN, when given, adds a start
     replanner = add_to_runtime(
         runtime, broker=parse_broker_url(args.mqtt, source="--mqtt"),
-        options=ServeOptions(fleet=runtime.fleet, node_timeout_s=args.node_timeout),
+        options=serve_options(runtime, args),
         interval_s=args.recovery_interval or max(0.5, args.node_timeout / 3), planner=search,
-        signer=signer)
+        signer=signer, calibrate=calibration.apply if calibration is not None else None)
     add_lifecycle(runtime, replanner, interval_s=getattr(args, "jobs_interval", 2.0), planner=search)
 
 
@@ -361,7 +413,9 @@ def run(args: argparse.Namespace) -> int:
         runtime = build_runtime(args, metrics or NO_EVENTS)
         if metrics is not None:
             watch_fleet(metrics, runtime, args.node_timeout)
-        add_recovery(runtime, args, add_gnn(runtime, args), flags.signer)
+        add_throughput(runtime, args)
+        add_recovery(runtime, args, add_gnn(runtime, args), flags.signer,
+                     add_calibration(runtime, args))
         add_dashboard(runtime, dashboard)
         asyncio.run(serve(runtime, dashboard))
     finally:

@@ -5,7 +5,7 @@ Every number a plan prints comes from :func:`estimate` and :func:`estimate_plan`
 the document: richer models go beside it as options, never into it.
 
 It is also the only home of the formulas' building blocks (stage and layer memory, micro-batch
-count, pipeline hop, pipeline time, ring all-reduce, compute floor): the search's screens, the
+count, stage compute, pipeline hop, pipeline time, ring all-reduce, compute floor): the search's screens, the
 baselines, Algorithm 1 and the GNN features call them, so they cannot drift from estimate().
 The per-layer forms the screens use (:func:`layer_memory_bytes`, :func:`allreduce_terms`) agree
 with it up to rounding; tests/planner/core/test_costmodel_agreement.py checks every promise.
@@ -152,10 +152,21 @@ def problems(placement: Placement, net: Network) -> list[str]:
 
 def transfer_s(net: Network, src, dst, act: float):
     """Seconds of one pipeline hop from ``src`` to ``dst`` (node indices or arrays of them):
-    2 (a + A / bw), a = RTT / 2, for activations of ``act`` bytes (section 4). Between
-    components bw is 0 and RTT inf: inf, with numpy's divide warning unless the caller silences
-    it."""
-    return 2.0 * (net.rtt_ms[src, dst] / 2000.0 + act / net.bw[src, dst])
+    2 (a + A / bw) + h, a = RTT / 2, for activations of ``act`` bytes (section 4), h the
+    network's ``hop_overhead_s`` (0 in the reference model, where it is not even added, so
+    every number stays bit for bit). Between components bw is 0 and RTT inf: inf, with numpy's
+    divide warning unless the caller silences it. Every planner's hop goes through here."""
+    hop = 2.0 * (net.rtt_ms[src, dst] / 2000.0 + act / net.bw[src, dst])
+    return hop + net.hop_overhead_s if net.hop_overhead_s else hop
+
+
+def stage_compute_s(flops_per_layer: float, layers, thr, net: Network):
+    """Seconds one stage of ``layers`` layers (a number or an array) computes one micro-batch
+    on nodes of throughput ``thr``: f l / thr + o, o the network's ``micro_batch_overhead_s``
+    (0 in the reference model, where it is not even added, so every number stays bit for
+    bit). Every planner's stage time goes through here."""
+    c = flops_per_layer * layers / thr
+    return c + net.micro_batch_overhead_s if net.micro_batch_overhead_s else c
 
 
 def pipeline_s(compute, transfer, num_micro_batches: int):
@@ -218,7 +229,7 @@ def _estimate(placement: Placement, net: Network) -> Estimate:
 
     f = job.flops_per_layer(b)
     act = job.activation_bytes(b)
-    compute = f * layers[:, None] / net.thr[nodes]      # c_k per replica, (K, D)
+    compute = stage_compute_s(f, layers[:, None], net.thr[nodes], net)   # c_k, (K, D)
 
     if k_stages > 1:
         src, dst = nodes[:-1], nodes[1:]                # (K-1, D)

@@ -197,12 +197,17 @@ class Network:
     ``rtt_ms[i, j]``: rolling RTT (ms), 0 on the diagonal, ``inf`` between components.
     ``bw[i, j]``: bandwidth in bytes/s, ``inf`` on the diagonal (same node talks for free).
     ``imputed[i, j]``: True where the pair was completed rather than measured.
+    ``hop_overhead_s``: seconds every pipeline hop adds; ``micro_batch_overhead_s``: seconds
+    every stage adds per micro-batch (kernel launches, framework work). Both 0 in the reference
+    model; a calibrated network sets them (planner/core/calibration.py).
     """
 
     nodes: tuple[Node, ...]
     rtt_ms: np.ndarray
     bw: np.ndarray
     imputed: np.ndarray
+    hop_overhead_s: float = 0.0
+    micro_batch_overhead_s: float = 0.0
     thr: np.ndarray = field(init=False)   # FLOP/s per node
     mem: np.ndarray = field(init=False)   # bytes per node
     index: dict[str, int] = field(init=False)
@@ -226,6 +231,17 @@ class Network:
     def latency_s(self, i: int, j: int) -> float:
         """One-way latency a_ij in seconds."""
         return self.rtt_ms[i, j] / 2000.0
+
+    def subset(self, keep) -> "Network":
+        """The network of the node indices ``keep`` (renumbered 0..len(keep)-1), keeping this
+        one's throughputs and overheads, so a calibrated network stays calibrated."""
+        keep = np.asarray(keep, dtype=np.int64)
+        grid = np.ix_(keep, keep)
+        out = Network(tuple(self.nodes[i] for i in keep), self.rtt_ms[grid], self.bw[grid],
+                      self.imputed[grid], hop_overhead_s=self.hop_overhead_s,
+                      micro_batch_overhead_s=self.micro_batch_overhead_s)
+        out.thr, out.mem = self.thr[keep], self.mem[keep]
+        return out
 
     def components(self) -> list[list[int]]:
         """Groups of node indices that can reach each other (finite RTT)."""

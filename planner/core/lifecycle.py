@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from planner.core.costmodel import estimate
 from planner.core.fleet import Network
 from planner.core.jobs import Job
-from planner.core.placements import job_from_spec
+from planner.core.placements import job_from_spec, stages_doc
 from planner.core.plan import Plan
 from planner.core.recovery import replan_jobs
 
@@ -54,6 +54,9 @@ class JobRecord:
     estimate_s: float | None = None
     detail: str = ""
     events: tuple[tuple[str, int, str], ...] = field(default=())   # (state, at ms, detail)
+    # Its placement's stages (planner.core.placements.stages_doc); None when the record
+    # predates kept stages or its placement came without them.
+    stages: Mapping[str, Any] | None = None
 
     @property
     def job(self) -> Job:
@@ -115,6 +118,7 @@ class Placing:
     placed: dict[str, list[str]]     # job name -> its node ids
     estimates: dict[str, float]      # job name -> estimated seconds
     waiting: list[str]               # queued jobs that stay queued
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)   # job name -> stages_doc
 
 
 def place_queued(kept: Plan, net: Network, queued: list[Job], unavailable: Iterable[str], *,
@@ -132,4 +136,5 @@ def place_queued(kept: Plan, net: Network, queued: list[Job], unavailable: Itera
                 notes=list(kept.notes))
     placed = {p.job.name: [net.ids[i] for i in p.nodes] for p in new}
     estimates = {p.job.name: estimate(p, net).job_s for p in new}
-    return Placing(plan, placed, estimates, sorted(names - set(placed)))
+    return Placing(plan, placed, estimates, sorted(names - set(placed)),
+                   {p.job.name: stages_doc(p, net) for p in new})

@@ -2,7 +2,8 @@
 
 Pure: a Plan over a Network (node indices) in, one ``NodePlacement`` per node that has work out
 (``build_node_placements``), plus the plan summary document (``build_summary``) and the way back
-from a parsed summary to a Plan (``plan_from_summary``, used by recovery). The message formats
+from a parsed summary to a Plan (``plan_from_summary``, used by recovery), and a placement's
+stages as a job record keeps them (``stages_doc``, ``placement_from_stages``). The message formats
 themselves are the wire contract, ``hulk.wire.placement``.
 
 Every job gets its own rendezvous port, ``base_port + (index of its name among the plan's sorted
@@ -186,3 +187,43 @@ def plan_from_summary(summary: PlanSummary, net: Network) -> tuple[Plan, dict[st
         plan_ids[job.name] = job.plan_id
     return Plan(method=summary.method, placements=placements), plan_ids, missing
 
+
+
+def stages_doc(placement: Placement, net: Network) -> dict[str, Any]:
+    """A placement's stages as a job record keeps them: ``{"micro_batch": b, "stages":
+    [[first_layer, last_layer, [node ids]], ...]}``, layers inclusive, stages in pipeline order,
+    each stage's nodes replica by replica."""
+    return {"micro_batch": placement.micro_batch,
+            "stages": [[st.lo, st.hi - 1, [net.ids[i] for i in st.nodes]]
+                       for st in placement.stages]}
+
+
+def placement_from_stages(job: Job, doc: Mapping[str, Any], net: Network) -> Placement:
+    """The placement ``stages_doc`` kept for ``job``, on ``net``'s indices; InputError naming
+    the field when the document does not hold one (or names a node ``net`` lacks)."""
+    where = f"{job.name}.stages"
+    micro_batch, stages = doc.get("micro_batch"), doc.get("stages")
+    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
+        raise InputError(f"expected a whole number >= 1, got {micro_batch!r}",
+                         field=f"{job.name}.micro_batch")
+    if not isinstance(stages, list) or not stages:
+        raise InputError("expected a list of [first_layer, last_layer, [node ids]]", field=where)
+    out, next_layer = [], 0
+    for k, stage in enumerate(stages):
+        ok = (isinstance(stage, list) and len(stage) == 3 and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in stage[:2])
+            and isinstance(stage[2], list) and stage[2]
+            and all(isinstance(n, str) for n in stage[2]))
+        if not ok or stage[0] != next_layer or stage[1] < stage[0] \
+                or len(stage[2]) != len(stages[0][2]):
+            raise InputError(f"expected layers from {next_layer} on and as many nodes as stage 0",
+                             field=f"{where}[{k}]")
+        missing = [n for n in stage[2] if n not in net.index]
+        if missing:
+            raise InputError(f"node {missing[0]} is not in the fleet", field=f"{where}[{k}]")
+        out.append(Stage(stage[0], stage[1] + 1, tuple(net.index[n] for n in stage[2])))
+        next_layer = stage[1] + 1
+    if next_layer != job.layers:
+        raise InputError(f"expected the stages to cover the job's {job.layers} layers, got "
+                         f"{next_layer}", field=where)
+    return Placement(job=job, stages=tuple(out), micro_batch=micro_batch)

@@ -46,8 +46,7 @@ def jobs_using(plan: Plan, net: Network, node_ids: Iterable[str]) -> set[str]:
 
 def sub_network(net: Network, keep: list[int]) -> Network:
     """The network restricted to node indices ``keep`` (in that order)."""
-    return Network(tuple(net.nodes[i] for i in keep), net.rtt_ms[keep][:, keep],
-                   net.bw[keep][:, keep], net.imputed[keep][:, keep])
+    return net.subset(keep)
 
 
 @dataclass

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hulk.errors import HulkError
@@ -39,6 +39,8 @@ class StoreRead:
     rows: list[dict[str, Any]]
     records: list[JobRecord]
     fleet: Fleet | None
+    # job name -> (measured, estimated) seconds a step (Store.job_iterations)
+    iterations: dict[str, tuple[float, float | None]] = field(default_factory=dict)
 
 
 class DashboardState:
@@ -69,7 +71,9 @@ class DashboardState:
             fleet = fleet_from_store(store, self.window_days, name=self.fleet)
             took = self._monotonic() - started
             self._links_due = started + max(self.links_interval_s, LINKS_READ_SHARE * took)
-        return StoreRead(self._clock_ms(), store.nodes(), store.job_records(), fleet)
+        iterations = {j.job_name: (j.measured_iteration_s, j.estimated_iteration_s)
+                      for j in store.job_iterations()}
+        return StoreRead(self._clock_ms(), store.nodes(), store.job_records(), fleet, iterations)
 
     def build(self, read: StoreRead) -> str:
         """The documents from a read (any thread but the store's); a line for the debug log."""
@@ -93,7 +97,8 @@ class DashboardState:
         self._docs = {
             "fleet": fleet_json(read.rows, self._summary, fleet=self.fleet, now_ms=read.now_ms,
                                 node_timeout_s=self.node_timeout_s),
-            "jobs": jobs_json(read.records, read.rows, now_ms=read.now_ms),
+            "jobs": jobs_json(read.records, read.rows, now_ms=read.now_ms,
+                              iterations=read.iterations),
             "plan": {"plan_ids": sorted({r.plan_id for r in planned if r.plan_id}),
                      "jobs": [{"name": r.name, "state": r.state, "nodes": len(r.nodes),
                                "estimate_s": number(r.estimate_s, 1)} for r in planned],

@@ -33,13 +33,15 @@ MAX_JOBS = 200
 
 @dataclass(frozen=True)
 class PairLink:
-    """One unordered pair of nodes: RTT (mean over both directions, weighted by samples)."""
+    """One unordered pair of nodes: RTT (mean over both directions, weighted by samples) and the
+    bandwidth its sites' throughput tests measured (None: not measured)."""
 
     a: str
     b: str
     rtt_ms: float
     loss: float
     samples: int
+    bandwidth_gbps: float | None = None
 
 
 def number(x: Any, digits: int = 3) -> float | None:
@@ -77,14 +79,15 @@ def pair_links(links: Iterable[Link]) -> list[PairLink]:
         w = max(link.samples, 1)
         acc = sums.get(key)
         if acc is None:
-            sums[key] = [link.rtt_ms * w, link.loss * w, w, link.samples]
+            sums[key] = [link.rtt_ms * w, link.loss * w, w, link.samples, link.bandwidth_gbps]
         else:
             acc[0] += link.rtt_ms * w
             acc[1] += link.loss * w
             acc[2] += w
             acc[3] += link.samples
-    return [PairLink(a, b, rtt / w, loss / w, int(samples))
-            for (a, b), (rtt, loss, w, samples) in sums.items()]
+            acc[4] = acc[4] if link.bandwidth_gbps is None else link.bandwidth_gbps
+    return [PairLink(a, b, rtt / w, loss / w, int(samples), bw)
+            for (a, b), (rtt, loss, w, samples, bw) in sums.items()]
 
 
 def node_location(row: Mapping[str, Any]) -> tuple[float, float] | None:
@@ -158,8 +161,8 @@ def node_sites(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
 
 
 def summarise_links(sites: Mapping[str, str], links: Iterable[PairLink]) -> LinkSummary:
-    """Node pairs grouped into site pairs: median RTT (with min, max, mean loss) between two
-    sites, median RTT inside a site. The costly step on a large fleet: done when links or sites
+    """Node pairs grouped into site pairs: median RTT (with min, max, mean loss) and the
+    throughput tests' Gbit/s (null: not measured) between two sites, median RTT inside a site. The costly step on a large fleet: done when links or sites
     change, not on every refresh."""
     between: dict[tuple[str, str], list[PairLink]] = defaultdict(list)
     inside: dict[str, list[float]] = defaultdict(list)
@@ -177,10 +180,12 @@ def summarise_links(sites: Mapping[str, str], links: Iterable[PairLink]) -> Link
     for (a, b), group in between.items():
         rtts = [l.rtt_ms for l in group]
         rtt = statistics.median(rtts)
+        measured = [l.bandwidth_gbps for l in group if l.bandwidth_gbps is not None]
         drawn.append({"a": a, "b": b, "rtt_ms": number(rtt), "colour": rtt_colour(rtt),
                       "min_ms": number(min(rtts)), "max_ms": number(max(rtts)),
                       "loss": number(statistics.fmean(l.loss for l in group), 4),
-                      "pairs": len(group), "samples": sum(l.samples for l in group)})
+                      "pairs": len(group), "samples": sum(l.samples for l in group),
+                      "bandwidth_gbps": number(statistics.median(measured)) if measured else None})
     drawn.sort(key=lambda l: (l["rtt_ms"], l["a"], l["b"]))
     return LinkSummary(tuple(drawn), {k: statistics.median(v) for k, v in inside.items()}, pairs)
 
@@ -223,7 +228,10 @@ def fleet_json(rows: Sequence[Mapping[str, Any]], links: LinkSummary | Sequence[
     }
 
 
-def job_json(record: JobRecord, cities: Mapping[str, str], now_ms: int) -> dict[str, Any]:
+def job_json(record: JobRecord, cities: Mapping[str, str], now_ms: int,
+             iteration: tuple[float, float | None] | None = None) -> dict[str, Any]:
+    """One job's row; ``iteration``: its measured and estimated seconds a step, when its
+    ranks measured any (Store.job_iterations)."""
     end = record.finished_ms or now_ms
     spec = record.spec or {}
     return {
@@ -235,12 +243,18 @@ def job_json(record: JobRecord, cities: Mapping[str, str], now_ms: int) -> dict[
         "elapsed_s": None if record.started_ms is None else number((end - record.started_ms) / 1000, 1),
         "estimate_s": number(record.estimate_s, 1), "restarts": record.restarts,
         "detail": record.detail, "retired": record.retired_ms is not None,
+        "iteration_s": number(iteration[0], 4) if iteration else None,
+        "iteration_estimate_s": number(iteration[1], 4) if iteration else None,
     }
 
 
 def jobs_json(records: Sequence[JobRecord], rows: Sequence[Mapping[str, Any]], *, now_ms: int,
-              limit: int = MAX_JOBS) -> dict[str, Any]:
-    """Live jobs first (oldest first), then the most recently finished, at most ``limit``."""
+              limit: int = MAX_JOBS,
+              iterations: Mapping[str, tuple[float, float | None]] | None = None
+              ) -> dict[str, Any]:
+    """Live jobs first (oldest first), then the most recently finished, at most ``limit``;
+    ``iterations``: job name -> (measured, estimated) seconds a step."""
+    iterations = iterations or {}
     cities = {r["id"]: r.get("city") or "" for r in rows}
     live = [r for r in records if r.state in LIVE]
     done = sorted((r for r in records if r.state not in LIVE),
@@ -249,7 +263,8 @@ def jobs_json(records: Sequence[JobRecord], rows: Sequence[Mapping[str, Any]], *
     counts = defaultdict(int)
     for r in records:
         counts[r.state] += 1
-    return {"generated_ms": now_ms, "jobs": [job_json(r, cities, now_ms) for r in shown],
+    return {"generated_ms": now_ms,
+            "jobs": [job_json(r, cities, now_ms, iterations.get(r.name)) for r in shown],
             "hidden": len(records) - len(shown), "states": dict(sorted(counts.items()))}
 
 

@@ -35,8 +35,10 @@ def _num(x: float) -> float | None:
     return round(x, 6) if math.isfinite(x) else None
 
 
-def plan_to_json(plan: Plan, net: Network, report: PlanReport | None = None) -> dict[str, Any]:
-    """The ``hulk-plan/1`` document. Jobs without stages (System C) cannot be written."""
+def plan_to_json(plan: Plan, net: Network, report: PlanReport | None = None,
+                 cost_model: str | None = None) -> dict[str, Any]:
+    """The ``hulk-plan/1`` document. Jobs without stages (System C) cannot be written.
+    ``cost_model``: which model made the estimates ("reference", "calibrated (FILE)")."""
     if plan.job_s_override:
         raise InputError(f"method {plan.method}: tensor-parallel jobs cannot be written as "
                          "pipeline stages (hulk-plan/1)", field="--out")
@@ -60,11 +62,13 @@ def plan_to_json(plan: Plan, net: Network, report: PlanReport | None = None) -> 
         "jobs": jobs,
         "totals": {"makespan_s": _num(report.makespan_s), "sum_jct_s": _num(report.sum_jct_s)},
         "unplaced": [{"name": u.name, "reason": u.reason} for u in plan.unplaced],
+        **({"cost_model": cost_model} if cost_model else {}),
     }
 
 
-def write_plan(plan: Plan, net: Network, path: str | Path, report: PlanReport | None = None) -> dict:
-    doc = plan_to_json(plan, net, report)
+def write_plan(plan: Plan, net: Network, path: str | Path, report: PlanReport | None = None,
+               cost_model: str | None = None) -> dict:
+    doc = plan_to_json(plan, net, report, cost_model)
     write_output(path, json.dumps(doc, indent=2) + "\n", "plan")
     return doc
 
@@ -130,6 +134,10 @@ def parse_plan(data: Any, path: str = "<plan>", node_ids: list[str] | None = Non
 
 
 def _plan_doc(data: Any, known: set[str] | None) -> PlanDoc:
+    if isinstance(data, dict) and "cost_model" in data:   # optional: which model estimated
+        if not isinstance(data["cost_model"], str):
+            raise Invalid("expected the cost model's name", field="cost_model")
+        data = {k: v for k, v in data.items() if k != "cost_model"}
     _object(data, TOP_KEYS, "", "expected a JSON object")
     if data["format"] != FORMAT:
         raise Invalid(f"expected {FORMAT!r}, got {shown(data['format'])}", field="format")

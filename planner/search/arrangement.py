@@ -227,7 +227,7 @@ def _trade_allreduce(job: Job, net: Network, grid: np.ndarray, b: int, m: int,
         hops = transfer_s(net, src, dst, job.activation_bytes(b)).max(axis=1)
 
     def approx(lay: np.ndarray) -> float:
-        c = f * lay / stage_thr   # every stage as its slowest replica
+        c = cm.stage_compute_s(f, lay, stage_thr, net)   # every stage as its slowest replica
         return (float(cm.pipeline_s(c, hops, m))
                 + float((base_ar + per_layer_ar * lay).max()))
 

@@ -181,7 +181,7 @@ def _approx_time(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool,
         layers = balance_layers(job, row_thr[rows], caps)
         if layers is None:
             return math.inf
-        c = f * layers / row_thr[rows]
+        c = cm.stage_compute_s(f, layers, row_thr[rows], net)
         hop = None
         if kk > 1:
             src, dst = grid[rows[:-1]], grid[rows[1:]]

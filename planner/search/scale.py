@@ -64,9 +64,7 @@ def candidate_nodes(net: Network, limit: int = SCALE_NODE_LIMIT) -> np.ndarray:
 
 def sub_network(net: Network, keep: np.ndarray) -> Network:
     """The network of the nodes ``keep`` (indices renumbered 0..len(keep)-1)."""
-    grid = np.ix_(keep, keep)
-    return Network(tuple(net.nodes[i] for i in keep), net.rtt_ms[grid], net.bw[grid],
-                   net.imputed[grid])
+    return net.subset(keep)
 
 
 def map_plan(plan: Plan, keep: np.ndarray) -> Plan:

@@ -98,6 +98,9 @@ def check_registration(request: RegisterRequest) -> RegisterRequest:
     if not 0 <= request.probe_port <= 65535:
         raise InputError(f"expected a TCP port 0-65535, got {request.probe_port}",
                          field="probe_port")
+    if not 0 <= request.throughput_port <= 65535:
+        raise InputError(f"expected a TCP port 0-65535, got {request.throughput_port}",
+                         field="throughput_port")
     if request.location.coordinates is not None:
         latitude, longitude = request.location.coordinates
         if not (-90 <= latitude <= 90 and -180 <= longitude <= 180):

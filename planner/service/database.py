@@ -19,9 +19,16 @@ Tables:
   rejected        rejected-sample counters per node and reason
   imported_links  links of an imported fleet file (used where nothing was measured)
   meta            schema version, the rollup watermark, the peers version
-  jobs            submitted jobs: name, state, spec, plan id, nodes, restarts, the times of
-                  submission, start, finish and retirement (planner.core.lifecycle)
+  jobs            submitted jobs: name, state, spec, plan id, nodes, the placement's stages
+                  (NULL for jobs placed without them), the plan's estimate, restarts, the times
+                  of submission, start, finish and retirement (planner.core.lifecycle)
   job_events      every state change of a job, with its time and detail
+  job_progress    each job rank's step progress as its heartbeat last carried it
+                  (planner.service.job_progress)
+  throughput_scheduled, throughput_tests
+                  throughput tests serve handed out and the results their receivers reported
+                  (planner.service.throughput_store); nodes.throughput_port is where a node's
+                  agent takes them (0: it takes none)
 
 ``planner.service.store.Store`` holds one and hands it to the parts that read and write the
 tables (nodes, job records, rollup reads); sqlite errors become ``hulk.errors.StoreError``.
@@ -57,6 +64,12 @@ _ROLLUP_COLUMNS = """(
     sumsq REAL NOT NULL, min_us INTEGER, max_us INTEGER, hist BLOB,
     PRIMARY KEY (day, src, dst)) WITHOUT ROWID"""
 ROLLUPS_V2 = "CREATE TABLE rollups " + _ROLLUP_COLUMNS
+JOB_PROGRESS = """CREATE TABLE job_progress (
+    job_id INTEGER NOT NULL, node_idx INTEGER NOT NULL, plan_id TEXT NOT NULL, rank INTEGER,
+    steps INTEGER NOT NULL, total_steps INTEGER NOT NULL, iteration_s REAL NOT NULL,
+    iteration_p90_s REAL NOT NULL, compute_s REAL NOT NULL, communication_s REAL NOT NULL,
+    samples INTEGER NOT NULL, updated_ms INTEGER NOT NULL, received_ms INTEGER NOT NULL,
+    PRIMARY KEY (job_id, node_idx)) WITHOUT ROWID"""
 SITE_ROLLUPS = "CREATE TABLE site_rollups " + _ROLLUP_COLUMNS
 
 # Adds a day's figures into its rollup row; "excluded" is the row being inserted.
@@ -270,6 +283,25 @@ class Database:
                     job_id INTEGER NOT NULL, at_ms INTEGER NOT NULL, state TEXT NOT NULL,
                     detail TEXT NOT NULL DEFAULT '')""")
                 db.execute("CREATE INDEX job_events_job ON job_events(job_id)")
+            if "stages_json" not in db["jobs"].columns_dict:   # a placed job's stages (JSON)
+                db.execute("ALTER TABLE jobs ADD COLUMN stages_json TEXT")
+            if "throughput_port" not in db["nodes"].columns_dict:  # 0: takes no throughput tests
+                db.execute("ALTER TABLE nodes ADD COLUMN throughput_port INTEGER NOT NULL DEFAULT 0")
+            if "throughput_scheduled" not in db.table_names():
+                db.execute("""CREATE TABLE throughput_scheduled (
+                    test_id TEXT PRIMARY KEY, src INTEGER NOT NULL, dst INTEGER NOT NULL,
+                    src_site INTEGER, dst_site INTEGER, start_ms INTEGER NOT NULL,
+                    expected_bytes REAL NOT NULL)""")
+                db.execute("CREATE INDEX throughput_scheduled_start ON "
+                           "throughput_scheduled(start_ms)")
+            if "throughput_tests" not in db.table_names():
+                db.execute("""CREATE TABLE throughput_tests (
+                    test_id TEXT PRIMARY KEY, src INTEGER NOT NULL, dst INTEGER NOT NULL,
+                    start_ms INTEGER NOT NULL, duration_s REAL NOT NULL, bytes INTEGER NOT NULL,
+                    streams INTEGER NOT NULL, gbps REAL NOT NULL, ok INTEGER NOT NULL,
+                    detail TEXT NOT NULL DEFAULT '', received_ms INTEGER NOT NULL)""")
+            if "job_progress" not in db.table_names():
+                db.execute(JOB_PROGRESS)
             if self.meta("schema_version") == "1":
                 self._migrate_from_1(self.conn)
             if self.meta("schema_version") == "2":

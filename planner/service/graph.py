@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import replace
 
 import networkx as nx
 import numpy as np
@@ -51,7 +52,9 @@ SITE_LINKS_ABOVE = PER_PAIR_UP_TO
 def fleet_from_store(store: Store, window_days: int = 90, name: str = "default",
                      site_links: bool | None = None) -> Fleet:
     """The fleet of the store's last ``window_days``: measured ordered pairs with their mean RTT,
-    loss and sample count; links of an imported fleet file fill pairs never measured.
+    loss and sample count; links of an imported fleet file fill pairs never measured. Links
+    between two sites (or inside one) whose throughput tests measured a bandwidth carry it
+    (``measured_site_bandwidth``).
 
     Site links: the store's site-pair rollups (a fleet of more than ``SITE_LINKS_ABOVE`` nodes
     keeps pairs between two sites only as those) are one ``SiteLink`` per ordered site pair and
@@ -64,9 +67,37 @@ def fleet_from_store(store: Store, window_days: int = 90, name: str = "default",
         return _fleet_from_store(store, window_days, name, site_links)
 
 
+def measured_site_bandwidth(store: Store, window_days: int = 90
+                            ) -> dict[tuple[str, str], float]:
+    """Gbit/s per site pair from the store's throughput tests (docs/COSTMODEL.md section 2),
+    both orders as keys: the median of the pair's ok tests, and where both directions were
+    tested the smaller of the two medians (the cost model's bandwidth is one figure for both
+    directions, and a pipeline's activations and gradients cross both)."""
+    out: dict[tuple[str, str], float] = {}
+    for (a, b), (gbps, _) in store.throughput_by_site_pair(window_days).items():
+        if gbps > 0:
+            both = min(gbps, out[(a, b)]) if (a, b) in out else gbps
+            out[(a, b)] = out[(b, a)] = both
+    return out
+
+
+def _with_measured(links: list, site_of: dict[str, str | None],
+                   measured: dict[tuple[str, str], float]) -> list:
+    """Node links between (or inside) sites with a measured throughput carry it: measured
+    throughput wins over the formula and over an imported figure."""
+    if not measured:
+        return links
+    out = []
+    for link in links:
+        gbps = measured.get((site_of.get(link.src), site_of.get(link.dst)))
+        out.append(link if gbps is None else replace(link, bandwidth_gbps=gbps))
+    return out
+
+
 def _fleet_from_store(store: Store, window_days: int, name: str,
                       site_links: bool | None) -> Fleet:
     nodes = nodes_from_store(store)
+    measured_bw = measured_site_bandwidth(store, window_days)
     fold = len(nodes) > SITE_LINKS_ABOVE if site_links is None else site_links
     window = store.window_totals(window_days)
     site_sums = {(a, b): [count, lost, total]
@@ -99,10 +130,11 @@ def _fleet_from_store(store: Store, window_days: int, name: str,
         links.append(Link(row["src"], row["dst"], rtt_ms=row["rtt_ms"],
                           bandwidth_gbps=row["bandwidth_gbps"], loss=row["loss"] or 0.0,
                           samples=row["samples"] or 0))
+    links = _with_measured(links, {n.id: n.site_key for n in nodes}, measured_bw)
     if not fold and not site_sums:
         return Fleet(tuple(nodes), tuple(links), name=name)
     site_link_list = [SiteLink(a, b, rtt_ms=total / (count - lost), loss=lost / count,
-                               samples=count)
+                               samples=count, bandwidth_gbps=measured_bw.get((a, b)))
                       for (a, b), (count, lost, total) in sorted(site_sums.items())
                       if count > lost]
     located = site_locations((n.site_key, n.coordinates) for n in nodes)

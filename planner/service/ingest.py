@@ -21,6 +21,12 @@ histogram not adding up, ...) refuses the batch with INVALID_ARGUMENT, counted; 
 unknown peer, below the light-speed bound (its fastest RTT) or too old is rejected and counted
 alone. A batch may mix raw samples and summaries; records are counted, a summary as one.
 
+Throughput results (``ThroughputResult``) out of bounds refuse the batch; a result is stored
+(once per test id, retries included) only from the receiver of a test serve scheduled and only
+naming that test's sender; any other is rejected and counted (``throughput_unknown_test``,
+``throughput_wrong_node``). Heartbeat answers a node with its throughput slots that have not
+started (``planner.service.throughput``).
+
 Registrations are checked field by field (``admission.check_registration``) before anything is
 stored. A registration's peers, and Heartbeat's ``peers_changed``, come from the probe plan
 (``planner.service.peer_plan``): the node's own site (the one its agent declares, else its
@@ -39,12 +45,14 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from hulk import errors, geo
 from hulk.wire import histogram
 from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, Peer, PeerSummary, ProbeSample,
                                ProbeSettings, RegisterAnswer, RegisterRequest, ReportRequest,
                                ReportResult)
+from hulk.wire.throughput import ThroughputResult
 from planner.core.rollup import bucket_index
 from planner.service.metrics import NO_EVENTS, ServeEvents
 from planner.service.admission import (KNOWN_KINDS, MAX_PAYLOAD_BYTES, MAX_TIMEOUT_MS,
@@ -52,6 +60,12 @@ from planner.service.admission import (KNOWN_KINDS, MAX_PAYLOAD_BYTES, MAX_TIMEO
                                        corrected_times)
 from planner.service.peer_plan import PeerPlanner, ProbePlanSettings
 from planner.service.store import DAY_MS, NodeRef, SampleRow, Store, SummaryRow, micros
+from planner.service.throughput_store import REASON_UNKNOWN_TEST, REASON_WRONG_NODE
+
+THROUGHPUT_REASONS = (REASON_UNKNOWN_TEST, REASON_WRONG_NODE)
+
+if TYPE_CHECKING:
+    from planner.service.throughput import ThroughputTests
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +114,9 @@ class IngestService:
     clock: Callable[[], int] = lambda: int(time.time() * 1000)
     events: ServeEvents = NO_EVENTS       # metrics (planner.service.metrics); no-op by default
     probe: ProbePlanSettings = field(default_factory=ProbePlanSettings)
+    # serve's throughput tests (planner.service.throughput.ThroughputTests): heartbeats hand
+    # out their slots; None: none are handed out (results of tests stored earlier still count).
+    throughput: ThroughputTests | None = None
 
     def __post_init__(self) -> None:
         self.peer_plan = PeerPlanner(self.store.probe_members(), self.probe, clock=self.clock)
@@ -188,9 +205,11 @@ class IngestService:
         self.events.heartbeat(request.node_id)
         # The probe plan, not the store's peers version: a new node changes a few lists.
         # "Register again" also fetches a report interval that drifted with the fleet's size.
+        slots = self.throughput.slots(request.node_id) if self.throughput is not None else ()
         return HeartbeatResult(now, reregister=False,
                                peers_changed=self.peer_plan.changed(request.node_id)
-                               or self.interval_drifted(request.node_id))
+                               or self.interval_drifted(request.node_id),
+                               throughput_slots=slots)
 
     # ------------------------------------------------------------------------------ reports
 
@@ -201,21 +220,51 @@ class IngestService:
         except errors.NotFoundError:
             self.events.report_refused("unregistered", len(request.samples))
             raise
+        n_records = len(request.samples) + len(request.summaries) + len(request.throughput)
         try:
             rows, rejected = self._validate(node, request.batch_id, request.samples,
-                                            len(request.summaries))
+                                            len(request.summaries) + len(request.throughput))
             summaries = self._validate_summaries(node, request.summaries, rejected) \
                 if request.summaries else []
+            results = self._validate_throughput(node, request.throughput, rejected)
         except errors.InputError:
-            n_records = len(request.samples) + len(request.summaries)
             self.store.count_rejected(node, REASON_INVALID_BATCH, n_records)
             self.events.report_refused("invalid", n_records, REASON_INVALID_BATCH)
             raise
         accepted, n_rejected, duplicate = self.store.store_batch(
-            node, request.batch_id, rows, rejected, request.spool_dropped, summaries)
-        self.events.reported(len(request.samples) + len(request.summaries), accepted, rejected,
-                             duplicate)
+            node, request.batch_id, rows, rejected, request.spool_dropped, summaries,
+            throughput=len(results))
+        # Stored by test id, once, whether or not the batch was seen (it may have been cut
+        # off between the two).
+        for r in self.store.throughput.store_results(node.idx, results):
+            self.events.throughput_result("ok" if r.ok else "failed", r.gbps if r.ok else None)
+        if not duplicate:
+            for reason in THROUGHPUT_REASONS:
+                for _ in range(rejected.get(reason, 0)):
+                    self.events.throughput_result("rejected", None)
+        # Throughput rejections have their own counter (above), not the samples'.
+        self.events.reported(n_records, accepted, {k: v for k, v in rejected.items()
+                                                   if k not in THROUGHPUT_REASONS}, duplicate)
         return ReportResult(accepted, n_rejected, duplicate)
+
+    def _validate_throughput(self, node: NodeRef, results: Sequence[ThroughputResult],
+                             rejected: dict[str, int]) -> list[ThroughputResult]:
+        """The results this node may report (it is the receiver of a test this planner
+        scheduled, from the sender it names); the others counted into ``rejected``. A result
+        out of bounds refuses the batch (``ThroughputResult.check``)."""
+        for i, r in enumerate(results):
+            r.check(f"throughput[{i}]")
+        out = []
+        for r in results:
+            reason = self.store.throughput.check_result(node.idx, r)
+            if reason is None:
+                out.append(r)
+            else:
+                rejected[reason] = rejected.get(reason, 0) + 1
+                log.warning("rejected throughput result %s from %s: %s", r.test_id, node.id,
+                            "no such test" if reason == REASON_UNKNOWN_TEST
+                            else "not its receiver or not its sender")
+        return out
 
     def _validate_summaries(self, node: NodeRef, summaries: Sequence[PeerSummary],
                             rejected: dict[str, int]) -> list[SummaryRow]:

@@ -19,16 +19,17 @@ if TYPE_CHECKING:
     from planner.service.store import Store
 
 _COLUMNS = ("id, name, state, spec_json, submitted_ms, changed_ms, plan_id, nodes_json, restarts, "
-            "started_ms, finished_ms, retired_ms, estimate_s, detail")
+            "started_ms, finished_ms, retired_ms, estimate_s, detail, stages_json")
 
 
 def _record(row: tuple, events: tuple = ()) -> JobRecord:
     (id_, name, state, spec, submitted, changed, plan_id, nodes, restarts, started, finished,
-     retired, estimate_s, detail) = row
+     retired, estimate_s, detail, stages) = row
     return JobRecord(id=id_, name=name, state=state, spec=json.loads(spec), submitted_ms=submitted,
                      changed_ms=changed, plan_id=plan_id, nodes=tuple(json.loads(nodes or "[]")),
                      restarts=restarts, started_ms=started, finished_ms=finished,
-                     retired_ms=retired, estimate_s=estimate_s, detail=detail or "", events=events)
+                     retired_ms=retired, estimate_s=estimate_s, detail=detail or "", events=events,
+                     stages=json.loads(stages) if stages else None)
 
 
 class JobRecords:
@@ -82,8 +83,10 @@ class JobRecords:
     def update_job(self, job_id: int, *, state: str | None = None, detail: str | None = None,
                    plan_id: str | None = None, nodes: Iterable[str] | None = None,
                    estimate_s: float | None = None, restart: bool = False,
-                   retired: bool = False) -> None:
-        """Change a job's row; a new state (or a restart) is also appended as an event."""
+                   retired: bool = False, stages: Mapping[str, Any] | None = None) -> None:
+        """Change a job's row; a new state (or a restart) is also appended as an event. New
+        ``nodes`` replace the kept ``stages`` too (none when not given: they belonged to the old
+        nodes)."""
         if state is not None and state not in STATES:
             raise ValueError(f"unknown job state {state!r}")
         t = self.clock()
@@ -96,6 +99,7 @@ class JobRecords:
                 sets["plan_id"] = plan_id
             if nodes is not None:
                 sets["nodes_json"] = json.dumps(list(nodes))
+                sets["stages_json"] = None if stages is None else json.dumps(dict(stages))
             if estimate_s is not None:
                 sets["estimate_s"] = estimate_s
             if detail is not None:
@@ -124,18 +128,18 @@ class JobRecords:
                              (job_id, t, event, why))
 
 
-def record_pushed_plan(store: JobRecords | Store, placed: Mapping[str, tuple[Mapping[str, Any], list[str]]],
+def record_pushed_plan(store: JobRecords | Store, placed: Mapping[str, tuple[Any, ...]],
                        plan_id: str) -> None:
     """What ``plan --push`` did, as job records: each pushed job ``placed`` (name -> (spec, node
-    ids)) with the new plan id; every other live job lost its placement to the push (it clears
-    every node), so it is cancelled and retired."""
+    ids[, stages])) with the new plan id; every other live job lost its placement to the push
+    (it clears every node), so it is cancelled and retired."""
     for record in store.job_records(unretired_only=True):
         if record.name not in placed and record.state in LIVE:
             store.update_job(record.id, state="cancelled", detail=f"replaced by plan --push {plan_id}",
                              retired=True)
         elif record.name not in placed and record.nodes:
             store.update_job(record.id, retired=True)     # its placement was cleared by the push
-    for name, (spec, nodes) in placed.items():
+    for name, (spec, nodes, *stages) in placed.items():
         try:
             record = store.job_by_name(name)
         except NotFoundError:
@@ -147,4 +151,4 @@ def record_pushed_plan(store: JobRecords | Store, placed: Mapping[str, tuple[Map
         if record is None:
             record = store.submit_job(name, spec)
         store.update_job(record.id, state="placed", plan_id=plan_id, nodes=nodes,
-                         detail="pushed by plan --push")
+                         stages=stages[0] if stages else None, detail="pushed by plan --push")

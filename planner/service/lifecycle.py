@@ -157,7 +157,7 @@ class JobLifecycle:
         for name, nodes in placing.placed.items():
             await self.jobs.update_job(by_name[name].id, state=PLACED, plan_id=plan_id,
                                        nodes=nodes, estimate_s=placing.estimates.get(name),
-                                       detail="")
+                                       stages=placing.stages.get(name), detail="")
             self.events.job_moved(PLACED)
         out.placed, out.plan_id = placing.placed, plan_id
         log.info("jobs: plan %s: placed %s, retired %s, cleared %d node(s); waiting: %s", plan_id,

@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
+                               disable_created_metrics)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from hulk import __version__
@@ -38,8 +39,10 @@ disable_created_metrics()   # no *_created series: the process's start time says
 REJECT_REASONS = ("below_light_speed", "unknown_peer", "invalid_batch", "too_old")
 REPORT_RESULTS = ("stored", "duplicate", "invalid", "unregistered")
 PUSH_SOURCES = ("recovery", "jobs", "resign")
+THROUGHPUT_RESULTS = ("ok", "failed", "rejected")
 JOB_STATES = ("queued", "placed", "running", "succeeded", "failed", "cancelled")
 LAUNCH_STATES = ("idle", "starting", "running", "exited", "failed")
+GBPS_BUCKETS = (0.1, 0.3, 1, 3, 10, 30, 100, 300)
 RTT_DAYS = 2   # link gauges average the daily rollups of today and yesterday (UTC)
 
 
@@ -63,6 +66,13 @@ class ServeEvents:
     def push_failed(self, source: str) -> None: ...
 
     def job_moved(self, state: str) -> None: ...
+
+    def throughput_result(self, result: str, gbps: float | None) -> None:
+        """A throughput test's result: ok, failed (the test ran and failed) or rejected (an
+        unscheduled test, or from the wrong node); ``gbps`` of an ok one."""
+
+    def calibrated(self, factors: Mapping[str, float]) -> None:
+        """The factors serve now plans with (planner.service.calibration_refit.factors)."""
 
 
 NO_EVENTS = ServeEvents()
@@ -102,6 +112,9 @@ class FleetSnapshot:
     launch_states: dict[str, int]              # launch state -> nodes in it
     jobs: dict[str, int]                       # job state -> jobs (retired included)
     links: dict[tuple[str, str], LinkStats] = field(default_factory=dict)  # site pair -> stats
+    throughput_gbps: dict[tuple[str, str], float] = field(default_factory=dict)  # site pair
+    # (job, "measured" | "estimated") -> seconds a step, for unretired jobs that measured one
+    job_iteration_s: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 def site_of(row: Mapping[str, Any]) -> str:
@@ -115,10 +128,15 @@ def site_of(row: Mapping[str, Any]) -> str:
 
 
 def fleet_snapshot(node_rows: Sequence[Mapping[str, Any]], job_states: Iterable[str],
-                   pairs: Iterable[Any], *, now_ms: int, node_timeout_s: float) -> FleetSnapshot:
+                   pairs: Iterable[Any], *, now_ms: int, node_timeout_s: float,
+                   throughput: Mapping[tuple[str, str], tuple[float, int]] | None = None,
+                   iterations: Iterable[tuple[str, float, float | None]] = ()
+                   ) -> FleetSnapshot:
     """Metric values from the store's rows: ``node_rows`` (Store.nodes), each job's state,
-    ``pairs`` (Store.window_rollups: src, dst, rollup). A node whose agent has not called for
-    ``node_timeout_s`` is silent; imported nodes (no agent) are counted apart."""
+    ``pairs`` (Store.window_rollups: src, dst, rollup), ``throughput``
+    (Store.throughput_by_site_pair, by the store's site names), ``iterations`` (job, measured
+    and estimated seconds a step: Store.job_iterations). A node whose agent has not called
+    for ``node_timeout_s`` is silent; imported nodes (no agent) are counted apart."""
     counts = {"alive": 0, "silent": 0, "imported": 0}
     up, seen, skew, depth, dropped, gpus = {}, {}, {}, {}, {}, {}
     launch = dict.fromkeys(LAUNCH_STATES, 0)
@@ -158,7 +176,16 @@ def fleet_snapshot(node_rows: Sequence[Mapping[str, Any]], job_states: Iterable[
         received = count - lost
         links[key] = LinkStats(int(count), int(lost),
                                total_ms / received / 1000.0 if received > 0 else None)
-    return FleetSnapshot(counts, up, seen, skew, depth, dropped, gpus, launch, jobs, links)
+    label = {row.get("site"): site_of(row) for row in node_rows if row.get("site")}
+    measured = {(label.get(a, a), label.get(b, b)): gbps
+                for (a, b), (gbps, _) in (throughput or {}).items()}
+    steps: dict[tuple[str, str], float] = {}
+    for job, measured_s, estimated_s in iterations:
+        steps[(job, "measured")] = measured_s
+        if estimated_s is not None:
+            steps[(job, "estimated")] = estimated_s
+    return FleetSnapshot(counts, up, seen, skew, depth, dropped, gpus, launch, jobs, links,
+                         measured, steps)
 
 
 def snapshot_metrics(snap: FleetSnapshot) -> list[Metric]:
@@ -196,8 +223,18 @@ def snapshot_metrics(snap: FleetSnapshot) -> list[Metric]:
             loss.add_metric([src, dst], link.lost / link.samples)
         if link.mean_rtt_s is not None:
             rtt.add_metric([src, dst], link.mean_rtt_s)
+    throughput = GaugeMetricFamily("hulk_site_pair_throughput_gbps", "Median Gbit/s of the "
+                                   "throughput tests from one site to another (90 days)",
+                                   labels=["src_site", "dst_site"])
+    for (src, dst), gbps in sorted(snap.throughput_gbps.items()):
+        throughput.add_metric([src, dst], gbps)
+    iteration = GaugeMetricFamily("hulk_job_iteration_seconds", "Seconds a training step of "
+                                  "an unretired job takes: measured (its slowest rank's median) "
+                                  "or estimated (the plan's cost model)", labels=["job", "kind"])
+    for (job, kind), seconds in sorted(snap.job_iteration_s.items()):
+        iteration.add_metric([job, kind], seconds)
     return [
-        nodes, launch, jobs, rtt, loss, samples,
+        nodes, launch, jobs, rtt, loss, samples, throughput, iteration,
         per_node(GaugeMetricFamily("hulk_node_up", "1 while the node's agent calls within "
                                    "--node-timeout, else 0", labels=["node"]), snap.node_up),
         per_node(GaugeMetricFamily("hulk_node_last_seen_timestamp_seconds", "When the node's "
@@ -224,8 +261,13 @@ def read_snapshot(store: Any, *, node_timeout_s: float, now_ms: int | None = Non
     now = int(time.time() * 1000) if now_ms is None else now_ms
     if pairs is None:
         pairs = store.window_rollups(RTT_DAYS)
-    return fleet_snapshot(store.nodes(), [r.state for r in store.job_records()], pairs,
-                          now_ms=now, node_timeout_s=node_timeout_s)
+    records = store.job_records()
+    unretired = {r.name for r in records if r.retired_ms is None}
+    return fleet_snapshot(store.nodes(), [r.state for r in records], pairs,
+                          now_ms=now, node_timeout_s=node_timeout_s,
+                          throughput=store.throughput_by_site_pair(),
+                          iterations=[(j.job_name, j.measured_iteration_s, j.estimated_iteration_s)
+                                      for j in store.job_iterations() if j.job_name in unretired])
 
 
 class StoreReader:
@@ -322,6 +364,17 @@ class PlannerMetrics(ServeEvents):
                                        "lifecycle made, by new state", ["state"], registry=r)
         self.makespan = Gauge("hulk_plan_makespan_seconds", "The cost model's makespan of the "
                               "last plan pushed", registry=r)
+        self.throughput_tests = Counter("hulk_throughput_tests", "Throughput test results "
+                                        "reported: ok, failed, rejected (an unscheduled test or "
+                                        "the wrong node)", ["result"], registry=r)
+        self.throughput_gbps = Histogram("hulk_throughput_measured_gbps", "Gbit/s of each ok "
+                                         "throughput test", buckets=GBPS_BUCKETS, registry=r)
+        self.calibration = Gauge("hulk_calibration_factor", "A factor of the calibrated cost "
+                                 "model serve plans with: compute:<gpu> (multiplier), "
+                                 "hop_overhead_s and micro_batch_overhead_s (seconds), "
+                                 "communication (divisor of bandwidths); 1, 0, 0 and 1 when "
+                                 "not fitted", ["factor"],
+                                 registry=r)
         self.plan_time = Gauge("hulk_plan_pushed_timestamp_seconds", "When the last plan was "
                                "pushed (epoch seconds)", registry=r)
         for reason in REJECT_REASONS:
@@ -335,6 +388,8 @@ class PlannerMetrics(ServeEvents):
             self.job_transitions.labels(state)
         for outcome in ("replanned", "lost"):
             self.replanned_jobs.labels(outcome)
+        for result in THROUGHPUT_RESULTS:
+            self.throughput_tests.labels(result)
 
     def watch_fleet(self, read: Callable[[], FleetSnapshot], *, max_age_s: float = 5.0) -> None:
         """Export the fleet's state, read by ``read()`` at scrape time."""
@@ -380,3 +435,13 @@ class PlannerMetrics(ServeEvents):
 
     def job_moved(self, state: str) -> None:
         self.job_transitions.labels(state).inc()
+
+    def throughput_result(self, result: str, gbps: float | None) -> None:
+        self.throughput_tests.labels(result).inc()
+        if gbps is not None:
+            self.throughput_gbps.observe(gbps)
+
+    def calibrated(self, factors: Mapping[str, float]) -> None:
+        self.calibration.clear()     # a GPU model no longer seen leaves
+        for name, value in factors.items():
+            self.calibration.labels(name).set(value)

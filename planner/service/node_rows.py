@@ -18,6 +18,7 @@ from hulk.wire.records import GpuInfo, LaunchStatus, Peer, RegisterRequest
 from planner.core.lifecycle import RankState
 from planner.core.probe_plan import site_key
 from planner.service.database import Database
+from planner.service.job_progress import store_progress
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,8 @@ class NodeRows:
                 "gpu_unavailable_reason": inventory.unavailable_reason,
                 "driver_version": inventory.driver_version, "gpu_count": inventory.count,
                 "gpu_name": gpu_name, "compute_capability": cc, "memory_gb": memory_gb,
-                "address": reg.address, "probe_port": reg.probe_port, "last_seen_ms": t,
+                "address": reg.address, "probe_port": reg.probe_port,
+                "throughput_port": reg.throughput_port, "last_seen_ms": t,
                 "registered_ms": t, "peers_version_seen": version, "site_idx": site_idx,
             }
             if row is None:
@@ -142,9 +144,9 @@ class NodeRows:
 
     def heartbeat(self, node_id: str, *, spool_depth: int = 0, spool_dropped: int = 0,
                   launch: LaunchStatus | None = None, clock_skew_ms: int | None = None) -> bool:
-        """Record liveness and the launch status (unless its state is unspecified); returns
-        whether the node's peer list changed since it registered. Raises NotFoundError for a
-        node the store does not know."""
+        """Record liveness and the launch status (unless its state is unspecified) with its
+        step progress (``planner.service.job_progress``); returns whether the node's peer list
+        changed since it registered. Raises NotFoundError for a node the store does not know."""
         t = self.clock()
         with self.database.transaction("heartbeat") as conn:
             row = conn.execute("SELECT idx, peers_version_seen FROM nodes WHERE id = ?",
@@ -163,6 +165,8 @@ class NodeRows:
             conn.execute(f"UPDATE nodes SET {assign}, spool_dropped = "
                          "max(coalesce(spool_dropped, 0), ?) WHERE idx = ?",
                          (*sets.values(), spool_dropped, row[0]))
+            if launch is not None and launch.state:
+                store_progress(conn, row[0], node_id, launch, t)
             version = int(self.database.meta("peers_version", "0"))
         return version > (row[1] or 0)
 

@@ -32,9 +32,10 @@ from hulk.errors import HulkError, InputError
 from hulk.wire.broker import BrokerAddress
 from hulk.wire.placement import PlanSummary
 from hulk.wire.signing import SIGNATURE_FIELD, Signer
+from planner.core.costmodel import estimate
 from planner.core.lifecycle import FINAL, PLACED, QUEUED, RUNNING
 from planner.core.placements import (build_node_placements, build_summary, job_from_spec,
-                                     plan_from_summary)
+                                     plan_from_summary, stages_doc)
 from planner.core.plan import Plan, Unplaced
 from planner.core.recovery import Replan, down_nodes, jobs_using
 from planner.search.repair import repair_jobs
@@ -201,20 +202,27 @@ class Replanner:
         count = await self.plan.replace(sent, new_summary, issued_at_ms=now,
                                         clear=[n for n in touched if n not in placements])
         if self.jobs is not None:
-            placed = {p.job.name: [net.ids[i] for i in p.nodes] for p in result.plan.placements
-                      if p.job.name in result.replanned}
-            await self.record(plan_id, placed, result.lost)
+            moved = [p for p in result.plan.placements if p.job.name in result.replanned]
+            placed = {p.job.name: [net.ids[i] for i in p.nodes] for p in moved}
+            # The new placement's estimate: `jobs show` compares measured step times with it.
+            estimates = {p.job.name: estimate(p, net).job_s for p in moved}
+            await self.record(plan_id, placed, result.lost, estimates,
+                              {p.job.name: stages_doc(p, net) for p in moved})
         return plan_id, count
 
-    async def record(self, plan_id: str, placed: dict[str, list[str]], lost: list[str]) -> None:
-        """The job records' view of a re-plan: each re-placed live job's new plan id and nodes,
-        each lost one queued again; both count a restart."""
+    async def record(self, plan_id: str, placed: dict[str, list[str]], lost: list[str],
+                     estimates: Mapping[str, float] | None = None,
+                     stages: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """The job records' view of a re-plan: each re-placed live job's new plan id, nodes,
+        stages and estimated seconds, each lost one queued again; both count a restart."""
         live = {r.name: r for r in await self.jobs.unretired_jobs()
                 if r.state in (PLACED, RUNNING)}
         for name, job_nodes in placed.items():
             if name in live:
                 await self.jobs.update_job(live[name].id, state=PLACED, plan_id=plan_id,
                                            nodes=job_nodes, restart=True,
+                                           estimate_s=(estimates or {}).get(name),
+                                           stages=(stages or {}).get(name),
                                            detail="re-planned after a node went silent")
         for name in lost:
             if name in live:
@@ -246,13 +254,15 @@ class Replanner:
 
 
 def add_to_runtime(runtime: Any, *, broker: BrokerAddress, signer: Signer, options: ServeOptions,
-                   interval_s: float, planner: Planner | None = None) -> Replanner:
+                   interval_s: float, planner: Planner | None = None,
+                   calibrate: Callable[[Network], Network] | None = None) -> Replanner:
     """Run a Replanner over the serve runtime's store as its background task ``recovery``: every
     ``interval_s`` it looks for nodes silent past the options' timeout and re-plans their jobs,
-    pushing through ``broker``."""
+    pushing through ``broker``; ``calibrate`` makes the network it (and the job lifecycle that
+    shares its directory) plans on calibrated."""
     publisher = MqttPublisher(broker, identifier=f"hulk-planner-serve-{runtime.fleet}-{os.getpid()}")
     directory = StoreDirectory(runtime.store, runtime.in_store, fleet=runtime.fleet,
-                               window_days=runtime.window_days)
+                               window_days=runtime.window_days, calibrate=calibrate)
     replanner = Replanner(RetainedPlan(publisher, fleet=options.fleet, signer=signer), directory,
                           directory, options=options, planner=planner,
                           events=getattr(runtime, "events", NO_EVENTS))

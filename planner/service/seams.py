@@ -24,18 +24,35 @@ from typing import Any, Protocol
 from hulk.wire.placement import NodePlacement, PlanSummary
 from planner.core.fleet import Network
 from planner.core.lifecycle import JobRecord
+from planner.core.throughput_schedule import ScheduleOptions
 from planner.service.node_rows import NodeRecord
 from planner.service.store import Store
 
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """The lifecycle's and recovery's settings: the fleet they push to, how long a node may be
-    silent before it is down, and the planner's seed."""
+    """The lifecycle's, recovery's and throughput tests' settings: the fleet they push to, how
+    long a node may be silent before it is down, the planner's seed, whether and how
+    throughput tests run (every directed site pair once per period, within a daily budget,
+    on servers of running jobs too or not), and how often the cost model is refitted to what
+    was measured (0: never, plans use the reference model)."""
 
     fleet: str = "default"
     node_timeout_s: float = 30.0
     seed: int = 0
+    throughput_tests: bool = True
+    throughput_period_s: float = 6 * 3600.0
+    throughput_budget_gb: float = 200.0       # a day, the whole fleet
+    throughput_on_busy: bool = False
+    calibration_interval_s: float = 600.0
+
+    def throughput_schedule(self) -> ScheduleOptions:
+        """The scheduler's options these settings give (the rest at their defaults)."""
+        defaults = ScheduleOptions()
+        return ScheduleOptions(period_s=self.throughput_period_s,
+                               slip_s=min(defaults.slip_s, self.throughput_period_s / 10),
+                               daily_budget_bytes=self.throughput_budget_gb * 1e9,
+                               allow_busy=self.throughput_on_busy)
 
 
 class JobStore(Protocol):
@@ -47,7 +64,8 @@ class JobStore(Protocol):
     async def update_job(self, job_id: int, *, state: str | None = None,
                          detail: str | None = None, plan_id: str | None = None,
                          nodes: Iterable[str] | None = None, estimate_s: float | None = None,
-                         restart: bool = False, retired: bool = False) -> None:
+                         restart: bool = False, retired: bool = False,
+                         stages: Mapping[str, Any] | None = None) -> None:
         """As ``planner.service.job_records.JobRecords.update_job``."""
 
 
@@ -79,11 +97,15 @@ InStore = Callable[..., Awaitable[Any]]     # runs a function on the store's thr
 
 class StoreDirectory:
     """:class:`JobStore` and :class:`NodeDirectory` over serve's store; ``in_store(fn, *args)``
-    runs ``fn`` on the store's thread; the network is read over ``window_days``."""
+    runs ``fn`` on the store's thread; the network is read over ``window_days`` and, with
+    ``calibrate`` (serve's ``ServeCalibration.apply``), calibrated: every plan serve makes is
+    made on it."""
 
-    def __init__(self, store: Store, in_store: InStore, *, fleet: str, window_days: int):
+    def __init__(self, store: Store, in_store: InStore, *, fleet: str, window_days: int,
+                 calibrate: Callable[[Network], Network] | None = None):
         self.store, self.in_store = store, in_store
         self.fleet, self.window_days = fleet, window_days
+        self.calibrate = calibrate
 
     async def unretired_jobs(self) -> list[JobRecord]:
         return await self.in_store(self.store.job_records, unretired_only=True)
@@ -94,10 +116,11 @@ class StoreDirectory:
     async def update_job(self, job_id: int, *, state: str | None = None,
                          detail: str | None = None, plan_id: str | None = None,
                          nodes: Iterable[str] | None = None, estimate_s: float | None = None,
-                         restart: bool = False, retired: bool = False) -> None:
+                         restart: bool = False, retired: bool = False,
+                         stages: Mapping[str, Any] | None = None) -> None:
         await self.in_store(self.store.update_job, job_id, state=state, detail=detail,
                             plan_id=plan_id, nodes=nodes, estimate_s=estimate_s, restart=restart,
-                            retired=retired)
+                            retired=retired, stages=stages)
 
     async def nodes(self) -> list[NodeRecord]:
         return await self.in_store(self.store.node_records)
@@ -106,5 +129,6 @@ class StoreDirectory:
         from planner.core.fleet import complete
         from planner.service.graph import fleet_from_store  # networkx: only serve needs it
 
-        return complete(await self.in_store(fleet_from_store, self.store, self.window_days,
-                                            self.fleet))
+        net = complete(await self.in_store(fleet_from_store, self.store, self.window_days,
+                                           self.fleet))
+        return net if self.calibrate is None else self.calibrate(net)

@@ -24,9 +24,11 @@ from typing import Any, Self
 from hulk.wire import histogram
 from planner.core.site_pairs import PER_PAIR_UP_TO
 from planner.service.database import BETWEEN_SITES, ROLLUP_UPSERT as _UPSERT, Database
+from planner.service.job_progress import JobProgress
 from planner.service.job_records import JobRecords
 from planner.service.node_rows import NodeRef, NodeRows
 from planner.service.rollup_reads import DAY_MS, PairRollup, RollupReads  # noqa: F401 (re-exported)
+from planner.service.throughput_store import ThroughputRecords
 
 MIN_ROLLUP_DAYS = 90
 
@@ -63,10 +65,11 @@ def micros(rtt_ms: float) -> int:
 
 class Store:
     """The planner's store, by composition: ``database`` (the file, schema, transactions),
-    ``node_rows`` (registrations, heartbeats), ``jobs`` (job records) and ``rollups`` (window
-    reads), each given what it needs; ingest's writes and the rollup fold are here. The parts'
-    methods are offered here under their own names. One instance per thread of use (sqlite
-    connections are not shared)."""
+    ``node_rows`` (registrations, heartbeats), ``jobs`` (job records), ``progress`` (jobs'
+    measured step times), ``rollups`` (window reads) and ``throughput`` (throughput tests and
+    their results), each given what it needs; ingest's writes and the rollup fold are here. The
+    parts' methods are offered here under their own names. One instance per thread of use
+    (sqlite connections are not shared)."""
 
     def __init__(self, path: str | Path, *, raw_days: int = 7, rollup_days: int = MIN_ROLLUP_DAYS,
                  synchronous: str = "NORMAL", busy_timeout_s: float = 30.0,
@@ -81,6 +84,8 @@ class Store:
         self.node_rows = NodeRows(self.database, clock)
         self.jobs = JobRecords(self.database, clock)
         self.rollups = RollupReads(self.database, clock, self.rollup_pending)
+        self.progress = JobProgress(self.database, clock, self.jobs.job_records)
+        self.throughput = ThroughputRecords(self.database, clock)
         # The parts' methods callers use, offered under their own names.
         nodes, jobs, rollups = self.node_rows, self.jobs, self.rollups
         self.register = nodes.register
@@ -96,11 +101,14 @@ class Store:
         self.job_record = jobs.job_record
         self.job_by_name = jobs.job_by_name
         self.job_records = jobs.job_records
+        self.rank_progress = self.progress.rank_progress
+        self.job_iterations = self.progress.job_iterations
         self.daily_rollups = rollups.daily_rollups
         self.window_rollups = rollups.window_rollups
         self.site_window_rollups = rollups.site_window_rollups
         self.window_totals = rollups.window_totals
         self.site_window_totals = rollups.site_window_totals
+        self.throughput_by_site_pair = self.throughput.throughput_by_site_pair
 
     @property
     def path(self) -> str:
@@ -126,14 +134,16 @@ class Store:
 
     def store_batch(self, node: NodeRef, batch_id: str, rows: Sequence[SampleRow],
                     rejected: dict[str, int] | None = None, spool_dropped: int = 0,
-                    summaries: Sequence[SummaryRow] = ()) -> tuple[int, int, bool]:
+                    summaries: Sequence[SummaryRow] = (), throughput: int = 0
+                    ) -> tuple[int, int, bool]:
         """Store one Report batch (raw samples and summaries) atomically; returns (accepted
-        records, rejected records, duplicate).
+        records, rejected records, duplicate). ``throughput``: the batch's throughput results
+        accepted (stored apart, by test id), counted in with the rest.
 
         A batch id already stored for this node stores nothing and returns the first answer."""
         t = self.clock()
         n_rejected = sum((rejected or {}).values())
-        accepted = len(rows) + len(summaries)
+        accepted = len(rows) + len(summaries) + throughput
         text_id, batch_id = batch_id, batch_key(batch_id)
         with self.database.transaction("store batch") as conn:
             if batch_id is not text_id:  # stored by a planner before compact ids?
@@ -322,8 +332,9 @@ class Store:
             folded = self.database.fold_node_pairs_between_sites(conn)
             batches = conn.execute("DELETE FROM batches WHERE received_ms < ?",
                                    (raw_cutoff - DAY_MS,)).rowcount
+            throughput = self.throughput.prune(conn)
         return {"samples": samples, "rollups": rollups, "batches": batches,
-                "folded_into_site_pairs": folded}
+                "folded_into_site_pairs": folded, "throughput_tests": throughput}
 
     # ---------------------------------------------------------------------- imported fleets
 

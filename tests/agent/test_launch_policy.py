@@ -79,7 +79,8 @@ async def test_the_job_gets_an_allow_listed_environment_its_own_folder_and_no_ca
     env = out["env"]
     assert not set(secrets) & set(env)
     assert not any(s in json.dumps(env) for s in ("tok-secret", "pw-secret", "aws-secret"))
-    expected = {*role_env(job.roles[0]), "PATH", "HOME", "LANG", "WANDB_PROJECT"}
+    # HULK_PROGRESS_FILE: where the agent reads the job's step times from.
+    expected = {*role_env(job.roles[0]), "PATH", "HOME", "LANG", "WANDB_PROJECT", "HULK_PROGRESS_FILE"}
     assert set(env) - {"LC_CTYPE"} <= expected and set(role_env(job.roles[0])) <= set(env)
     assert env["WANDB_PROJECT"] == "demo" and env["LANG"] == "C.UTF-8"
     # Its own working directory, 0700, with its log inside.

@@ -61,15 +61,16 @@ def ping_available() -> None:
 
 @pytest.fixture
 def lab_fleet(make_wan_lab, tmp_path) -> Iterator[Callable[[lab_matrix.LatencyMatrix], LabFleet]]:
-    """Build a lab and its services (lab/fleet.py); the services stop before the lab is torn down."""
+    """Build a lab (``lab_options``: WanLab's, such as ``rate_mbps``) and its services
+    (lab/fleet.py); the services stop before the lab is torn down."""
     if shutil.which("mosquitto") is None:
         pytest.skip("mosquitto is not installed")
     started: list[LabFleet] = []
 
-    def build(matrix: lab_matrix.LatencyMatrix) -> LabFleet:
+    def build(matrix: lab_matrix.LatencyMatrix, **lab_options) -> LabFleet:
         work = tmp_path / f"fleet{len(started)}"
         work.mkdir()
-        fleet = LabFleet(make_wan_lab(matrix), work)
+        fleet = LabFleet(make_wan_lab(matrix, **lab_options), work)
         started.append(fleet)
         return fleet
 

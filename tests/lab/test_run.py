@@ -23,7 +23,8 @@ def test_the_planner_learns_the_configured_rtts_and_plans(lab_available, tmp_pat
     work = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "lab.run", "--hosts", "3", "--scale", "1", "--interval", "1",
-         "--measure-timeout", "60", "--placement-timeout", "10", "--work-dir", str(work)],
+         "--measure-timeout", "60", "--placement-timeout", "10", "--throughput-port", "0",
+         "--work-dir", str(work)],
         capture_output=True, text=True, timeout=170, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((work / "rtts.json").read_text())
@@ -44,15 +45,19 @@ def test_the_planner_learns_the_configured_rtts_and_plans(lab_available, tmp_pat
 
 def test_the_secure_lab_runs_as_install_md_sets_a_fleet_up(lab_available, tmp_path):
     """`lab.run --secure`: CA from enroll --init-ca, the shipped broker conf, TLS gRPC with tokens,
-    each agent on its own mqtts account; the pushed placements reach the agents."""
+    each agent on its own mqtts account; both directions' throughput tests measured and shown by
+    `fleet show`; the pushed placements reach the agents."""
     if shutil.which("mosquitto") is None:
         pytest.skip("mosquitto is not installed")
     work = tmp_path / "secure"
     proc = subprocess.run(
         [sys.executable, "-m", "lab.run", "--secure", "--hosts", "2", "--scale", "1",
          "--interval", "1", "--measure-timeout", "60", "--placement-timeout", "30",
-         "--work-dir", str(work)], capture_output=True, text=True, timeout=200, cwd=REPO)
+         "--work-dir", str(work)], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for src, dst in (("Beijing", "Neimeng"), ("Neimeng", "Beijing")):
+        assert re.search(rf"│ {src}\s+│ {dst}\s+│\s+[0-9.]+ │\s+[0-9.]+ │\s+1 │\s+0 │",
+                         proc.stdout), proc.stdout[-3000:]
     shipped = (REPO / "deploy" / "mosquitto" / "hulk.conf").read_text()
     conf = (work / "mosquitto.conf").read_text()
     broker_dir = re.search(r"^password_file (\S+)/passwd$", conf, re.M).group(1)

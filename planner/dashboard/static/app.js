@@ -117,8 +117,10 @@ function drawMap(fleet) {
     const [x1, y1] = at[l.a], [x2, y2] = at[l.b];
     const line = el("svg:line", { x1, y1, x2, y2, stroke: l.colour, "stroke-width": 3,
                                   "data-rtt": l.rtt_ms });
+    const measured = l.bandwidth_gbps === null || l.bandwidth_gbps === undefined ? ""
+      : `, ${l.bandwidth_gbps} Gbit/s measured`;
     links.appendChild(svgTitle(line, `${l.a} – ${l.b}: ${l.rtt_ms} ms RTT (median of ` +
-                                     `${l.pairs} pair(s), ${l.min_ms}–${l.max_ms} ms)`));
+                                     `${l.pairs} pair(s), ${l.min_ms}–${l.max_ms} ms)${measured}`));
   }
   svg.appendChild(links);
   const byId = {};
@@ -207,6 +209,15 @@ function drawNodes(fleet) {
   }
 }
 
+// A step's measured time against the plan's estimate, e.g. "0.231 s (est. 0.200 s, +16%)".
+function stepTime(j) {
+  if (j.iteration_s === null || j.iteration_s === undefined) return "";
+  const measured = `${j.iteration_s.toPrecision(3)} s`;
+  if (!j.iteration_estimate_s) return measured;
+  const off = Math.round((j.iteration_s / j.iteration_estimate_s - 1) * 100);
+  return `${measured} (est. ${j.iteration_estimate_s.toPrecision(3)} s, ${off >= 0 ? "+" : ""}${off}%)`;
+}
+
 function drawJobs(jobs) {
   const body = document.querySelector("#jobs-table tbody");
   clear(body);
@@ -215,7 +226,7 @@ function drawJobs(jobs) {
                                      : j.nodes.join(", ");
     const tr = row([j.name, j.model, stateBadge(j.state), nodes, j.cities.join(", "),
                     { text: duration(j.elapsed_s), num: true }, { text: duration(j.estimate_s), num: true },
-                    { text: j.restarts, num: true }, j.detail]);
+                    { text: stepTime(j), num: true }, { text: j.restarts, num: true }, j.detail]);
     tr.setAttribute("data-job", j.name);
     body.appendChild(tr);
   }

@@ -41,13 +41,15 @@ def plan_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def test_the_cli_offers_exactly_the_registrys_methods_and_no_cost_model_flag():
+def test_the_cli_offers_exactly_the_registrys_methods_and_the_two_cost_models():
     parser = plan_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     method = next(a for a in sub.choices["plan"]._actions if a.dest == "method")
     assert method.choices == list(METHODS) and method.default == DEFAULT_METHOD == "portfolio"
+    model = next(a for a in sub.choices["plan"]._actions if a.dest == "cost_model")
+    assert model.choices == ("reference", "calibrated") and model.default is None
     with pytest.raises(SystemExit):
-        parser.parse_args(["plan", "j.yaml", "--fleet", "f.json", "--cost-model", "reference"])
+        parser.parse_args(["plan", "j.yaml", "--fleet", "f.json", "--cost-model", "measured"])
 
 
 def test_the_dashboard_compares_the_registrys_methods_under_their_labels():

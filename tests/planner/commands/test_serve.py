@@ -57,6 +57,9 @@ def test_checking_returns_the_signer_and_leaves_the_flags_as_parsed(tmp_path):
     (("--model-dir", "M", "--retrain-teacher-budget", "-1"), "--retrain-teacher-budget"),
     (("--model-dir", "M", "--retrain-job-sets", "1"), "--retrain-job-sets"),
     (("--model-dir", "M", "--retrain-epochs", "0"), "--retrain-epochs"),
+    (("--throughput-period", "nan"), "--throughput-period"),
+    (("--throughput-period", "1"), "--throughput-period"),
+    (("--throughput-budget-gb", "-1"), "--throughput-budget-gb"),
 ])
 def test_bad_flags_name_the_flag(flags, field, tmp_path):
     db = () if field == "--db" else ("--db", str(tmp_path / "p.db"))

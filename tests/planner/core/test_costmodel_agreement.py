@@ -248,6 +248,45 @@ def test_search_screens_against_estimate():
     assert finite > 50
 
 
+def test_approx_time_is_exact_on_one_replica_with_overheads():
+    """A calibrated network's per-micro-batch and per-hop overheads reach approx_time and
+    estimate() alike: still equal for D = 1, still an upper bound for D > 1."""
+    import copy
+
+    from planner.search.arrangement import balance_layers
+    from planner.search.groups import approx_time
+
+    rng = np.random.default_rng(13)
+    exact = 0
+    for _ in range(CASES):
+        base, job = _pick(rng)
+        net = copy.copy(base)
+        net.micro_batch_overhead_s = float(rng.uniform(1e-4, 0.05))
+        net.hop_overhead_s = float(rng.uniform(0.0, 0.01))
+        grid = _grid(rng, net, job)
+        k, d = grid.shape
+        b = _micro_batch(rng, job, d)
+        t, _ = approx_time(job, net, grid, b)
+        u = cm.layer_memory_bytes(job, b, cm.micro_batches(job, d, b), min(k, job.layers))
+        caps = np.floor(net.mem[grid].min(axis=1) / u).astype(np.int64)
+        layers = balance_layers(job, net.thr[grid].min(axis=1), caps)
+        if layers is None:
+            continue
+        bounds = np.cumsum([0] + layers.tolist()).tolist()
+        p = Placement(job, tuple(Stage(bounds[s], bounds[s + 1], tuple(grid[s].tolist()))
+                                 for s in range(k)), b)
+        e = estimate(p, net)
+        # Each of the K + M - 1 slots of the compute pipeline pays the overhead once.
+        slots = k + cm.micro_batches(job, d, b) - 1
+        added = slots * net.micro_batch_overhead_s
+        assert e.compute_s == pytest.approx(estimate(p, base).compute_s + added, rel=1e-9)
+        assert e.iteration_s <= t * (1 + REL) or t == e.iteration_s == math.inf
+        if d == 1 and math.isfinite(t):
+            assert _close(t, e.iteration_s)
+            exact += 1
+    assert exact > 20
+
+
 def test_baselines_against_estimate():
     from planner.baselines import dtfm, systems
 
