@@ -280,6 +280,14 @@ def _solve(model: _Model, obs: Sequence[_Prepared], x0: np.ndarray, hop_max: flo
     return result.x
 
 
+def _moved(model: _Model, obs: Sequence[_Prepared], x: np.ndarray, j: int,
+           value: float) -> np.ndarray:
+    """The residuals with parameter ``j`` of ``x`` set to ``value``."""
+    xj = x.copy()
+    xj[j] = value
+    return model.residuals(xj, obs)
+
+
 def _bootstrap(model: _Model, obs: Sequence[_Prepared], x: np.ndarray, hop_max: float,
                rng: np.random.Generator, resamples: int) -> list[np.ndarray]:
     """Parameter vectors refitted on seeded resamples of ``obs``, each by one Gauss-Newton step
@@ -293,9 +301,8 @@ def _bootstrap(model: _Model, obs: Sequence[_Prepared], x: np.ndarray, hop_max: 
     steps[model.seconds] = 1e-6 * hop_max     # seconds, not log units
     jac = np.empty((len(obs), model.size))
     for j in range(model.size):
-        xj = x.copy()
-        xj[j] = x[j] + steps[j] if x[j] + steps[j] <= high[j] else x[j] - steps[j]
-        jac[:, j] = (model.residuals(xj, obs) - r) / (xj[j] - x[j])
+        v = x[j] + steps[j] if x[j] + steps[j] <= high[j] else x[j] - steps[j]
+        jac[:, j] = (_moved(model, obs, x, j, v) - r) / (v - x[j])
     weight = np.sqrt((1.0 + (r / SOFT_L1_SCALE) ** 2) ** -0.5)
     out = []
     for _ in range(resamples):
@@ -321,9 +328,7 @@ def _identified(model: _Model, obs: Sequence[_Prepared], x: np.ndarray,
         moves = [x[j] + s for s in (-steps[j], steps[j]) if low[j] <= x[j] + s <= high[j]]
         changed = []
         for v in moves:
-            xj = x.copy()
-            xj[j] = v
-            changed.append(float(np.abs(model.residuals(xj, obs) - r).max()) > IDENTIFY_CHANGE)
+            changed.append(float(np.abs(_moved(model, obs, x, j, v) - r).max()) > IDENTIFY_CHANGE)
         out[j] = bool(moves) and all(changed)
     return out
 

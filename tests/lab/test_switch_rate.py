@@ -3,33 +3,13 @@ fake clock, fake devices and a fake cgroup folder (no namespaces)."""
 
 from __future__ import annotations
 
-import socket
-import struct
-
 import pytest
 
 from lab import netns
 from lab.switch import MIN_QUEUE_BYTES, Switch
+from tests.helpers.switch import Wire, ipv4
 
 A = ["10.77.0.10", "10.77.0.11", "10.77.0.1"]
-
-
-def ipv4(src: str, dst: str, payload: bytes = b"x") -> bytes:
-    header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(payload), 0, 0, 64, 17, 0,
-                         socket.inet_aton(src), socket.inet_aton(dst))
-    return header + payload
-
-
-class Wire:
-    """The destination devices: what was written where, and when (the fake clock's time)."""
-
-    def __init__(self):
-        self.sent: list[tuple[int, bytes, float]] = []
-        self.now = 0.0
-
-    def write(self, fd: int, packet: bytes) -> int:
-        self.sent.append((fd, packet, self.now))
-        return len(packet)
 
 
 def make(delays, rate_mbps=None, queue_bytes=None):
