@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "planned by the planner (default 0: none)")
     add("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics at "
                                                "http://HOST:PORT/metrics (default: off)")
+    add("--declared-gpus", metavar="COUNTxNAME:GB",
+        help="labs and tests only: report these GPUs (e.g. '8xNVIDIA A100-SXM4-40GB:40') instead "
+             "of reading them through NVML; the planner shows them as declared (default: off)")
     add("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     add("--version", action="version", version=f"{PROG} {__version__}")
     return parser
@@ -83,6 +86,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         "max_concurrency": args.max_concurrency, "probe_port": args.probe_port,
         "throughput_port": args.throughput_port,
         "log_level": args.log_level, "metrics": args.metrics,
+        "declared_gpus": args.declared_gpus,
     })
 
 

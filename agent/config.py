@@ -15,11 +15,13 @@ from typing import Any
 
 import yaml
 
+from agent.jobproc import SCOPES as JOB_SCOPES
 from hulk import settings, validate
 from hulk.errors import ConfigError
 from hulk.validate import Bound, Invalid
+from agent.inventory import parse_declared_gpus
 from hulk.wire.broker import parse_broker_url
-from hulk.wire.records import SITE_MAX_CHARS, ProbeSettings
+from hulk.wire.records import SITE_MAX_CHARS, GpuInfo, ProbeSettings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_STATE_DIR = Path("/var/lib/hulk-agent")
@@ -59,7 +61,10 @@ class AgentConfig:
     allowed_commands: tuple[tuple[str, ...], ...] = ()   # argv prefixes a placement may run
     pass_env: tuple[str, ...] = ()    # variables jobs get besides HULK_*, PATH, HOME, LANG
     torchrun: str = ""                # "" = torchrun beside the agent's python, else on PATH
+    job_scope: str = "auto"           # where jobs run apart from the agent (agent/jobproc.py)
     metrics: str = ""                 # HOST:PORT of the Prometheus /metrics endpoint ("" = off)
+    # GPUs this node claims instead of NVML's (labs and tests; "" = off): agent/inventory.py.
+    declared_gpus: tuple[GpuInfo, ...] = ()
     # Fields set by a file, variable or flag (not defaults): these win over the planner's
     # ProbeSettings; defaults give way to them.
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
@@ -97,13 +102,16 @@ SOURCES: dict[str, tuple[str | None, str | None]] = {
     "allowed_commands": ("HULK_ALLOWED_COMMANDS", None),
     "pass_env": ("HULK_PASS_ENV", None),
     "torchrun": ("HULK_TORCHRUN", None),
+    "job_scope": ("HULK_JOB_SCOPE", None),
     "metrics": ("HULK_METRICS", "--metrics"),
+    "declared_gpus": ("HULK_DECLARED_GPUS", "--declared-gpus"),
 }
 
 # Keys a config file may use besides the field names.
 FILE_ALIASES = {"interval": "interval_s", "timeout": "timeout_s", "node-id": "node_id",
                 "state-dir": "state_dir", "log-level": "log_level", "spool-max": "spool_max",
-                "client-cert": "client_cert", "client-key": "client_key"}
+                "client-cert": "client_cert", "client-key": "client_key",
+                "declared-gpus": "declared_gpus"}
 
 
 def _path(value: Any) -> Path:
@@ -195,7 +203,9 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "allowed_commands": _allowed_commands,
     "pass_env": validate.identifiers,
     "torchrun": validate.single,
+    "job_scope": lambda v: validate.choice(v, JOB_SCOPES, str.lower),
     "metrics": validate.from_error(_metrics_address),
+    "declared_gpus": parse_declared_gpus,
 }
 REQUIRED = ("planner", "node_id")
 

@@ -1,16 +1,23 @@
-"""GPU inventory through NVML (nvidia-ml-py's `pynvml`).
+"""GPU inventory through NVML (nvidia-ml-py's `pynvml`), or declared by the operator.
 
 A host without the NVIDIA library or driver has no GPUs: the inventory is empty and says why,
 and the agent keeps probing. The NVML module is a constructor argument so tests can hand in a
 small fake with the same functions and exception classes.
+
+Labs and tests run agents on hosts without GPUs: the ``declared_gpus`` setting
+(``COUNTxNAME:GB``, e.g. ``8xNVIDIA A100-SXM4-40GB:40``) replaces NVML with those GPUs, and
+the inventory says it was declared so the planner can show it. It is never on by default.
 """
 
 from __future__ import annotations
 
 import logging
 from types import ModuleType
+import re
+from collections.abc import Callable
 from typing import Any
 
+from hulk.validate import Invalid
 from hulk.wire.records import GpuInfo, Inventory
 
 log = logging.getLogger(__name__)
@@ -43,6 +50,47 @@ def describe_nvml_error(nvml: Any, err: BaseException) -> str:
         if isinstance(cls, type) and isinstance(err, cls):
             return f"{reason}: {err}"
     return f"NVML error: {err}"
+
+
+MAX_DECLARED_GPUS = 64          # the planner's bound on one server's GPUs
+MAX_DECLARED_GB = 16_000          # per GPU, below the planner's 2**44-byte bound
+MAX_NAME_CHARS = 128              # the planner's bound on a GPU name
+_DECLARED = re.compile(r"^\s*([0-9]+)\s*[xX]\s*(\S.*?)\s*:\s*([0-9]+(?:\.[0-9]+)?)\s*$")
+DECLARED_EXPECTED = "COUNTxNAME:GB such as '8xNVIDIA A100-SXM4-40GB:40'"
+
+
+def parse_declared_gpus(value: Any) -> tuple[GpuInfo, ...]:
+    """``COUNTxNAME:GB`` as that many GPUs of ``GB`` (10**9 bytes) each; "" as none."""
+    text = "" if value is None else str(value).strip()
+    if not text:
+        return ()
+    match = _DECLARED.match(text)
+    if match is None:
+        raise Invalid(f"expected {DECLARED_EXPECTED}, got {text!r}")
+    count, name, gb = int(match[1]), match[2], float(match[3])
+    if len(name) > MAX_NAME_CHARS or not name.isprintable():
+        raise Invalid(f"expected a GPU name of at most {MAX_NAME_CHARS} printable characters in "
+                      f"{DECLARED_EXPECTED}")
+    if not 1 <= count <= MAX_DECLARED_GPUS:
+        raise Invalid(f"expected 1 to {MAX_DECLARED_GPUS} GPUs in {DECLARED_EXPECTED}, "
+                      f"got {count}")
+    if not 0 < gb <= MAX_DECLARED_GB:
+        raise Invalid(f"expected 0 < GB <= {MAX_DECLARED_GB} in {DECLARED_EXPECTED}, got {gb:g}")
+    return (GpuInfo(name=name, memory_bytes=int(gb * 10**9)),) * count
+
+
+def declared_inventory(gpus: tuple[GpuInfo, ...]) -> Inventory:
+    """The inventory of declared GPUs: marked declared, no driver."""
+    return Inventory(gpus=gpus, declared=True)
+
+
+def inventory_reader_for(declared_gpus: tuple[GpuInfo, ...]) -> Callable[[], Inventory]:
+    """NVML, or the declared GPUs when the setting names some."""
+    if not declared_gpus:
+        return NvmlInventoryReader()
+    log.warning("GPUs declared by the declared_gpus setting, not read from NVML: %d x %s",
+                len(declared_gpus), declared_gpus[0].name)
+    return lambda: declared_inventory(declared_gpus)
 
 
 class NvmlInventoryReader:

@@ -19,22 +19,32 @@ What a placement may run (docs/PLACEMENTS.md):
   summary (agent/progress.py) the status carries while the job runs and after it ends;
 - with an environment built from an allow-list: the role's HULK_* variables, PATH, HOME, LANG and
   the config's ``pass_env`` names (never a HULK_* of the agent: not its token, broker URL or keys);
-- without the agent's capabilities: before exec the child clears its ambient and inheritable
-  capabilities, empties its bounding set and sets no_new_privs, so even as root it runs with none.
+- without the agent's capabilities: the wrapper that starts it (agent/jobproc.py) clears its
+  ambient and inheritable capabilities, empties its bounding set and sets no_new_privs first,
+  so even as root it runs with none.
 
 The process gets HULK_* variables describing its role (hulk.settings lists them) besides the
 RANK/WORLD_SIZE/MASTER_* that torchrun sets. A new placement stops the old process group first:
 SIGTERM to the group, SIGKILL after ``grace_s``. Roles of later phases run after the earlier one
 exits with 0 (torchrun's rendezvous waits for the job's other nodes).
 
+Job processes outlive the agent (agent/jobproc.py: their own session, a systemd scope where
+``job_scope`` allows, ``run.json`` and ``exit.json`` in the job's directory). ``detach`` leaves
+them running when the agent stops. The first ``apply`` after a start adopts each recorded process
+that is still alive and whose role the placement names (RUNNING, "adopted pid N"; polled every
+``adopt_poll_s``), reports a named role that ended while no agent watched as EXITED with its
+recorded code (it is not run again), and stops every live process the placement does not name, so
+a job re-placed elsewhere never runs twice.
+
 States (exposed for the Heartbeat): idle, starting (spawned), running (alive after
-``running_after_s``), exited (with its code), failed (could not be started).
+``running_after_s``), exited (with its code), failed (could not be started). An exited rank's
+detail (``exit_detail``) has the lines around the log's first error, its last lines and the
+log's path, within the 4 KiB the planner keeps.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import re
@@ -43,11 +53,13 @@ import shutil
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Protocol
 
+from agent.jobproc import (KILLED_CODE, ProcessHandle, ProcessRunner, RunRecord, SubprocessRunner,
+                           read_exit_code, read_records, role_json, unit_name)
 from agent.progress import read_progress
 from hulk.wire.placement import NodePlacement, Role, valid_job_name
 from hulk.wire.progress import ENV_VAR as PROGRESS_ENV_VAR
@@ -58,93 +70,6 @@ log = logging.getLogger(__name__)
 _PYTHON_RE = re.compile(r"^python(\d+(\.\d+)?)?$")
 BASE_ENV_NAMES = ("PATH", "HOME", "LANG")
 JOB_LOG = "job.log"
-
-
-# --------------------------------------------------------------------------- process runner
-
-class ProcessHandle(Protocol):
-    pid: int
-
-    async def wait(self) -> int: ...
-
-    def signal_group(self, sig: int) -> None: ...
-
-
-class ProcessRunner(Protocol):
-    async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None,
-                    log_path: Path | None) -> ProcessHandle: ...
-
-
-class _SubprocessHandle:
-    def __init__(self, proc: asyncio.subprocess.Process):
-        self._proc = proc
-        self.pid = proc.pid
-
-    async def wait(self) -> int:
-        return await self._proc.wait()
-
-    def signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.pid, sig)  # the process leads its own session: its group is its pid
-        except ProcessLookupError:
-            pass
-
-
-# Run by a fresh interpreter between the agent and the job (``python -I -S -c`` this, then the
-# job's argv): no ambient, inheritable or bounding capabilities and no_new_privs (Linux
-# prctl/capset), so the job runs without any capability even as root, then exec the job. Not a
-# preexec_fn: Python code between fork and exec in the agent, whose gRPC and DNS threads may
-# hold locks, can deadlock or abort the child (seen: gRPC's fork handler killed a relaunch with
-# SIGABRT, "epoll_wait error: Bad file descriptor"); without one the child is vforked and execs.
-DROP_CAPABILITIES_AND_EXEC = r"""
-import ctypes, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl(38, 1, 0, 0, 0)                      # PR_SET_NO_NEW_PRIVS
-libc.prctl(47, 4, 0, 0, 0)                      # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
-for cap in range(64):                           # PR_CAPBSET_DROP each (EINVAL past the last)
-    libc.prctl(24, cap, 0, 0, 0)
-header = (ctypes.c_uint32 * 2)(0x20080522, 0)   # _LINUX_CAPABILITY_VERSION_3, this process
-data = (ctypes.c_uint32 * 6)()                  # {effective, permitted, inheritable} x 2
-if libc.capget(header, data) == 0:
-    data[0] = data[1] = data[2] = data[3] = data[4] = data[5] = 0
-    libc.capset(header, data)
-try:
-    os.execvp(sys.argv[1], sys.argv[1:])
-except OSError as exc:
-    sys.stderr.write(f"hulk-agent: cannot start {sys.argv[1]}: {exc.strerror}\n")
-    os._exit(127)
-"""
-
-
-class SubprocessRunner:
-    """Real processes, each in a new session so the whole tree (torchrun + workers) is one group,
-    without the agent's capabilities (``drop_caps``)."""
-
-    def __init__(self, drop_caps: bool = True):
-        self.drop_caps = drop_caps and sys.platform == "linux"
-
-    async def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None,
-                    log_path: Path | None) -> ProcessHandle:
-        if not argv:
-            raise ValueError("empty command")
-        if self.drop_caps:
-            # The wrapper would report a missing program only in the job's log: say it here.
-            if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:
-                raise FileNotFoundError(errno.ENOENT, "no such program on the job's PATH", argv[0])
-            argv = [sys.executable, "-I", "-S", "-c", DROP_CAPABILITIES_AND_EXEC, *argv]
-        out = None
-        if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            out = open(log_path, "ab")
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, env=dict(env), cwd=str(cwd) if cwd else None, stdin=asyncio.subprocess.DEVNULL,
-                stdout=out or asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True)
-        finally:
-            if out is not None:
-                out.close()
-        return _SubprocessHandle(proc)
 
 
 # ---------------------------------------------------------------------------- command lines
@@ -162,10 +87,76 @@ def log_tail(path: Path | None, max_bytes: int = 3000, max_lines: int = 20) -> s
             data = f.read(max_bytes)
     except OSError:
         return ""
+    if size > max_bytes:         # the read may start inside a character: skip its rest
+        data = data.lstrip(bytes(range(0x80, 0xC0)))
     lines = data.decode("utf-8", "replace").splitlines()
-    if size > max_bytes and lines:
-        lines = lines[1:]        # the first line is cut
+    if size > max_bytes and len(lines) > 1:
+        lines = lines[1:]        # the first line is cut (kept when it is the only one)
     return "\n".join(lines[-max_lines:])
+
+
+DETAIL_MAX_BYTES = 3500      # the planner keeps 4 KiB of a launch detail
+LINE_MAX_BYTES = 300         # one log line in a detail
+ERROR_BEFORE, ERROR_LINES = 3, 8
+ERROR_RE = re.compile(rb"error|exception|traceback|fatal|killed", re.IGNORECASE)
+
+
+def clip(text: str, max_bytes: int) -> str:
+    """``text`` cut to at most ``max_bytes`` of UTF-8 (an ellipsis marks a cut)."""
+    data = text.encode()
+    if len(data) <= max_bytes:
+        return text
+    return data[:max(0, max_bytes - 3)].decode("utf-8", "ignore") + "\u2026"
+
+
+def first_error(path: Path) -> tuple[int, int, int, list[str]] | None:
+    """(first, last, total lines, lines): up to ERROR_LINES lines around the log's first line that
+    names an error; None when no line does or the log cannot be read. Reads the log once, a line
+    (at most 64 KiB of one) at a time."""
+    before: deque[bytes] = deque(maxlen=ERROR_BEFORE)
+    section: list[bytes] = []
+    first = total = 0
+    try:
+        with open(path, "rb") as f:
+            for total, line in enumerate(iter(lambda: f.readline(65536), b""), 1):
+                if section:
+                    if len(section) < ERROR_LINES:
+                        section.append(line)
+                elif ERROR_RE.search(line):
+                    first, section = total - len(before), [*before, line]
+                else:
+                    before.append(line)
+    except OSError:
+        return None
+    if not section:
+        return None
+    lines = [clip(b.decode("utf-8", "replace").rstrip("\r\n"), LINE_MAX_BYTES) for b in section]
+    return first, first + len(lines) - 1, total, lines
+
+
+def exit_detail(code: int, log_path: Path | None) -> str:
+    """A launch detail for an ended process: ``exited 0`` or ``exit code N``; for a failure the
+    lines around the first error and the heading ``last lines:``; the log's last lines; and
+    ``full log: PATH``. At most DETAIL_MAX_BYTES."""
+    head = ["exited 0" if code == 0 else f"exit code {code}"]
+    if log_path is None:
+        return head[0]
+    if code != 0:
+        found = first_error(log_path)
+        if found is not None:
+            first, last, total, lines = found
+            head += [f"first error (lines {first}-{last} of {total}):", *lines]
+        head.append("last lines:")
+    foot = clip(f"full log: {os.path.abspath(log_path)}", 600)
+    room = DETAIL_MAX_BYTES - len("\n".join([*head, foot]).encode()) - 1
+    tail: list[str] = []
+    for line in reversed(log_tail(log_path).splitlines()):
+        line = clip(line, LINE_MAX_BYTES)
+        room -= len(line.encode()) + 1
+        if room < 0:
+            break
+        tail.insert(0, line)
+    return clip("\n".join([*head, *tail, foot]), DETAIL_MAX_BYTES)
 
 
 def role_env(role: Role) -> dict[str, str]:
@@ -239,8 +230,8 @@ class Launcher:
                  base_env: Mapping[str, str] | None = None,
                  on_status: Callable[[LaunchStatus], None] | None = None,
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-                 tail_every_s: float = 10.0):
-        self.runner = runner or SubprocessRunner()
+                 tail_every_s: float = 10.0, adopt_poll_s: float = 1.0, job_scope: str = "auto"):
+        self.runner = runner or SubprocessRunner(scope=job_scope)
         self.command = command or TorchrunCommand()
         self.grace_s = grace_s
         self.running_after_s = running_after_s
@@ -254,6 +245,8 @@ class Launcher:
         self.on_status = on_status
         self._clock_ms = clock_ms
         self.tail_every_s = tail_every_s
+        self.adopt_poll_s = adopt_poll_s
+        self._first = True        # the first apply takes over what an earlier agent left running
         self.status = LaunchStatus(changed_at_ms=clock_ms())
         self._roles: tuple[Role, ...] | None = None
         self._task: asyncio.Task | None = None
@@ -285,49 +278,113 @@ class Launcher:
         """Make the running process match ``placement`` (None: stop everything)."""
         async with self._lock:
             roles = placement.roles if placement is not None else ()
+            runnable = [r for r in roles if r.command]
+            resume = None
+            if self._first:
+                self._first = False
+                resume = await self._take_over(runnable)
             if roles == self._roles:
                 return  # same roles (e.g. a retained message redelivered): leave the process alone
             await self._stop_locked()
             self._roles = roles
-            runnable = [r for r in roles if r.command]
             if not runnable:
                 detail = "no placement" if not roles else "the placed job has no command"
                 self._set(state=LaunchState.IDLE, plan_id=placement.plan_id if placement else "",
                           job=roles[0].job if roles else "", exit_code=0, detail=detail,
                           progress=None)
                 return
-            self._task = asyncio.create_task(self._run_roles(runnable), name="hulk-launch")
+            if resume is not None and resume[1] is not None:   # RUNNING as soon as apply returns
+                adopted, proc = runnable[resume[0]], resume[1]
+                self._proc = proc     # a new placement before the task starts still stops it
+                log.info("adopted job %s (pid %d) left running by an earlier agent", adopted.job,
+                         proc.pid)
+                self._set(state=LaunchState.RUNNING, plan_id=adopted.plan_id, job=adopted.job,
+                          exit_code=0, detail=f"adopted pid {proc.pid}", progress=None)
+            self._task = asyncio.create_task(self._run_roles(runnable, resume), name="hulk-launch")
 
     async def stop(self) -> None:
         async with self._lock:
             await self._stop_locked()
             self._roles = None
 
-    async def _stop_locked(self) -> None:
-        proc, task = self._proc, self._task
-        if task is not None:  # first, so a role that ends now does not start the next one
+    async def detach(self) -> None:
+        """Stop watching and leave the processes running (the agent stops or restarts; the next
+        agent adopts them, or stops them if its placement no longer names them)."""
+        async with self._lock:
+            await self._cancel_task()
+            self._proc = None
+            self._roles = None
+
+    async def _cancel_task(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
             task.cancel()
             try:
                 await task
             except asyncio.CancelledError:
                 pass
-        if proc is not None:
-            proc.signal_group(signal.SIGTERM)
-            try:
-                code = await asyncio.wait_for(proc.wait(), self.grace_s)
-            except TimeoutError:
-                log.warning("job process group %d ignored SIGTERM for %.0f s; killing it", proc.pid,
-                            self.grace_s)
-                proc.signal_group(signal.SIGKILL)
-                code = await proc.wait()
-            self._set(state=LaunchState.EXITED, exit_code=code, detail="stopped for a new placement")
-        self._proc = self._task = None
 
-    async def _run_roles(self, roles: list[Role]) -> None:
-        for role in roles:
+    async def _stop_locked(self) -> None:
+        proc = self._proc
+        await self._cancel_task()  # first, so a role that ends now does not start the next one
+        if proc is not None:
+            code = await self._terminate(proc)
+            self._set(state=LaunchState.EXITED, exit_code=code, detail="stopped for a new placement")
+        self._proc = None
+
+    async def _terminate(self, proc: ProcessHandle) -> int:
+        """SIGTERM to the process group, SIGKILL after ``grace_s``; the exit code."""
+        proc.signal_group(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(proc.wait(), self.grace_s)
+        except TimeoutError:
+            log.warning("job process group %d ignored SIGTERM for %.0f s; killing it", proc.pid,
+                        self.grace_s)
+            proc.signal_group(signal.SIGKILL)
+            return await proc.wait()
+
+    async def _take_over(self, roles: list[Role]) -> tuple[int, ProcessHandle | None, RunRecord] | None:
+        """What an earlier agent left: stop each live process whose role ``roles`` do not name;
+        the named record latest in phase order (its index, a handle when still alive)."""
+        adopt = getattr(self.runner, "adopt", None)
+        wanted = [role_json(r) for r in roles]
+        resume = None
+        for record in read_records(self.jobs_dir):
+            handle = adopt(record, self.adopt_poll_s) if adopt is not None else None
+            if record.role in wanted:
+                index = wanted.index(record.role)
+                if resume is None or index > resume[0]:
+                    resume = (index, handle, record)
+            elif handle is not None:
+                log.warning("stopping job %s (pid %d): this node's placement no longer names it",
+                            record.role.get("job", "?"), record.pid)
+                await self._terminate(handle)
+        return resume
+
+    async def _run_roles(self, roles: list[Role],
+                         resume: tuple[int, ProcessHandle | None, RunRecord] | None = None) -> None:
+        start = 0
+        if resume is not None:
+            index, handle, record = resume
+            if await self._follow(roles[index], handle, record) != 0:
+                return
+            start = index + 1
+        for role in roles[start:]:
             code = await self._run_one(role)
             if code != 0:
                 return
+
+    async def _follow(self, role: Role, proc: ProcessHandle | None, record: RunRecord) -> int:
+        """A recorded run of ``role``: watched to its end when still alive, else its recorded end."""
+        if proc is not None:   # apply reported it RUNNING
+            return await self._watch(proc, record.log_path, record.progress_path, "adopted pid")
+        self.status = replace(self.status, plan_id=role.plan_id, job=role.job, progress=None)
+        code = read_exit_code(record.exit_path)
+        code = KILLED_CODE if code is None else code
+        log.info("job %s (pid %d) ended while no agent watched it: exit code %d", role.job,
+                 record.pid, code)
+        await self._ended(code, record.log_path, record.progress_path)
+        return code
 
     def refusal(self, role: Role) -> str | None:
         """Why ``role`` may not run here (one line), or None."""
@@ -367,29 +424,47 @@ class Launcher:
             progress_path = progress_file(cwd, role)
             if progress_path is not None:
                 env[PROGRESS_ENV_VAR] = str(progress_path)
-            proc = await self.runner.start(argv, env, cwd, log_path)
+            proc = await self.runner.start(argv, env, cwd, log_path, unit=unit_name(role))
         except (OSError, ValueError) as exc:
             self._set(state=LaunchState.FAILED, detail=f"cannot start: {exc}")
             return None
         self._proc = proc
+        if cwd is not None and getattr(proc, "start_ticks", None) is not None:
+            try:   # what the next agent needs to adopt or stop this process
+                RunRecord(job_dir=cwd, pid=proc.pid, start_ticks=proc.start_ticks,
+                          role=role_json(role), log=os.path.abspath(log_path) if log_path else "",
+                          progress=str(progress_path or "")).save()
+            except OSError as exc:
+                log.warning("cannot record job %s's process in %s: %s", role.job, cwd, exc)
+        return await self._watch(proc, log_path, progress_path, "pid", self.running_after_s)
+
+    async def _watch(self, proc: ProcessHandle, log_path: Path | None, progress_path: Path | None,
+                     label: str, running_after_s: float = 0.0) -> int:
+        """Wait for ``proc`` to end, reporting RUNNING after ``running_after_s`` and the log's
+        tail every ``tail_every_s`` meanwhile; then EXITED with its code."""
+        self._proc = proc
         waiter = asyncio.ensure_future(proc.wait())
-        done, _ = await asyncio.wait({waiter}, timeout=self.running_after_s)
-        if not done:
-            self._set(state=LaunchState.RUNNING, detail=f"pid {proc.pid}")
+        done = set()
+        if running_after_s > 0:
+            done, _ = await asyncio.wait({waiter}, timeout=running_after_s)
+            if not done:
+                self._set(state=LaunchState.RUNNING, detail=f"{label} {proc.pid}")
         try:
             # While it runs, the heartbeat carries the log's last lines (`hulk-planner jobs logs`).
             while not done:
                 done, _ = await asyncio.wait({waiter}, timeout=self.tail_every_s)
                 if not done:
-                    self._update_detail(f"pid {proc.pid}\n{log_tail(log_path)}".rstrip(),
+                    self._update_detail(f"{label} {proc.pid}\n{log_tail(log_path)}".rstrip(),
                                         progress_path)
             code = waiter.result()
         except asyncio.CancelledError:
             waiter.cancel()
             raise
         self._proc = None
-        head = "exited 0" if code == 0 else f"exit code {code}"
-        self._set(state=LaunchState.EXITED, exit_code=code,
-                  detail=f"{head}\n{log_tail(log_path)}".rstrip(),
-                  progress=read_progress(progress_path) or self.status.progress)
+        await self._ended(code, log_path, progress_path)
         return code
+
+    async def _ended(self, code: int, log_path: Path | None, progress_path: Path | None) -> None:
+        detail = await asyncio.to_thread(exit_detail, code, log_path)   # reads the whole log
+        self._set(state=LaunchState.EXITED, exit_code=code, detail=detail,
+                  progress=read_progress(progress_path) or self.status.progress)

@@ -20,8 +20,8 @@ from hulk import errors
 from hulk.wire.records import LaunchState, LaunchStatus, PeerSummary, ProbeSample
 
 # Closed label sets, exported at 0 from the start so alerts see them before the first event.
-REFUSAL_REASONS = ("malformed", "no_key", "bad_signature", "misaddressed", "expired", "replayed",
-                   "command_not_allowed")
+REFUSAL_REASONS = ("malformed", "no_key", "bad_signature", "misaddressed", "expired", "future",
+                   "validity", "replayed", "command_not_allowed")
 REPORT_FAILURES = ("unavailable", "unregistered", "refused", "denied", "spool", "error")
 MAX_PEER_LABELS = 64
 OTHER_PEERS = "_other"

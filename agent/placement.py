@@ -7,17 +7,21 @@
   times in a row (a wrong or missing ``?ca=``) is a configuration error: ``run`` raises
   ConfigError, and the component ends the agent with it (exit 2).
 - A placement is acted on only when it is signed by the pinned ``placement_key`` (the planner's
-  Ed25519 key), addressed to this node and fleet, not expired, and not older than the newest one
-  accepted (its issue time and plan id; kept in state_dir/placement-accepted.json across
-  restarts). Anything else (unsigned, wrongly signed, expired, replayed, malformed however deep
-  or large) is logged in one line and ignored: the previous placement (file and process) stays.
-  Without a pinned key every placement is refused. The same retained message redelivered (after
-  a reconnect) is a no-op before any of these checks, so a running job is never stopped by it.
-- An empty message clears: the file is removed and the callback gets ``None`` (a retained
-  message can only be deleted by an empty one, which cannot carry a signature; the broker's ACL
-  lets only the planner's account write placement topics).
-- After a restart, the broker's retained message is the truth, not the file of the last run: a
-  file with no retained placement behind it (the node was cleared while down) is removed.
+  Ed25519 key), addressed to this node and fleet, not expired, not issued in the future (beyond
+  ``MAX_CLOCK_AHEAD_MS``), valid for no longer than ``MAX_VALIDITY_MS``, and newer than the one
+  accepted last: a higher ``seq``, or the same message again (same ``seq`` and digest: the
+  retained placement after a restart). The accepted ``seq`` and digest are kept in
+  state_dir/placement-accepted.json across restarts, so a captured message is never run twice.
+  Anything else (unsigned, wrongly signed, expired, replayed, malformed however deep or large)
+  is logged in one line and ignored: the previous placement (file and process) stays. Without a
+  pinned key every placement is refused. The same retained message redelivered (after a
+  reconnect) is a no-op before any of these checks, so a running job is never stopped by it.
+- A placement without roles clears the node: the file is removed and the callback gets it. An
+  empty message (a deleted retained placement) carries no signature and no ``seq``: it is
+  logged and ignored, the current placement stays until the planner sends a signed one.
+- After a restart, the broker's retained message is the truth; when none is accepted within
+  ``retained_wait_s``, the file of the last run (verified again) is handed to the callback, or
+  ``None`` when there is none, so the launcher adopts or stops what still runs.
 - The file is written atomically (hulk.atomic: temporary file, fsync, rename, fsync of the
   folder), so a crash leaves either the old or the new placement, never half of one.
 """
@@ -25,6 +29,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import random
@@ -38,7 +43,8 @@ from hulk import errors
 from hulk.atomic import sync_dir, write_atomic
 from hulk.errors import InputError
 from hulk.wire.broker import BrokerAddress, client_tls_kwargs, placement_topic
-from hulk.wire.placement import NodePlacement, parse_placement
+from hulk.wire.placement import (MAX_CLOCK_AHEAD_MS, MAX_VALIDITY_MS, NodePlacement,
+                                 parse_placement)
 
 log = logging.getLogger(__name__)
 
@@ -87,26 +93,47 @@ class PlacementFile:
         sync_dir(self.path.parent)
 
 
+def digest(placement: NodePlacement) -> str:
+    """sha256 of the placement's canonical bytes: tells the same message from another."""
+    return hashlib.sha256(placement.to_bytes()).hexdigest()
+
+
 class AcceptedMark:
-    """The newest placement accepted, (issue time, plan id), in state_dir/placement-accepted.json:
-    anything older is a replay, also after the agent restarts."""
+    """The placement accepted last, its ``seq`` and digest, in state_dir/placement-accepted.json:
+    a lower ``seq``, or the same with another digest, is a replay, also after a restart. No file:
+    nothing accepted yet (-1). A file of the older format (issue time and plan id, no ``seq``)
+    reads as ``seq`` 0: anything signed with a ``seq`` is newer."""
 
     def __init__(self, state_dir: Path):
         self.path = Path(state_dir) / ACCEPTED_FILE
+        self.seq, self.digest = -1, ""
         try:
             data = json.loads(self.path.read_text())
-            self.newest = (int(data["issued_at_ms"]), str(data["plan_id"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            self.newest = (0, "")
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("cannot read %s (%s): only placements with a seq above 0 are accepted",
+                        self.path, exc)
+            self.seq = 0
+            return
+        seq = data.get("seq") if isinstance(data, dict) else None
+        if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0:
+            self.seq, self.digest = seq, str(data.get("digest", ""))
+        else:
+            self.seq = 0
 
-    def is_older(self, placement: NodePlacement) -> bool:
-        return (placement.issued_at_ms, placement.plan_id) < self.newest
+    def refusal(self, placement: NodePlacement) -> str | None:
+        """Why ``placement`` is a replay (None: it is not)."""
+        if placement.seq > self.seq or (placement.seq == self.seq and digest(placement) == self.digest):
+            return None
+        if placement.seq < self.seq:
+            return f"seq {placement.seq} is older than the placement accepted last (seq {self.seq})"
+        return f"seq {placement.seq} was accepted last for another message"
 
     def accept(self, placement: NodePlacement) -> None:
-        self.newest = max(self.newest, (placement.issued_at_ms, placement.plan_id))
+        self.seq, self.digest = placement.seq, digest(placement)
         try:
-            write_atomic(self.path, json.dumps({"issued_at_ms": self.newest[0],
-                                                "plan_id": self.newest[1]}))
+            write_atomic(self.path, json.dumps({"seq": self.seq, "digest": self.digest}))
         except OSError as exc:
             log.warning("cannot record the accepted placement in %s: %s", self.path, exc)
 
@@ -136,9 +163,11 @@ class PlacementSubscriber:
         self.backoff_max_s = backoff_max_s
         self._client_factory = client_factory
         self._sleep = sleep
-        # The file is a record for operators and tools, not a source: after a restart the agent
-        # acts on what the broker retains, since a stale placement may have been re-planned away.
+        # After a restart the agent acts on what the broker retains (a stale placement may have
+        # been re-planned away); the file stands in only when nothing retained is accepted.
         self.current: NodePlacement | None = None
+        self.notified = False      # on_change called at least once since start
+        self._deleted_logged = False
         self.retained_wait_s = retained_wait_s
         self.connected = asyncio.Event()
         self.connects = 0          # successful connections so far
@@ -156,6 +185,13 @@ class PlacementSubscriber:
 
     async def run(self) -> None:
         """Subscribe forever; returns only when cancelled."""
+        settle = asyncio.create_task(self._settle_start())
+        try:
+            await self._subscribe_forever()
+        finally:
+            settle.cancel()
+
+    async def _subscribe_forever(self) -> None:
         import aiomqtt
 
         delay = self.backoff_initial_s
@@ -169,14 +205,8 @@ class PlacementSubscriber:
                     delay = self.backoff_initial_s
                     certificate_failures = 0
                     log.info("subscribed to %s on %s:%s", self.topic, self.broker.host, self.broker.port)
-                    stale = (asyncio.create_task(self._drop_stale_file())
-                             if self.connects == 1 and self.file.path.exists() else None)
-                    try:
-                        async for message in client.messages:
-                            await self.handle(str(message.topic), message.payload)
-                    finally:
-                        if stale is not None:
-                            stale.cancel()
+                    async for message in client.messages:
+                        await self.handle(str(message.topic), message.payload)
             except (aiomqtt.MqttError, OSError) as exc:
                 if errors.is_certificate_failure(str(exc)):
                     certificate_failures += 1
@@ -191,13 +221,28 @@ class PlacementSubscriber:
             await self._sleep(delay * random.uniform(0.8, 1.2))
             delay = min(self.backoff_max_s, delay * 2)
 
-    async def _drop_stale_file(self) -> None:
-        """A file left by an earlier run with no retained placement behind it: the node was
-        cleared (e.g. re-planned away while it was down), so the record goes too."""
+    async def _settle_start(self) -> None:
+        """Nothing accepted from the broker ``retained_wait_s`` after start (none retained, the
+        broker away, or the retained one refused): the launcher gets the file's placement,
+        verified again, or None, so it adopts or stops the processes of the last run."""
         await asyncio.sleep(self.retained_wait_s)
-        if self.current is None and self.file.path.exists():
-            log.info("no retained placement for this node: removing the stale %s", self.file.path)
-            self.file.clear()
+        if self.notified:
+            return
+        placement = self.file.load()
+        if placement is not None:
+            try:
+                self.check(placement, str(self.file.path))
+            except InputError as exc:
+                log.warning("not acting on the stored placement: %s", exc)
+                placement = None
+        if placement is None:
+            log.info("no placement retained or stored for this node: nothing runs")
+            await self._notify(None)
+            return
+        log.info("no retained placement accepted yet: acting on the stored one (plan %s)",
+                 placement.plan_id)
+        self.current = placement
+        await self._notify(placement)
 
     async def handle(self, topic: str, payload: Any) -> None:
         """Apply one message from the broker (public for tests of the decision logic)."""
@@ -206,11 +251,10 @@ class PlacementSubscriber:
             log.warning("ignored a message on %s (this agent reads only %s)", topic, self.topic)
             return
         if payload is None or payload == b"" or payload == "":
-            if self.current is not None or self.file.path.exists():
-                log.info("placement cleared")
-                self.file.clear()
-                self.current = None
-                await self._notify(None)
+            if not self._deleted_logged:
+                self._deleted_logged = True
+                log.warning("the retained placement was deleted; keeping the current one until "
+                            "the planner sends a signed placement")
             return
         if not isinstance(payload, (bytes, bytearray, str)):
             payload = str(payload)
@@ -231,9 +275,13 @@ class PlacementSubscriber:
                         type(exc).__name__, str(exc)[:200])
             return
         self.accepted.accept(placement)
-        self.file.save(placement)
+        if placement.roles:
+            self.file.save(placement)
+        else:
+            self.file.clear()
         self.current = placement
-        log.info("new placement from plan %s: %s", placement.plan_id,
+        self._deleted_logged = False
+        log.info("new placement from plan %s (seq %d): %s", placement.plan_id, placement.seq,
                  ", ".join(f"{r.job} stage {r.stage} replica {r.replica} rank {r.rank}/{r.world_size}"
                            for r in placement.roles) or "no roles")
         await self._notify(placement)
@@ -256,13 +304,23 @@ class PlacementSubscriber:
             raise refusal("expired", InputError(f"expired: plan {placement.plan_id} was valid until "
                                                 f"{placement.expires_at_ms} ms, now is {now} ms",
                                                 path=topic))
-        if self.accepted.is_older(placement):
-            raise refusal("replayed", InputError(
-                f"replayed: plan {placement.plan_id} issued at {placement.issued_at_ms} ms "
-                f"is older than the newest accepted (plan {self.accepted.newest[1]} "
-                f"issued at {self.accepted.newest[0]} ms)", path=topic))
+        if placement.issued_at_ms > now + MAX_CLOCK_AHEAD_MS:
+            raise refusal("future", InputError(
+                f"issued in the future: plan {placement.plan_id} at {placement.issued_at_ms} ms, "
+                f"now is {now} ms (at most {MAX_CLOCK_AHEAD_MS // 1000} s ahead accepted)",
+                path=topic))
+        if placement.expires_at_ms - placement.issued_at_ms > MAX_VALIDITY_MS:
+            raise refusal("validity", InputError(
+                f"valid too long: plan {placement.plan_id} for "
+                f"{(placement.expires_at_ms - placement.issued_at_ms) // 1000} s, at most "
+                f"{MAX_VALIDITY_MS // 1000} s accepted", path=topic))
+        why = self.accepted.refusal(placement)
+        if why is not None:
+            raise refusal("replayed", InputError(f"replayed: plan {placement.plan_id}: {why}",
+                                                 path=topic))
 
     async def _notify(self, placement: NodePlacement | None) -> None:
+        self.notified = True
         if self.on_change is None:
             return
         try:
@@ -315,7 +373,8 @@ class PlacementComponent:
         return Launcher(command=TorchrunCommand(torchrun=getattr(config, "torchrun", "") or None),
                         jobs_dir=self.state_dir / "jobs", on_status=on_status,
                         allowed_commands=getattr(config, "allowed_commands", ()),
-                        pass_env=getattr(config, "pass_env", ()))
+                        pass_env=getattr(config, "pass_env", ()),
+                        job_scope=getattr(config, "job_scope", "auto"))
 
     async def run(self, runtime: Any) -> None:
         registration = await runtime.wait_registered()
@@ -330,4 +389,6 @@ class PlacementComponent:
         except errors.ConfigError as err:  # no retry can fix it: the agent ends (exit 2)
             runtime.fail(err)
         finally:
-            await self.launcher.stop()  # the agent stops: its training process goes with it
+            # The agent stops (an upgrade, a restart): its training keeps running, and the next
+            # agent adopts it or stops it (agent/launcher.py).
+            await self.launcher.detach()

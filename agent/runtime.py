@@ -30,7 +30,7 @@ from typing import Protocol
 from agent.clock import Clock, SystemClock, epoch_ms
 from agent.config import PROBE_DEFAULTS, AgentConfig
 from agent.icmp import IcmpPinger, detect_icmp_mode
-from agent.inventory import NvmlInventoryReader
+from agent.inventory import inventory_reader_for
 from agent.metrics import NO_EVENTS, AgentEvents
 from agent.peers import paced_interval_s
 from agent.prober import Connector, Pinger, Prober, ProbeListener, TcpConnector
@@ -128,7 +128,7 @@ class AgentRuntime:
         self.spool = spool
         self.clock = clock or SystemClock()
         self.notifier = notifier or SystemdNotifier(None)
-        self._inventory_reader = inventory_reader or NvmlInventoryReader()
+        self._inventory_reader = inventory_reader or inventory_reader_for(config.declared_gpus)
         self._hostname = hostname or socket.gethostname()
         self._components: list[Component] = list(components)
         self.heartbeat_interval_s = heartbeat_interval_s

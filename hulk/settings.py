@@ -47,9 +47,11 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_MAX_CONCURRENCY", "agent", "most probe rounds in flight at once"),
     EnvVar("HULK_MAX_PROBE_RATE", "agent", "most probe packets per second (default 10); a longer peer list stretches the interval"),
     EnvVar("HULK_TORCHRUN", "agent", "torchrun executable that launches placed jobs (default: beside python)"),
+    EnvVar("HULK_JOB_SCOPE", "agent", "auto, systemd or session: whether jobs run in a systemd scope outside the agent's (default auto)"),
     EnvVar("HULK_PLACEMENT_KEY", "agent", "pinned placement-signing public key (ed25519:... or .pub file)"),
     EnvVar("HULK_ALLOWED_COMMANDS", "agent", "commands placements may run: argv prefixes, separated by ';'"),
     EnvVar("HULK_METRICS", "agent", "HOST:PORT to serve Prometheus metrics on (/metrics; unset: off)"),
+    EnvVar("HULK_DECLARED_GPUS", "agent", "labs and tests: GPUs to report instead of NVML's, COUNTxNAME:GB (unset: off)"),
     EnvVar("HULK_PASS_ENV", "agent", "variables jobs get besides HULK_*, PATH, HOME, LANG (a,b)"),
     # planner
     EnvVar("HULK_DB", "planner", "path of the planner's SQLite store"),

@@ -2,9 +2,10 @@
 --mqtt`, one agent per host namespace, and the job commands (`hulk-planner jobs ...`).
 
 Lab hosts have no GPUs. :data:`AGENT_WITH_DECLARED_GPUS` is the real agent (CLI arguments, gRPC
-client, ICMP prober, MQTT subscriber, launcher) with two constructor arguments set: its GPU
-inventory (8 x A100-40GB, so the planner's store can place jobs) and its heartbeat interval
-(faster than the CLI's fixed 10 s, so a 5 s node timeout has no false alarms).
+client, ICMP prober, MQTT subscriber, launcher) with 8 x A100-40GB declared through the agent's
+``--declared-gpus`` setting (so the planner's store can place jobs) and one constructor argument
+set, its heartbeat interval (the agent has no setting for it: faster than its fixed 10 s, so a 5 s
+node timeout has no false alarms).
 """
 
 from __future__ import annotations
@@ -32,24 +33,24 @@ MQTT_URL = f"mqtt://{HUB_ADDRESS}:{MQTT_PORT}"
 PYTHON = sys.executable
 EXAMPLE = REPO / "examples" / "train_gpt.py"
 
-# argv: HEARTBEAT_S, then the `hulk-agent` flags.
-AGENT_WITH_DECLARED_GPUS = textwrap.dedent("""
+LAB_GPUS = "8xNVIDIA A100-SXM4-40GB:40"   # the agents' --declared-gpus
+
+# argv: HEARTBEAT_S, then the `hulk-agent` flags (a --declared-gpus among them wins).
+AGENT_WITH_DECLARED_GPUS = textwrap.dedent(f"""
     import asyncio, signal, sys
     from agent.cli import build_parser, config_from_args, setup_logging
     from agent.placement import PlacementComponent
     from agent.runtime import AgentRuntime
-    from hulk.wire.records import GpuInfo, Inventory
 
     heartbeat_s = float(sys.argv[1])
-    config = config_from_args(build_parser().parse_args(sys.argv[2:]))
+    config = config_from_args(build_parser().parse_args(
+        ["--declared-gpus", {LAB_GPUS!r}, *sys.argv[2:]]))
     setup_logging(config.log_level)
-    gpu = GpuInfo(name="NVIDIA A100-SXM4-40GB", uuid="", compute_capability=8.0,
-                  memory_bytes=40 * 10**9)
 
     async def main():
         runtime = AgentRuntime.from_config(
             config, components=[PlacementComponent.from_config(config)],
-            inventory_reader=lambda: Inventory(gpus=(gpu,) * 8), heartbeat_interval_s=heartbeat_s)
+            heartbeat_interval_s=heartbeat_s)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, runtime.request_stop)

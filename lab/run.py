@@ -2,29 +2,29 @@
 
     python -m lab.run [--secure] [--hosts N] [--scale S] [--matrix FILE] [--jobs FILE] [--interval S]
                       [--throughput-port P] [--throughput-wait S] [--rate-mbit R] [--keep]
+                      [--no-plan] [--node-timeout S] [--gpus N] [--gpu-name NAME] [--gpu-gb GB]
 
 1. builds one namespace per host (default: the paper's Table 1 cities) and the ``hub`` namespace,
    joined by the delaying switch (:mod:`lab.wan`);
 2. starts mosquitto and ``hulk-planner serve`` in the hub (10.77.0.1, zero delay to everyone) and
-   one ``hulk-agent`` per host namespace, each with its own state directory; a fresh
+   one ``hulk-agent`` per host namespace, each with its own state directory and ``--gpus`` x
+   ``--gpu-name`` declared (``--declared-gpus``: lab hosts have no GPUs of their own); a fresh
    placement-signing key signs the placements, every agent pins its public key and may run only
    the example trainer (``python <repo>/examples/train_gpt.py``; :func:`placement_security_env`);
 3. waits until the planner has learned an RTT for every pair and prints it beside the configured
    one; then (unless ``--throughput-port 0``) until the throughput tests serve plans between the
    agents have measured every directed site pair, or ``--throughput-wait`` passes, and prints
    ``hulk-planner fleet show`` (:mod:`lab.fleet_throughput`);
-4. plans the jobs file and pushes the placements (``hulk-planner plan JOBS --db DB --push --mqtt
+4. (unless ``--no-plan``) plans the jobs file on the store's fleet and pushes the placements (``hulk-planner plan JOBS --db DB --push --mqtt
    URL`` when the planner supports it), then shows each agent's ``placement.json`` as it arrives;
-5. tears everything down on exit or Ctrl-C (``--keep``: stays up until Ctrl-C).
+5. tears everything down on exit or Ctrl-C. ``--keep`` stays up until Ctrl-C for ``jobs submit``
+   and fault experiments: a service that dies is reported and the rest keep running, and
+   ``python -m lab.ctl restart NAME --work DIR`` starts it again (:mod:`lab.services`).
 
 ``--secure`` sets the hub up as deploy/INSTALL.md sets up a planner host (:mod:`lab.secure`): a
 private CA from ``enroll --init-ca``, the shipped mosquitto configuration (TLS, passwords, ACL),
 serve over TLS, enrolled agents with their tokens and ``mqtts://`` accounts. Without it the lab
 is plaintext with an anonymous broker.
-
-Lab hosts have no GPUs. When the store's fleet cannot hold the jobs (every node reports zero GPU
-memory), the lab plans on the learned fleet exported from the store with each host declared as
-``--gpus`` x ``--gpu-name`` instead; the RTTs are still the ones the agents measured.
 """
 
 from __future__ import annotations
@@ -40,13 +40,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
-
 from hulk import geo
 from hulk.errors import HulkError
 from lab import fleet_throughput
 from lab import matrix as lab_matrix
 from lab import secure as lab_secure
+from lab import services as lab_services
 from lab.netns import HUB_ADDRESS, LabError
 from lab.wan import HUB, REPO, WanLab
 
@@ -55,6 +54,7 @@ log = logging.getLogger("lab")
 MQTT_PORT = 1883
 PLANNER_PORT = 50051
 DEFAULT_JOBS = Path(__file__).with_name("jobs.yaml")
+TRAIN_JOBS = Path(__file__).with_name("train-jobs.yaml")   # what a --keep lab's user submits
 EXAMPLE = REPO / "examples" / "train_gpt.py"
 
 
@@ -81,51 +81,16 @@ def resolve_example_paths(jobs: Path, out: Path) -> Path:
     return out
 
 
-class Services:
-    """The processes the lab started (broker, planner, agents), stopped in reverse order."""
+class Services(lab_services.Services):
+    """The lab's processes (:mod:`lab.services`) with the lab's environment: the repository on
+    PYTHONPATH, no inherited token, the placement-signing key and allow-list."""
 
     def __init__(self, lab: WanLab, work: Path, python: str):
-        self.lab, self.work, self.python = lab, work, python
-        self.procs: list[tuple[str, subprocess.Popen]] = []
-        self.env = dict(os.environ)
-        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-        self.env.pop("HULK_TOKEN", None)
-        self.env.update(placement_security_env(work))
-
-    def start(self, name: str, host: str, argv: Sequence[str],
-              env: dict[str, str] | None = None) -> subprocess.Popen:
-        """``argv`` in ``host``'s namespace, with the lab's environment plus ``env``."""
-        out = open(self.work / f"{name}.log", "wb")
-        proc = self.lab.popen(host, argv, stdout=out, stderr=subprocess.STDOUT,
-                              env={**self.env, **(env or {})}, cwd=str(REPO),
-                              start_new_session=True)
-        self.procs.append((name, proc))
-        return proc
-
-    def check(self) -> None:
-        for name, proc in self.procs:
-            if proc.poll() is not None:
-                tail = (self.work / f"{name}.log").read_text(errors="replace")[-1500:]
-                raise LabError(f"{name} exited with code {proc.returncode}:\n{tail}")
-
-    def stop(self) -> None:
-        for _, proc in reversed(self.procs):
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 5
-        for _, proc in reversed(self.procs):
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
-        self.procs.clear()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        env.pop("HULK_TOKEN", None)
+        env.update(placement_security_env(work))
+        super().__init__(lab, work, python, env)
 
 
 def supports(python: str, argv: list[str], flag: str) -> bool:
@@ -205,7 +170,7 @@ def cities_plausible(matrix: lab_matrix.LatencyMatrix) -> bool:
 
 def lab_fleet_with_gpus(fleet: dict, matrix: lab_matrix.LatencyMatrix, gpus: int, gpu_name: str,
                         memory_gb: float) -> dict:
-    """The learned fleet with every lab host declared as a GPU server (lab hosts have none)."""
+    """The learned fleet with every lab host given GPUs, for planning on a fleet file."""
     cities = {h.name: h.city for h in matrix.hosts}
     nodes = [dict(node, city=node.get("city") or cities[node["id"]], gpus=gpus, gpu_name=gpu_name,
                   memory_gb=memory_gb)
@@ -234,8 +199,11 @@ def describe(placement: dict) -> str:
         job = role.get("job", "?")
         bits = [f"job {job}"]
         for key in ("stage", "layers", "replica", "rank", "world_size", "phase"):
+            value = role.get(key)
+            if key == "layers" and isinstance(value, list) and len(value) == 2:
+                value = f"[{value[0]}, {value[1]})"   # half-open, as the plan prints it
             if key in role:
-                bits.append(f"{key} {role[key]}")
+                bits.append(f"{key} {value}")
         parts.append(", ".join(bits))
     return "; ".join(parts) or json.dumps(placement)[:120]
 
@@ -255,8 +223,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="RTT samples per pair (both directions) before a pair counts as learned")
     p.add_argument("--placement-timeout", type=float, default=60.0,
                    help="seconds to wait for the placements to reach the agents")
-    p.add_argument("--gpus", type=int, default=8, help="GPUs each lab host is declared to have")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs each lab host is declared to have "
+                   "(the agents' --declared-gpus)")
     p.add_argument("--gpu-name", default="NVIDIA A100-SXM4-40GB")
+    p.add_argument("--gpu-gb", type=float, default=40.0, help="memory of each declared GPU, GB")
+    p.add_argument("--node-timeout", type=float,
+                   help="serve's --node-timeout: a node silent this long is down (default: serve's)")
+    p.add_argument("--no-plan", action="store_true",
+                   help="plan and push nothing: every host is free for `jobs submit` "
+                        "(with --keep)")
     p.add_argument("--throughput-port", type=int, default=fleet_throughput.PORT,
                    help=f"agents' throughput test port (default {fleet_throughput.PORT}; "
                         "0: no tests)")
@@ -267,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate-mbit", type=float,
                    help="every link between two hosts carries at most this many Mbit/s "
                         "(default: no limit)")
-    p.add_argument("--keep", action="store_true", help="stay up until Ctrl-C")
+    p.add_argument("--keep", action="store_true",
+                   help="stay up until Ctrl-C; a service that dies is reported and the rest keep "
+                        "running (python -m lab.ctl restart NAME --work DIR starts it again)")
     p.add_argument("--secure", action="store_true",
                    help="as deploy/INSTALL.md: private CA, TLS gRPC, the shipped mosquitto "
                         "configuration (TLS, passwords, ACL), enrolled agents")
@@ -350,6 +327,8 @@ def run(args: argparse.Namespace) -> int:
                 serve += ["--mqtt", mqtt_url]
         if args.throughput_port:
             serve += fleet_throughput.serve_flags(args.throughput_period)
+        if args.node_timeout:
+            serve += ["--node-timeout", f"{args.node_timeout:g}"]
         services.start("planner", HUB, serve)
         wait_port(lab, HUB, HUB_ADDRESS, PLANNER_PORT, timeout_s=60)
 
@@ -362,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
             argv = [python, "-m", "agent", "--planner", f"{HUB_ADDRESS}:{PLANNER_PORT}",
                     "--node-id", host.name, "--address", lab.address(host.name),
                     "--interval", f"{args.interval:g}", "--state-dir", str(state_root / host.name),
-                    "--log-level", "WARNING"]
+                    "--log-level", "WARNING", "--declared-gpus", declared_gpus(args)]
             if host.city and send_cities:
                 argv += ["--city", host.city]
             if args.throughput_port:
@@ -382,18 +361,38 @@ def run(args: argparse.Namespace) -> int:
             show_throughput(services, python, db, matrix, args.throughput_wait)
             # Again: links between tested sites now carry the measured Gbit/s.
             fleet = export_fleet(python, db, work / "fleet.json") or fleet
-        plan_and_show(args, lab, python, db, work, jobs, matrix, fleet, mqtt_url, state_root, services)
+        if not args.no_plan:
+            plan_and_show(args, lab, python, db, work, jobs, matrix, fleet, mqtt_url, state_root,
+                          services)
         if args.keep:
-            print("lab: up; Ctrl-C tears it down")
-            while True:
-                services.check()
-                time.sleep(1)
+            keep_running(services, python, db, work)
         return 0
     finally:
         services.stop()
         lab_secure.remove(hub)
         lab.stop()
         print("lab: torn down")
+
+
+def declared_gpus(args: argparse.Namespace) -> str:
+    """The agents' ``--declared-gpus``: lab hosts have no GPUs of their own."""
+    if not 1 <= args.gpus <= 64 or not args.gpu_gb > 0:
+        raise LabError(f"--gpus {args.gpus} --gpu-gb {args.gpu_gb:g}: expected 1 to 64 GPUs of "
+                       "more than 0 GB")
+    return f"{args.gpus}x{args.gpu_name}:{args.gpu_gb:g}"
+
+
+def keep_running(services: Services, python: str, db: Path, work: Path) -> None:
+    """Until Ctrl-C: report services that die (the rest keep running) and carry out lab.ctl's
+    restart requests."""
+    submit = resolve_example_paths(TRAIN_JOBS, work / TRAIN_JOBS.name)
+    print(f"lab: up; Ctrl-C tears it down. Jobs: {python} -m planner.cli jobs submit {submit} "
+          f"--db {db}; services: python -m lab.ctl status --work {work}", flush=True)
+    while True:
+        for line in services.check(keep=True):
+            print(line, flush=True)
+        services.serve_requests()
+        time.sleep(1)
 
 
 def wait_for_measurements(services: Services, python: str, db: Path, work: Path,
@@ -434,23 +433,9 @@ def plan_and_show(args, lab, python, db, work, jobs, matrix, fleet, mqtt_url, st
     if push:  # secure: no URL here, the planner account's HULK_MQTT is in the environment
         plan_cmd += ["--push"] + (["--mqtt", mqtt_url] if mqtt_url else [])
     env = dict(services.env, PYTHONPATH=str(REPO))
-
-    def plan(source: list[str]) -> subprocess.CompletedProcess:
-        # In the hub, like an operator's shell on the planner host: the broker is only reachable
-        # from inside the lab.
-        return lab.run(HUB, plan_cmd + source, timeout=300, cwd=REPO, env=env)
-
-    # The store first, as in production; lab hosts report no GPUs, so fall back to the learned
-    # fleet declared with GPUs when the store's fleet cannot hold the jobs.
-    proc = plan(["--db", str(db)])
-    placed = proc.returncode == 0 and _placed_jobs(work / "plan.json")
-    if not placed:
-        fleet_file = work / "fleet-with-gpus.json"
-        fleet_file.write_text(json.dumps(lab_fleet_with_gpus(
-            fleet, matrix, args.gpus, args.gpu_name, memory_gb=40.0 * args.gpus)))
-        print(f"lab: the store's fleet has no GPU memory; planning on the learned fleet with "
-              f"{args.gpus} x {args.gpu_name} per host")
-        proc = plan(["--fleet", str(fleet_file)])
+    # On the store's fleet, as in production (the agents declare their GPUs), in the hub like an
+    # operator's shell on the planner host: the broker is only reachable from inside the lab.
+    proc = lab.run(HUB, plan_cmd + ["--db", str(db)], timeout=300, cwd=REPO, env=env)
     print(proc.stdout.rstrip())
     if proc.returncode != 0:
         raise LabError(f"planning failed: {proc.stderr.strip()}")
@@ -473,14 +458,6 @@ def plan_and_show(args, lab, python, db, work, jobs, matrix, fleet, mqtt_url, st
     missing = sorted(expected - shown)
     if missing:
         print(f"lab: no placement reached {', '.join(missing)} within {args.placement_timeout:g} s")
-
-
-def _placed_jobs(plan_path: Path) -> bool:
-    try:
-        plan = json.loads(plan_path.read_text())
-    except (OSError, ValueError):
-        return False
-    return bool(plan.get("jobs"))
 
 
 def _planned_nodes(plan_path: Path) -> set[str]:

@@ -44,14 +44,16 @@ class Gpu(_message.Message):
     def __init__(self, name: _Optional[str] = ..., uuid: _Optional[str] = ..., compute_capability: _Optional[float] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class GpuInventory(_message.Message):
-    __slots__ = ("gpus", "driver_version", "unavailable_reason")
+    __slots__ = ("gpus", "driver_version", "unavailable_reason", "declared")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     UNAVAILABLE_REASON_FIELD_NUMBER: _ClassVar[int]
+    DECLARED_FIELD_NUMBER: _ClassVar[int]
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
     driver_version: str
     unavailable_reason: str
-    def __init__(self, gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., driver_version: _Optional[str] = ..., unavailable_reason: _Optional[str] = ...) -> None: ...
+    declared: bool
+    def __init__(self, gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., driver_version: _Optional[str] = ..., unavailable_reason: _Optional[str] = ..., declared: _Optional[bool] = ...) -> None: ...
 
 class Location(_message.Message):
     __slots__ = ("city", "has_coordinates", "latitude", "longitude", "site")

@@ -10,6 +10,11 @@ Both carry ``issued_at_ms``, ``expires_at_ms`` and an Ed25519 ``signature`` over
 bytes (``hulk.wire.signing``); version 1 had none, which is why the format changed. A role's
 ``command`` is an argv list; job names are 1-64 of ``[A-Za-z0-9._-]`` (not "." or "..").
 
+A placement's ``seq`` only grows per node (the planner's ``planner.service.placement_seq``): the
+agent keeps the highest it accepted and refuses older ones, so a captured message cannot be
+replayed. It is left out at 0, so a message of a planner without sequences still verifies. A
+placement with no roles clears the node (signed like any other).
+
 Roles and ranks. A job with K stages and D replicas runs as one torchrun group of ``K * D`` nodes,
 one process per node (``--nproc-per-node 1``). The node of stage k in replica p has
 ``rank = node_rank = k * D + p``; rank 0 (stage 0, replica 0) hosts the rendezvous. Every job
@@ -32,7 +37,13 @@ from hulk.errors import InputError
 PLACEMENT_FORMAT = "hulk-placement/2"
 SUMMARY_FORMAT = "hulk-plan-summary/2"
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-MAX_ARGV = 256
+MAX_COMMAND_WORDS = 256          # the most argv words a role's command may have
+MAX_SEQ = 2**63 - 1
+VALIDITY_MS = 7 * 24 * 3600 * 1000            # a placement's validity, as the planner signs it
+# What the agent tolerates: validity a little above the planner's, issue times a little ahead
+# of its own clock (clocks differ), nothing more (a message "valid" for years could not expire).
+MAX_VALIDITY_MS = VALIDITY_MS + 3600 * 1000
+MAX_CLOCK_AHEAD_MS = 5 * 60 * 1000
 
 
 def valid_job_name(name: object) -> bool:
@@ -85,6 +96,7 @@ class NodePlacement:
     issued_at_ms: int = 0
     expires_at_ms: int = 0
     signature: str = ""
+    seq: int = 0           # grows per node with every placement signed for it
 
     def to_json(self) -> dict[str, Any]:
         doc = {
@@ -96,13 +108,18 @@ class NodePlacement:
             "expires_at_ms": self.expires_at_ms,
             "roles": [_role_json(r) for r in self.roles],
         }
+        if self.seq:
+            doc["seq"] = self.seq
         if self.signature:
             doc["signature"] = self.signature
         return doc
 
-    def signed(self, signer: Any, *, issued_at_ms: int, expires_at_ms: int) -> "NodePlacement":
-        """This placement with fresh times and ``signer``'s signature (a ``hulk.wire.signing.Signer``)."""
-        bare = replace(self, issued_at_ms=issued_at_ms, expires_at_ms=expires_at_ms, signature="")
+    def signed(self, signer: Any, *, issued_at_ms: int, expires_at_ms: int,
+               seq: int | None = None) -> "NodePlacement":
+        """This placement with fresh times, ``seq`` (None: its own) and ``signer``'s signature
+        (a ``hulk.wire.signing.Signer``)."""
+        bare = replace(self, issued_at_ms=issued_at_ms, expires_at_ms=expires_at_ms, signature="",
+                       seq=self.seq if seq is None else seq)
         return replace(bare, signature=signer.sign(bare.to_json())["signature"])
 
     def to_bytes(self) -> bytes:
@@ -198,9 +215,9 @@ def _parse_role(r: _Reader, value: Any, name: str) -> Role:
     rdzv = r.obj(obj["rendezvous"], f"{name}.rendezvous", {"address", "port"})
     command = obj["command"]
     if command is not None:
-        if (not isinstance(command, list) or not 1 <= len(command) <= MAX_ARGV
+        if (not isinstance(command, list) or not 1 <= len(command) <= MAX_COMMAND_WORDS
                 or not all(isinstance(a, str) and "\0" not in a for a in command) or not command[0]):
-            raise r.fail(f"{name}.command", f"an argv list of 1-{MAX_ARGV} strings", command)
+            raise r.fail(f"{name}.command", f"an argv list of 1-{MAX_COMMAND_WORDS} strings", command)
         command = tuple(command)
     job = obj["job"]
     if not valid_job_name(job):
@@ -252,7 +269,7 @@ def parse_placement(data: bytes | str, *, source: str = "placement",
     if isinstance(value, dict) and value.get("format") != PLACEMENT_FORMAT:  # say the version first
         raise r.fail("format", repr(PLACEMENT_FORMAT), value.get("format"))
     obj = r.obj(value, "", {"format", "fleet", "node", "plan_id", "issued_at_ms", "expires_at_ms",
-                            "roles"}, {"signature"})
+                            "roles"}, {"signature", "seq"})
     if verifier is not None:
         verifier.verify(obj, source=source)
     if not isinstance(obj["roles"], list):
@@ -268,7 +285,8 @@ def parse_placement(data: bytes | str, *, source: str = "placement",
                          plan_id=r.text(obj["plan_id"], "plan_id"), roles=roles,
                          issued_at_ms=r.integer(obj["issued_at_ms"], "issued_at_ms", 0, 2**63 - 1),
                          expires_at_ms=r.integer(obj["expires_at_ms"], "expires_at_ms", 0, 2**63 - 1),
-                         signature=r.text(signature, "signature", empty=True))
+                         signature=r.text(signature, "signature", empty=True),
+                         seq=r.integer(obj.get("seq", 0), "seq", 0, MAX_SEQ))
 
 
 # ------------------------------------------------------------------------------ plan summary

@@ -172,6 +172,7 @@ class Inventory:
     gpus: tuple[GpuInfo, ...] = ()
     driver_version: str = ""
     unavailable_reason: str = ""   # why the list is empty when it is; "" when GPUs were read
+    declared: bool = False         # GPUs from the agent's declared_gpus setting, not NVML
 
     @property
     def count(self) -> int:
@@ -180,12 +181,14 @@ class Inventory:
     def to_proto(self) -> hulk_pb2.GpuInventory:
         return hulk_pb2.GpuInventory(gpus=[g.to_proto() for g in self.gpus],
                                      driver_version=self.driver_version,
-                                     unavailable_reason=self.unavailable_reason)
+                                     unavailable_reason=self.unavailable_reason,
+                                     declared=self.declared)
 
     @classmethod
     def from_proto(cls, msg: hulk_pb2.GpuInventory) -> Inventory:
         return cls(gpus=tuple(GpuInfo.from_proto(g) for g in msg.gpus),
-                   driver_version=msg.driver_version, unavailable_reason=msg.unavailable_reason)
+                   driver_version=msg.driver_version, unavailable_reason=msg.unavailable_reason,
+                   declared=msg.declared)
 
 
 SITE_MAX_CHARS = 100               # a site name's bound, checked by the agent and the planner

@@ -14,6 +14,7 @@ from planner.settings import PlannerSettings
 
 WINDOW_HELP = "rolling window in days (HULK_WINDOW_DAYS; default 90)"
 SITE_LINKS_FROM_NODES = 1000   # `fleet export --site-links auto` rolls node links up above this
+NODE_TIMEOUT_S = 30.0          # serve's default --node-timeout
 
 
 def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) -> None:
@@ -31,6 +32,10 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
 
     show = sub.add_parser("show", help="a table of nodes, GPUs, last seen and link coverage")
     source(show, required=False)
+    show.add_argument("--node-timeout", type=float, default=NODE_TIMEOUT_S, metavar="SECONDS",
+                      help="a node not heard from for this long shows as silent instead of its "
+                           "last launch state (serve's --node-timeout; default "
+                           f"{NODE_TIMEOUT_S:g})")
     show.set_defaults(func=cmd_show)
 
     export = sub.add_parser("export", help="write the store's fleet as fleet JSON")
@@ -56,8 +61,10 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     plot.set_defaults(func=cmd_plot)
 
 
-def _load(args: argparse.Namespace) -> tuple[Fleet, list[dict] | None]:
-    """The fleet named by --db or --fleet, and the store's node rows when it came from a store."""
+def _load(args: argparse.Namespace, *, keep_revoked: bool = False
+          ) -> tuple[Fleet, list[dict] | None]:
+    """The fleet named by --db or --fleet, and the store's node rows when it came from a store
+    (each with ``revoked``). Revoked nodes are left out of the fleet unless ``keep_revoked``."""
     if getattr(args, "fleet", None):
         from planner.files.fleet import load_fleet
         return load_fleet(args.fleet), None
@@ -68,14 +75,18 @@ def _load(args: argparse.Namespace) -> tuple[Fleet, list[dict] | None]:
         raise InputError("no such store (expected the SQLite file `serve --db` writes)",
                          path=str(db))
     from planner.service.graph import fleet_from_store
+    from planner.service.node_state import revoked_nodes
     from planner.service.store import Store
     with Store(db) as store:
         # The fleet's name is the one serve and the MQTT topics use (HULK_FLEET), not the file's.
-        fleet = fleet_from_store(store, args.window_days, name=args.fleet_name)
+        fleet = fleet_from_store(store, args.window_days, name=args.fleet_name,
+                                 keep_revoked=keep_revoked)
         rows = store.nodes()
         rejected = store.rejected_counts()
+        revoked = revoked_nodes(store)
     for r in rows:
         r["rejected"] = sum(rejected.get(r["id"], {}).values())
+        r["revoked"] = r["id"] in revoked
     return fleet, rows
 
 
@@ -103,13 +114,44 @@ def _skew(ms: int | None) -> str:
     return ("+" if ms > 0 else "-") + text
 
 
+def _short(seconds: float) -> str:
+    """A duration in its largest whole unit: 45s, 2m, 3h, 2d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f}{unit}"
+    return f"{max(0.0, seconds):.0f}s"
+
+
+def node_marks(rows: list[dict], *, now_ms: int, node_timeout_s: float) -> dict[str, str]:
+    """node id -> "revoked" or "silent 2m" for the nodes whose last launch report no longer
+    tells what runs there (``planner.service.node_state``, as the metrics count them)."""
+    from planner.service.node_state import REVOKED, SILENT, node_state
+
+    revoked = {r["id"] for r in rows if r.get("revoked")}
+    marks = {}
+    for r in rows:
+        state = node_state(r, now_ms=now_ms, node_timeout_s=node_timeout_s, revoked=revoked)
+        if state == REVOKED:
+            marks[r["id"]] = REVOKED
+        elif state == SILENT:
+            seen = r.get("last_seen_ms")
+            marks[r["id"]] = (SILENT if seen is None
+                              else f"{SILENT} {_short((now_ms - seen) / 1000)}")
+    return marks
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    fleet, rows = _load(args)
+    if not args.node_timeout > 0:
+        raise InputError(f"expected a number of seconds above 0, got {args.node_timeout:g}",
+                         field="--node-timeout")
+    fleet, rows = _load(args, keep_revoked=True)
     network = complete(fleet)
     peers, pairs = _measured_peers(fleet)
-    table = _node_table(fleet, network, rows, peers)
+    marks = node_marks(rows, now_ms=int(time.time() * 1000),
+                       node_timeout_s=args.node_timeout) if rows is not None else {}
+    table = _node_table(fleet, network, rows, peers, marks)
     probe = Console()
     console = probe if probe.is_terminal else Console(width=200)
     console.print(table)
@@ -177,13 +219,15 @@ def _measured_peers(fleet: Fleet) -> tuple[Counter[str], int]:
     return peers, len(pairs)
 
 
-def _node_table(fleet: Fleet, network, rows: list[dict] | None, peers: Counter[str]):
+def _node_table(fleet: Fleet, network, rows: list[dict] | None, peers: Counter[str],
+                marks: dict[str, str]):
     """One row per node: its GPUs, memory, throughput and links; with a store, what its agent
-    reported, and its launch where any node has one."""
+    reported, and its launch where any node has one or is marked (``node_marks``): a marked
+    node shows its mark instead of the launch it last reported."""
     from rich.table import Table
 
     by_id = {r["id"]: r for r in rows or []}
-    launch = any(r.get("launch_state") for r in by_id.values())
+    launch = bool(marks) or any(r.get("launch_state") for r in by_id.values())
     # A site column only when a node names a site of its own (else every site is its city).
     sited = any(node.site for node in fleet.nodes)
     table = Table(title=f"fleet {fleet.name}: {network.n} nodes", title_justify="left")
@@ -211,9 +255,14 @@ def _node_table(fleet: Fleet, network, rows: list[dict] | None, peers: Counter[s
             cells += [_ago(r.get("last_seen_ms")), r.get("source") or "-",
                       str(r.get("rejected") or 0), str(r.get("spool_dropped") or 0),
                       _skew(r.get("clock_skew_ms"))]
-        if launch:
+        if launch and node.id in marks:
+            cells += [marks[node.id], "-", ""]
+        elif launch:
+            # Only an ended process has an exit code (a running one's 0 would read as success).
+            ended = r.get("launch_state") in ("exited", "failed")
             cells += [r.get("launch_state") or "-", r.get("launch_job") or "-",
-                      "" if r.get("launch_exit_code") is None else str(r["launch_exit_code"])]
+                      str(r["launch_exit_code"]) if ended and r.get("launch_exit_code") is not None
+                      else ""]
         table.add_row(*cells)
     return table
 
@@ -230,10 +279,11 @@ def _mean_measured_rtt(network) -> list[str]:
 
 
 def _gpus(node, row: dict) -> str:
+    declared = " (declared)" if row.get("gpus_declared") else ""   # a lab's, not NVML's
     if node.gpus and (node.gpu_name or node.compute_capability):
-        return f"{node.gpus} x {node.gpu_name or f'cc {node.compute_capability:g}'}"
+        return f"{node.gpus} x {node.gpu_name or f'cc {node.compute_capability:g}'}{declared}"
     if node.gpus:
-        return str(node.gpus)
+        return f"{node.gpus}{declared}"
     reason = row.get("gpu_unavailable_reason")
     return f"none ({reason})" if reason else "none"
 

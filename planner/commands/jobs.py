@@ -16,15 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 from hulk.errors import InputError, NotFoundError
 from planner.core.lifecycle import CANCELLED, FINAL, JobRecord
+from planner.core.placements import spec_max_restarts
 from planner.service.job_progress import JobIteration, estimated_iteration_s, measured
 from planner.settings import PlannerSettings
 
 if TYPE_CHECKING:
     from planner.service.store import Store
 
-LOGS_NOTE = ("the last lines of each rank's log as its agent last reported them (every 10 s while "
-             "it runs, and when it ends); the full log is jobs/<job>/job.log in each agent's state "
-             "directory")
+LOGS_NOTE = ("each rank's last report, kept after the job ends (refreshed every 10 s while it "
+             "runs): the lines around the first error, the last lines, and where the full log is "
+             "on its node")
 
 
 def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) -> None:
@@ -37,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
 
     submit = sub.add_parser("submit", help="validate a jobs.yaml and queue its jobs")
     submit.add_argument("jobs", type=Path, help="jobs.yaml")
+    submit.add_argument("--plan-only", action="store_true",
+                        help="check jobs that have no command and queue nothing (plan them with "
+                             "`hulk-planner plan`)")
     db(submit)
     submit.set_defaults(func=cmd_submit)
     listing = sub.add_parser("list", help="a table of jobs: state, nodes, times, restarts")
@@ -70,12 +74,39 @@ def _job(store: Store, name: str) -> JobRecord:
         raise InputError(str(exc), field="name") from None
 
 
+def _fleet_gpu_bytes(store: Store) -> float | None:
+    """The GPU memory of every node the store knows, in bytes; None when it knows none (or none
+    reported memory), so nothing is checked against it."""
+    total = sum(float(n.get("memory_gb") or 0.0) for n in store.nodes())
+    return total * 1e9 if total > 0 else None
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
+    from planner.core.job_checks import submit_problems
     from planner.core.placements import job_spec
     from planner.files.jobs import load_jobs
 
     jobs = load_jobs(args.jobs)
+
+    def check(fleet_bytes: float | None) -> None:
+        for job in jobs:
+            problems = submit_problems(job, job.command, fleet_gpu_bytes=fleet_bytes,
+                                       plan_only=args.plan_only)
+            if problems:
+                field, _, why = problems[0].partition(": ")
+                raise InputError(f"job {job.name!r}: {why}", path=str(args.jobs), field=field)
+
+    if args.plan_only:   # the store, when there is one, only tells the fleet's memory
+        if args.db and Path(args.db).is_file():
+            with _store(args) as store:
+                check(_fleet_gpu_bytes(store))
+        else:
+            check(None)
+        print(f"checked {len(jobs)} job(s): {', '.join(j.name for j in jobs)}; --plan-only "
+              f"queues nothing (`hulk-planner plan {args.jobs} --db DB` plans them)")
+        return 0
     with _store(args, create=True) as store:
+        check(_fleet_gpu_bytes(store))
         active = {r.name: r.state for r in store.job_records() if r.active}
         taken = [j.name for j in jobs if j.name in active]
         if taken:
@@ -105,6 +136,8 @@ def _when(ms: int | None) -> str:
 def _step(seconds: float | None) -> str:
     if seconds is None:
         return "-"
+    if seconds < 1e-3:     # the lab's tiny example job: its estimate is microseconds
+        return f"{seconds * 1e6:.1f} us"
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
@@ -114,7 +147,9 @@ def _measured_vs_estimated(measured: float | None, estimated: float | None) -> s
         return f"- / est. {_step(estimated)}" if estimated is not None else "-"
     if estimated is None or estimated <= 0:
         return _step(measured)
-    return f"{_step(measured)} / est. {_step(estimated)} ({(measured / estimated - 1) * 100:+.0f}%)"
+    ratio = measured / estimated
+    off = f"{ratio:.0f}x" if ratio >= 10 else f"{(ratio - 1) * 100:+.0f}%"
+    return f"{_step(measured)} / est. {_step(estimated)} ({off})"
 
 
 def _row(record: JobRecord, cities: dict[str, str], now_ms: int,
@@ -125,11 +160,18 @@ def _row(record: JobRecord, cities: dict[str, str], now_ms: int,
             "submitted_ms": record.submitted_ms, "started_ms": record.started_ms,
             "finished_ms": record.finished_ms,
             "elapsed_s": (end - record.started_ms) / 1000 if record.started_ms else None,
-            "estimate_s": record.estimate_s, "restarts": record.restarts, "plan_id": record.plan_id,
+            "estimate_s": record.estimate_s, "restarts": record.restarts, "failures": record.failures,
+            "plan_id": record.plan_id,
             "detail": record.detail,
             "iteration_s": iteration.measured_iteration_s if iteration else None,
             "iteration_samples": iteration.samples if iteration else 0,
             "iteration_estimate_s": estimated_iteration_s(record)}
+
+
+def _first_line(detail: str, limit: int | None = None) -> str:
+    """A detail's first line, safe for a terminal, cut to ``limit`` characters."""
+    line = _terminal_safe(detail.splitlines()[0]) if detail.strip() else ""
+    return line if limit is None or len(line) <= limit else line[:limit - 3] + "..."
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -147,14 +189,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     table = Table(title=f"jobs in {args.db}")
     for column in ("name", "state", "nodes", "cities", "started", "elapsed", "estimate",
-                   "step: measured / estimated", "restarts"):
+                   "step: measured / estimated", "restarts", "detail"):
         table.add_column(column, justify="right" if column == "restarts" else "left")
     for r in rows:
         table.add_row(r["name"], r["state"], ", ".join(r["nodes"]) or "-", ", ".join(r["cities"]) or "-",
                       _when(r["started_ms"]), _duration(r["elapsed_s"]), _duration(r["estimate_s"]),
                       _measured_vs_estimated(r["iteration_s"], r["iteration_estimate_s"]),
-                      str(r["restarts"]))
-    Console(width=160).print(table) if rows else print("no jobs (hulk-planner jobs submit jobs.yaml)")
+                      str(r["restarts"]), _first_line(r["detail"], 60) or "-")
+    Console(width=200).print(table) if rows else print("no jobs (hulk-planner jobs submit jobs.yaml)")
     return 0
 
 
@@ -166,9 +208,18 @@ def cmd_show(args: argparse.Namespace) -> int:
     figures = measured(ranks)
     now = int(time.time() * 1000)
     row = _row(record, cities, now)
-    print(f"job {record.name}: {record.state}" + (f" ({record.detail})" if record.detail else ""))
+    first = _first_line(record.detail)
+    print(f"job {record.name}: {record.state}" + (f" ({first})" if first else ""))
+    for line in record.detail.splitlines()[1:]:
+        print(f"    {_terminal_safe(line)}")
     print(f"  nodes     {', '.join(record.nodes) or '-'}  ({', '.join(row['cities']) or '-'})")
-    print(f"  plan      {record.plan_id or '-'}   restarts {record.restarts}")
+    try:
+        budget: int | None = spec_max_restarts(record.spec)
+    except (ValueError, TypeError):
+        budget = None
+    print(f"  plan      {record.plan_id or '-'}   restarts {record.restarts} "
+          f"(after its own failures {record.failures}"
+          f"{f' of at most {budget}' if budget is not None else ''})")
     print(f"  elapsed   {_duration(row['elapsed_s'])}   estimate {_duration(record.estimate_s)}")
     step = _measured_vs_estimated(figures[0] if figures else None, row["iteration_estimate_s"])
     print(f"  step      {step}"
@@ -186,7 +237,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"  spec      {json.dumps(dict(record.spec), sort_keys=True)}")
     print("  history")
     for state, at_ms, detail in record.events:
-        print(f"    {_when(at_ms)}  {state:<9} {detail}")
+        print(f"    {_when(at_ms)}  {state:<9} {_first_line(detail)}")
+        for line in detail.splitlines()[1:]:
+            print(f"{'':35}{_terminal_safe(line)}")
     return 0
 
 
@@ -201,23 +254,59 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _terminal_safe(text: str) -> str:
+    """``text`` with control characters shown as '?': a log's escape sequences (colours, a
+    cleared screen, a window title) must not act on the operator's terminal."""
+    return "".join(c if c.isprintable() or c == "\t" else "?" for c in text)
+
+
+def _rank_header(state: str, exit_code: int, job_ended: bool) -> str:
+    """What a rank's last report says, by state: only an ended rank has an exit code."""
+    if state == "exited":
+        return "exited 0" if exit_code == 0 else f"exited, exit code {exit_code}"
+    if state == "failed":
+        return "failed (could not start)"
+    if state in ("running", "starting") and job_ended:
+        return f"last reported {state} (the job has ended since)"
+    return state
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
+    from planner.service.job_ranks import RankReport, rank_reports
+
     with _store(args) as store:
         record = _job(store, args.name)
-        launches = {n.id: n.launch for n in store.node_records()}
-    nodes = list(record.nodes)
+        nodes_now = {n.id: n for n in store.node_records()}
+        kept = {r.node_id: r for r in rank_reports(store, record.id)}
+    ranks: dict[str, RankReport | None] = {}
+    for node in (*record.nodes, *sorted(set(kept) - set(record.nodes))):
+        live = nodes_now[node].launch if node in nodes_now else None
+        if live is not None and live.job == record.name and live.plan_id == record.plan_id:
+            seen = nodes_now[node].last_seen_ms or 0
+            ranks[node] = RankReport(node, live.plan_id, live.state, live.exit_code, live.detail,
+                                     seen)
+        else:
+            ranks[node] = kept.get(node)
     if args.node:
-        if args.node not in nodes:
+        if args.node not in ranks:
             raise InputError(f"job {record.name!r} has no rank on {args.node!r} (its nodes: "
-                             f"{', '.join(nodes) or 'none'})", field="--node")
-        nodes = [args.node]
+                             f"{', '.join(ranks) or 'none'})", field="--node")
+        ranks = {args.node: ranks[args.node]}
     print(f"job {record.name} ({record.state}); {LOGS_NOTE}")
-    for node in nodes:
-        rank = launches.get(node)
-        mine = rank is not None and rank.job == record.name and rank.plan_id == record.plan_id
-        print(f"== {node}: " + (f"{rank.state} (exit code {rank.exit_code})"
-                                if mine else "no report for this job"))
-        if mine and rank.detail:
-            for line in rank.detail.splitlines()[-50:]:
-                print(f"   {line}")
+    if not ranks:
+        print("no rank has reported for this job" + (f" ({_first_line(record.detail)})"
+                                                      if record.detail.strip() else ""))
+    now = int(time.time() * 1000)
+    for node, report in ranks.items():
+        where = f"rank {record.nodes.index(node)}" if node in record.nodes else "earlier placement"
+        if report is None:
+            print(f"== {node} ({where}): no report for this job")
+            continue
+        plan = "" if report.plan_id == record.plan_id else f", plan {report.plan_id}"
+        heard = _duration(max(0, now - report.changed_ms) / 1000) if report.changed_ms else "-"
+        print(f"== {node} ({where}{plan}): "
+              f"{_rank_header(report.state, report.exit_code, record.state in FINAL)}"
+              f" (heard {heard} ago)")
+        for line in report.detail.splitlines():
+            print(f"   {_terminal_safe(line)}")
     return 0

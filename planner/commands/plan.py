@@ -293,6 +293,7 @@ def push(args: argparse.Namespace, plan, net, jobs) -> str:
     """Publish ``plan`` to the agents as ``--push`` asks; returns the line to print."""
     from hulk.wire.broker import check_name, parse_broker_url
     from planner.security.signing import load_signer
+    from planner.service.placement_seq import ClockSequence
     from planner.service.publisher import (MqttPublisher, new_plan_id, push_new_plan,
                                            registered_addresses)
 
@@ -311,7 +312,8 @@ def push(args: argparse.Namespace, plan, net, jobs) -> str:
 
     placements = asyncio.run(push_new_plan(
         MqttPublisher(broker), plan, net, fleet=fleet, plan_id=plan_id, issued_at_ms=now,
-        signer=signer, addresses=registered_addresses(args.db), jobs=jobs))
+        signer=signer, addresses=registered_addresses(args.db), jobs=jobs,
+        sequence=ClockSequence()))   # numbers from the clock: above serve's, which follow it too
     if args.db:   # the same records `jobs` and serve's lifecycle use
         from planner.core.placements import job_spec, stages_doc
         from planner.service.job_records import record_pushed_plan
@@ -334,6 +336,8 @@ def fmt_s(seconds: float | None) -> str:
         return "inf"
     if seconds == 0:
         return "0 s"
+    if seconds < 1e-3:   # a tiny job (the lab's example) must not print as "0.0 ms"
+        return f"{seconds * 1e6:.1f} us"
     if seconds < 1:
         return f"{seconds * 1000:.1f} ms"
     if seconds < 120:

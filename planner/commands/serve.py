@@ -309,12 +309,14 @@ def add_calibration(runtime: PlannerRuntime, args: argparse.Namespace):
 def add_recovery(runtime: PlannerRuntime, args: argparse.Namespace, active: Path | None,
                  signer: Signer | None, calibration=None) -> None:
     """With --mqtt: re-plan (with the GNN when there is a model dir) the jobs of silent nodes,
-    and run the job lifecycle (`hulk-planner jobs`) next to it, both on the network
-    ``calibration`` (serve's ServeCalibration, None: the reference model) calibrates."""
+    and run the job lifecycle (`hulk-planner jobs`) and reconciliation (lost placements sent
+    again, unplanned processes stopped) next to it, on the network ``calibration`` (serve's
+    ServeCalibration, None: the reference model) calibrates."""
     if not args.mqtt:
         return
     # Imported here: it loads the search planner, which other commands need not wait for.
     from planner.service.lifecycle import add_to_runtime as add_lifecycle
+    from planner.service.reconcile import add_to_runtime as add_reconcile
     from planner.service.recovery import add_to_runtime
 
     from planner.methods import serve_planner
@@ -325,7 +327,9 @@ def add_recovery(runtime: PlannerRuntime, args: argparse.Namespace, active: Path
         options=serve_options(runtime, args),
         interval_s=args.recovery_interval or max(0.5, args.node_timeout / 3), planner=search,
         signer=signer, calibrate=calibration.apply if calibration is not None else None)
-    add_lifecycle(runtime, replanner, interval_s=getattr(args, "jobs_interval", 2.0), planner=search)
+    jobs_interval = getattr(args, "jobs_interval", 2.0)
+    add_lifecycle(runtime, replanner, interval_s=jobs_interval, planner=search)
+    add_reconcile(runtime, replanner, interval_s=jobs_interval)
 
 
 def build_dashboard(args: argparse.Namespace):
@@ -402,6 +406,12 @@ def watch_fleet(metrics: PlannerMetrics, runtime: PlannerRuntime, node_timeout_s
 
 def run(args: argparse.Namespace) -> int:
     flags = check_flags(args)
+    from planner.service.serve_lock import ServeLock
+    with ServeLock(args.db):   # one serve per store: a second would place every job twice
+        return _run(args, flags)
+
+
+def _run(args: argparse.Namespace, flags: ServeFlags) -> int:
     metrics = endpoint = None
     if getattr(args, "metrics", None):  # bound first: a port in use ends serve before the store opens
         metrics = PlannerMetrics(fleet=args.fleet_name)

@@ -10,6 +10,9 @@ from hulk.validate import Bound, Invalid
 
 BYTES_PER_PARAM_STATE = 16   # fp16 weights + grads, fp32 master, Adam m and v
 BYTES_PER_ACTIVATION = 2     # fp16
+# A crash of the job's own processes (an OOM kill, a lost GPU) is often transient: restart from
+# the latest checkpoint a few times before calling the job failed, as torchrun's --max-restarts.
+DEFAULT_MAX_RESTARTS = 3
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class Job:
     model: str | None = None
     command: tuple[str, ...] | None = None   # argv the agents launch (jobs.yaml may give a string)
     checkpoint_dir: str | None = None        # absolute, or relative to the job's working directory
+    max_restarts: int = DEFAULT_MAX_RESTARTS  # restarts after its own processes fail (not node losses)
 
     def flops_per_layer(self, micro_batch: int | None = None) -> float:
         """f = 6 * (P / L) * s * b: training FLOPs per micro-batch per layer."""
@@ -97,6 +101,7 @@ JOB_BOUNDS: dict[str, Bound] = {
     "global_batch": Bound(1, 16_777_216, "sequences", integer=True),
     "micro_batch": Bound(1, 1_048_576, "sequences", integer=True),
     "steps": Bound(1, 1_000_000_000, "steps", integer=True),
+    "max_restarts": Bound(0, 100, "restarts", integer=True),
 }
 
 

@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from hulk.errors import InputError
+from hulk.validate import Invalid
 from hulk.wire.placement import SUMMARY_FORMAT, NodePlacement, PlanSummary, Role
 from planner.core.costmodel import Placement, Stage, micro_batches
 from planner.core.fleet import Network
-from planner.core.jobs import Job
+from planner.core.jobs import DEFAULT_MAX_RESTARTS, Job, check_job_field
 from planner.core.plan import Plan
 
 DEFAULT_BASE_PORT = 29500
@@ -105,7 +106,9 @@ def job_spec(job: Job) -> dict[str, Any]:
             "seq_len": job.seq_len, "global_batch": job.global_batch, "micro_batch": job.micro_batch,
             "steps": job.steps,
             "command": list(argv) if (argv := command_argv(job.command)) is not None else None,
-            **({"checkpoint_dir": job.checkpoint_dir} if job.checkpoint_dir is not None else {})}
+            **({"checkpoint_dir": job.checkpoint_dir} if job.checkpoint_dir is not None else {}),
+            **({"max_restarts": job.max_restarts}
+               if job.max_restarts != DEFAULT_MAX_RESTARTS else {})}
 
 
 def build_summary(plan: Plan, net: Network, *, fleet: str, plan_id: str, issued_at_ms: int,
@@ -156,10 +159,20 @@ def job_from_spec(name: str, spec: Mapping[str, Any]) -> Job:
                    seq_len=int(spec["seq_len"]), global_batch=int(spec["global_batch"]),
                    micro_batch=int(spec.get("micro_batch") or 1), steps=int(spec.get("steps") or 1),
                    model=spec.get("model"), command=command_argv(spec.get("command")),
-                   checkpoint_dir=_spec_path(spec.get("checkpoint_dir")))
+                   checkpoint_dir=_spec_path(spec.get("checkpoint_dir")),
+                   max_restarts=spec_max_restarts(spec))
     except (KeyError, TypeError, ValueError, InputError):
         raise InputError("expected params, layers, hidden, seq_len, global_batch",
                          path="plan summary", field=f"{name}.spec") from None
+
+
+def spec_max_restarts(spec: Mapping[str, Any]) -> int:
+    """A spec's max_restarts (the default when absent); ValueError when out of its bound."""
+    value = spec.get("max_restarts", DEFAULT_MAX_RESTARTS)
+    try:
+        return int(check_job_field("max_restarts", value))
+    except Invalid:
+        raise ValueError(value) from None
 
 
 def _spec_path(value: Any) -> str | None:

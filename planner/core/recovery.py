@@ -10,6 +10,8 @@ does the reading and pushing):
   map the result back to the full network's indices. Serve's recovery first tries the
   warm-started repair (planner/search/repair.py, ``repair_jobs``: same inputs, same result
   type) and uses this only for the jobs it cannot repair.
+- :func:`free_nodes` and :func:`plan_on`: the nodes a re-plan may use, and jobs planned on them
+  (the job lifecycle places queued jobs with them too).
 
 Growth: a node that registers joins the store's fleet and is used by the next plan (``plan
 --push`` or the next recovery's free nodes); a running plan is not reshuffled for a newcomer,
@@ -68,9 +70,7 @@ def replan_jobs(plan: Plan, net: Network, affected: Iterable[Job], down: Iterabl
     affected = list(affected)
     names = {j.name for j in affected}
     kept = [p for p in plan.placements if p.job.name not in names]
-    used = {i for p in kept for i in p.nodes}
-    down_idx = {net.index[n] for n in down if n in net.index}
-    free = [i for i in range(net.n) if i not in used and i not in down_idx]
+    free = free_nodes(kept, net, down)
     unplaced = list(plan.unplaced)
     placed: list[Placement] = []
     if affected:
@@ -79,19 +79,34 @@ def replan_jobs(plan: Plan, net: Network, affected: Iterable[Job], down: Iterabl
                          for j in affected]
         else:
             try:
-                sub_plan = search(affected, sub_network(net, free), seed=seed)
+                got, left = plan_on(free, net, affected, search=search, seed=seed)
             except PlanningError as exc:
                 unplaced += [Unplaced(j.name, f"re-plan after a node failure: {exc}")
                              for j in affected]
             else:
-                for p in sub_plan.placements:
-                    stages = tuple(Stage(st.lo, st.hi, tuple(free[i] for i in st.nodes))
-                                   for st in p.stages)
-                    placed.append(Placement(job=p.job, stages=stages, micro_batch=p.micro_batch,
-                                            phase=p.phase))
-                unplaced += list(sub_plan.unplaced)
+                placed += got
+                unplaced += left
     new_plan = Plan(method=plan.method, placements=kept + placed, unplaced=unplaced,
                     notes=plan.notes + [f"re-planned {sorted(names)} without {sorted(set(down))}"])
     placed_names = {p.job.name for p in placed}
     return Replan(plan=new_plan, replanned=sorted(placed_names),
                   kept=sorted(p.job.name for p in kept), lost=sorted(names - placed_names))
+
+
+def free_nodes(kept: Iterable[Placement], net: Network, down: Iterable[str]) -> list[int]:
+    """Indices of the nodes neither ``down`` nor used by a ``kept`` placement, in order."""
+    used = {i for p in kept for i in p.nodes}
+    down_idx = {net.index[n] for n in down if n in net.index}
+    return [i for i in range(net.n) if i not in used and i not in down_idx]
+
+
+def plan_on(free: list[int], net: Network, jobs: list[Job], *, search: Planner,
+            seed: int = 0) -> tuple[list[Placement], list[Unplaced]]:
+    """``jobs`` planned by ``search`` on the sub-network of the ``free`` node indices, mapped
+    back to ``net``'s indices; whatever the planner raises (a PlanningError) goes to the caller."""
+    sub_plan = search(jobs, sub_network(net, free), seed=seed)
+    placed = [Placement(job=p.job, stages=tuple(Stage(st.lo, st.hi, tuple(free[i] for i in st.nodes))
+                                                for st in p.stages),
+                        micro_batch=p.micro_batch, phase=p.phase)
+              for p in sub_plan.placements]
+    return placed, list(sub_plan.unplaced)

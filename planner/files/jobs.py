@@ -12,7 +12,8 @@ from hulk.wire.placement import MAX_PATH, valid_job_name
 from hulk.validate import Invalid
 from planner.core.jobs import MODEL_CATALOG, Job, check_job_field
 
-INT_FIELDS = ("layers", "hidden", "seq_len", "global_batch", "micro_batch", "steps")
+INT_FIELDS = ("layers", "hidden", "seq_len", "global_batch", "micro_batch", "steps",
+              "max_restarts")
 NUMBER_FIELDS = ("params",) + INT_FIELDS
 # What a model outside the catalog must give; micro_batch and steps have defaults.
 REQUIRED_WITHOUT_CATALOG = ("params", "layers", "hidden", "seq_len", "global_batch")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hulk.errors import PlanningError
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.search import algorithm1 as alg1
@@ -40,6 +41,8 @@ def heuristic_scores(jobs: list[Job], net: Network, *, labels: np.ndarray | None
     flops = np.array([j.total_flops for j in jobs])
     total_thr = float(net.thr[order].sum())
     mean_mem = float(net.mem[order].mean())
+    if mean_mem <= 0:   # every need below is relative to it; and no node could hold a layer
+        raise PlanningError(f"none of the {n} node(s) has GPU memory: no job can be placed")
     mean_thr = total_thr / order.size
     # Throughput a job needs just to hold its model (nodes of average memory), with slack.
     need = np.array([alg1.memory_threshold(j, min(j.layers, 16)) / mean_mem * mean_thr * 1.3

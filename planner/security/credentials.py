@@ -194,3 +194,17 @@ class CredentialStore:
     def is_cached(self, token: str) -> bool:
         """Whether ``token`` was verified before (its next verification costs no scrypt)."""
         return _digest(token) in self._verified
+
+
+def revoked_node_ids(conn: sqlite3.Connection) -> frozenset[str]:
+    """Nodes whose every token was revoked (enrolled, none live now): they may not be planned
+    on. Empty for a file without credentials (an insecure fleet never enrols nodes)."""
+    try:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' "
+                        "AND name='hulk_credentials'").fetchone() is None:
+            return frozenset()
+        rows = conn.execute("SELECT node_id FROM hulk_credentials GROUP BY node_id "
+                            "HAVING COUNT(revoked_ms) = COUNT(*)").fetchall()
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot read revoked nodes: {exc}") from exc
+    return frozenset(r[0] for r in rows)

@@ -157,14 +157,36 @@ def issue_cert(ca: CertPaths, out_dir: str | os.PathLike, name: str, *,
     return paths
 
 
+# The planner host's own names: a browser or tool on that host (the dashboard opened over
+# 127.0.0.1, a health check) then verifies serve's certificate like any remote client.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def server_hosts(hosts: list[str] | tuple[str, ...]) -> list[str]:
+    """The server certificate's names: ``hosts`` in order, then the loopback names not among
+    them (an address compared as an address: ``0:0::1`` is ``::1``)."""
+    def key(host: str) -> str:
+        try:
+            return str(ipaddress.ip_address(host))
+        except ValueError:
+            return host.lower()
+    out, seen = [], set()
+    for host in [*hosts, *LOOPBACK_HOSTS]:
+        if key(host) not in seen:
+            seen.add(key(host))
+            out.append(host)
+    return out
+
+
 def init_pki(out_dir: str | os.PathLike, hosts: list[str] | tuple[str, ...]) -> dict[str, Path]:
-    """CA + a server certificate for ``hosts`` (the planner's and the broker's names/addresses).
+    """CA + a server certificate for ``hosts`` (the planner's and the broker's names/addresses)
+    and the loopback names.
 
     Returns the paths: ``ca``, ``ca_key``, ``server_cert``, ``server_key``."""
     if not hosts:
         raise ConfigError("expected at least one host name or address for the server certificate",
                           field="--host")
     ca = create_ca(out_dir)
-    server = issue_cert(ca, out_dir, "server", hosts=list(hosts))
+    server = issue_cert(ca, out_dir, "server", hosts=server_hosts(hosts))
     return {"ca": ca.cert, "ca_key": ca.key, "server_cert": server.cert,
             "server_key": server.key}

@@ -20,11 +20,16 @@ Tables:
   imported_links  links of an imported fleet file (used where nothing was measured)
   meta            schema version, the rollup watermark, the peers version
   jobs            submitted jobs: name, state, spec, plan id, nodes, the placement's stages
-                  (NULL for jobs placed without them), the plan's estimate, restarts, the times
+                  (NULL for jobs placed without them), the plan's estimate, restarts (and how
+                  many of them followed a failure of the job's own ranks: failures), the times
                   of submission, start, finish and retirement (planner.core.lifecycle)
   job_events      every state change of a job, with its time and detail
   job_progress    each job rank's step progress as its heartbeat last carried it
                   (planner.service.job_progress)
+  placement_seq   the last placement sequence number issued to each node
+                  (planner.service.placement_seq)
+  job_ranks       each job rank's last launch report (state, exit code, detail), kept after
+                  the job ends (planner.service.job_ranks)
   throughput_scheduled, throughput_tests
                   throughput tests serve handed out and the results their receivers reported
                   (planner.service.throughput_store); nodes.throughput_port is where a node's
@@ -51,6 +56,7 @@ from hulk.errors import StoreError
 from hulk.wire import histogram
 from planner.core.probe_plan import site_key
 from planner.core.site_pairs import PER_PAIR_UP_TO
+from planner.service.job_ranks import JOB_RANKS
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +234,8 @@ class Database:
                 db["nodes"].create_index(["id"], unique=True)
             if "clock_skew_ms" not in db["nodes"].columns_dict:  # added after schema version 1
                 db.execute("ALTER TABLE nodes ADD COLUMN clock_skew_ms INTEGER")
+            if "gpus_declared" not in db["nodes"].columns_dict:  # 1: GPUs from an agent's declared_gpus setting
+                db.execute("ALTER TABLE nodes ADD COLUMN gpus_declared INTEGER NOT NULL DEFAULT 0")
             if "batches" not in db.table_names():
                 db.execute("""CREATE TABLE batches (
                     node_idx INTEGER NOT NULL, batch_id TEXT NOT NULL, received_ms INTEGER NOT NULL,
@@ -285,6 +293,8 @@ class Database:
                 db.execute("CREATE INDEX job_events_job ON job_events(job_id)")
             if "stages_json" not in db["jobs"].columns_dict:   # a placed job's stages (JSON)
                 db.execute("ALTER TABLE jobs ADD COLUMN stages_json TEXT")
+            if "failures" not in db["jobs"].columns_dict:   # restarts after its own ranks failed
+                db.execute("ALTER TABLE jobs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0")
             if "throughput_port" not in db["nodes"].columns_dict:  # 0: takes no throughput tests
                 db.execute("ALTER TABLE nodes ADD COLUMN throughput_port INTEGER NOT NULL DEFAULT 0")
             if "throughput_scheduled" not in db.table_names():
@@ -302,6 +312,11 @@ class Database:
                     detail TEXT NOT NULL DEFAULT '', received_ms INTEGER NOT NULL)""")
             if "job_progress" not in db.table_names():
                 db.execute(JOB_PROGRESS)
+            if "placement_seq" not in db.table_names():   # the last placement seq per node
+                db.execute("CREATE TABLE placement_seq (node_id TEXT PRIMARY KEY, "
+                           "seq INTEGER NOT NULL) WITHOUT ROWID")
+            if "job_ranks" not in db.table_names():
+                db.execute(JOB_RANKS)
             if self.meta("schema_version") == "1":
                 self._migrate_from_1(self.conn)
             if self.meta("schema_version") == "2":

@@ -25,6 +25,7 @@ from planner.core.gcpause import gc_paused
 from planner.core.rollup import DailyRollup, WindowStats
 from planner.core.probe_plan import site_key
 from planner.core.site_pairs import PER_PAIR_UP_TO, site_locations
+from planner.service.node_state import revoked_nodes
 from planner.service.store import PairRollup, Store
 
 
@@ -50,7 +51,7 @@ SITE_LINKS_ABOVE = PER_PAIR_UP_TO
 
 
 def fleet_from_store(store: Store, window_days: int = 90, name: str = "default",
-                     site_links: bool | None = None) -> Fleet:
+                     site_links: bool | None = None, *, keep_revoked: bool = False) -> Fleet:
     """The fleet of the store's last ``window_days``: measured ordered pairs with their mean RTT,
     loss and sample count; links of an imported fleet file fill pairs never measured. Links
     between two sites (or inside one) whose throughput tests measured a bandwidth carry it
@@ -61,10 +62,13 @@ def fleet_from_store(store: Store, window_days: int = 90, name: str = "default",
     the Fleet lists its ``sites``. With ``site_links`` (default: above ``SITE_LINKS_ABOVE``
     nodes) node-pair rollups between two sites still held (from when the fleet was smaller) are
     folded into the site links too; pairs inside a site, and pairs with a node of no known site,
-    stay node links. Every figure is a sum SQLite adds up (no histograms are read)."""
+    stay node links. Every figure is a sum SQLite adds up (no histograms are read).
+
+    Revoked nodes (``planner.service.node_state``) and their links are left out, so nothing
+    plans on them; ``keep_revoked`` keeps them for views that mark them."""
     # Hundreds of thousands of links stay alive, none of them in a cycle.
     with gc_paused():
-        return _fleet_from_store(store, window_days, name, site_links)
+        return _fleet_from_store(store, window_days, name, site_links, keep_revoked)
 
 
 def measured_site_bandwidth(store: Store, window_days: int = 90
@@ -95,11 +99,16 @@ def _with_measured(links: list, site_of: dict[str, str | None],
 
 
 def _fleet_from_store(store: Store, window_days: int, name: str,
-                      site_links: bool | None) -> Fleet:
+                      site_links: bool | None, keep_revoked: bool) -> Fleet:
     nodes = nodes_from_store(store)
+    revoked = frozenset() if keep_revoked else revoked_nodes(store)
+    if revoked:
+        nodes = [n for n in nodes if n.id not in revoked]
     measured_bw = measured_site_bandwidth(store, window_days)
     fold = len(nodes) > SITE_LINKS_ABOVE if site_links is None else site_links
     window = store.window_totals(window_days)
+    if revoked:
+        window = [row for row in window if row[0] not in revoked and row[1] not in revoked]
     site_sums = {(a, b): [count, lost, total]
                  for a, b, count, lost, total in store.site_window_totals(window_days)}
     imported = store.imported_links()
@@ -125,7 +134,8 @@ def _fleet_from_store(store: Store, window_days: int, name: str,
              for src, dst, count, lost, total in pairs if count > lost]
     links.sort(key=lambda k: (k.src, k.dst))
     for row in imported:
-        if frozenset((row["src"], row["dst"])) in measured:
+        if frozenset((row["src"], row["dst"])) in measured \
+                or row["src"] in revoked or row["dst"] in revoked:
             continue
         links.append(Link(row["src"], row["dst"], rtt_ms=row["rtt_ms"],
                           bandwidth_gbps=row["bandwidth_gbps"], loss=row["loss"] or 0.0,

@@ -19,17 +19,17 @@ if TYPE_CHECKING:
     from planner.service.store import Store
 
 _COLUMNS = ("id, name, state, spec_json, submitted_ms, changed_ms, plan_id, nodes_json, restarts, "
-            "started_ms, finished_ms, retired_ms, estimate_s, detail, stages_json")
+            "started_ms, finished_ms, retired_ms, estimate_s, detail, stages_json, failures")
 
 
 def _record(row: tuple, events: tuple = ()) -> JobRecord:
     (id_, name, state, spec, submitted, changed, plan_id, nodes, restarts, started, finished,
-     retired, estimate_s, detail, stages) = row
+     retired, estimate_s, detail, stages, failures) = row
     return JobRecord(id=id_, name=name, state=state, spec=json.loads(spec), submitted_ms=submitted,
                      changed_ms=changed, plan_id=plan_id, nodes=tuple(json.loads(nodes or "[]")),
                      restarts=restarts, started_ms=started, finished_ms=finished,
                      retired_ms=retired, estimate_s=estimate_s, detail=detail or "", events=events,
-                     stages=json.loads(stages) if stages else None)
+                     stages=json.loads(stages) if stages else None, failures=failures or 0)
 
 
 class JobRecords:
@@ -64,6 +64,15 @@ class JobRecords:
                 (job_id,)).fetchall())
         return _record(row, events)
 
+    def add_event(self, job_id: int, state: str, detail: str) -> None:
+        """Append an event to a job's history without changing the job (something seen about
+        it, such as a process that ran after it ended)."""
+        with self.database.transaction("add job event") as conn:
+            if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
+                raise NotFoundError(f"no job with id {job_id}")
+            conn.execute("INSERT INTO job_events (job_id, at_ms, state, detail) VALUES (?, ?, ?, ?)",
+                         (job_id, self.clock(), state, detail))
+
     def job_by_name(self, name: str) -> JobRecord:
         """The latest job of that name; NotFoundError when there is none."""
         with self.database.reading("read job") as conn:
@@ -83,10 +92,12 @@ class JobRecords:
     def update_job(self, job_id: int, *, state: str | None = None, detail: str | None = None,
                    plan_id: str | None = None, nodes: Iterable[str] | None = None,
                    estimate_s: float | None = None, restart: bool = False,
-                   retired: bool = False, stages: Mapping[str, Any] | None = None) -> None:
+                   retired: bool = False, stages: Mapping[str, Any] | None = None,
+                   failure: bool = False) -> None:
         """Change a job's row; a new state (or a restart) is also appended as an event. New
         ``nodes`` replace the kept ``stages`` too (none when not given: they belonged to the old
-        nodes)."""
+        nodes). ``failure``: the restart follows a failure of the job's own ranks (it counts in
+        ``failures``, the budget ``max_restarts`` limits, as well as in ``restarts``)."""
         if state is not None and state not in STATES:
             raise ValueError(f"unknown job state {state!r}")
         t = self.clock()
@@ -117,7 +128,8 @@ class JobRecords:
                 elif state in LIVE:
                     sets["finished_ms"] = None
             if restart:
-                conn.execute("UPDATE jobs SET restarts = restarts + 1 WHERE id = ?", (job_id,))
+                conn.execute("UPDATE jobs SET restarts = restarts + 1, failures = failures + ? "
+                             "WHERE id = ?", (int(failure), job_id))
             if sets:
                 assign = ", ".join(f"{k} = ?" for k in sets)
                 conn.execute(f"UPDATE jobs SET {assign} WHERE id = ?", (*sets.values(), job_id))

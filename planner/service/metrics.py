@@ -7,9 +7,10 @@ Two kinds:
   default, ``NO_EVENTS``, does nothing, so serve without ``--metrics`` pays nothing;
   :class:`PlannerMetrics` counts into its own registry.
 * the fleet's state, read from the store when Prometheus scrapes (:class:`FleetCollector`): nodes
-  alive or silent, clock skew, spool depth and drops as each node's last heartbeat told, jobs by
-  state, RTT and loss per site pair. :func:`fleet_snapshot` computes it (pure: rows in, values
-  out); the collector reads the store on the store's thread and keeps a snapshot a few seconds.
+  alive, silent or revoked, clock skew, spool depth and drops as each node's last heartbeat told,
+  jobs by state, RTT and loss per site pair. :func:`fleet_snapshot` computes it (pure: rows in,
+  values out); the collector reads the store on the store's thread and keeps a snapshot a few
+  seconds.
 
 Labels stay bounded: per node, per state or reason (fixed sets), and links per *site* pair (a
 site is the one the node's agent declared, else its city, else its id), never per raw peer pair of a large fleet.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from hulk import __version__
 from planner.core.probe_plan import site_key
+from planner.service.node_state import (ALIVE, IMPORTED, NODE_STATES, REVOKED, SILENT,
+                                        node_state, revoked_nodes)
 
 log = logging.getLogger(__name__)
 disable_created_metrics()   # no *_created series: the process's start time says the same
@@ -38,7 +41,8 @@ disable_created_metrics()   # no *_created series: the process's start time says
 # see a series before the first event.
 REJECT_REASONS = ("below_light_speed", "unknown_peer", "invalid_batch", "too_old")
 REPORT_RESULTS = ("stored", "duplicate", "invalid", "unregistered")
-PUSH_SOURCES = ("recovery", "jobs", "resign")
+PUSH_SOURCES = ("recovery", "jobs", "resign", "reconcile")
+RESEND_REASONS = ("lost", "unplanned")    # planner.core.reconcile.REASONS
 THROUGHPUT_RESULTS = ("ok", "failed", "rejected")
 JOB_STATES = ("queued", "placed", "running", "succeeded", "failed", "cancelled")
 LAUNCH_STATES = ("idle", "starting", "running", "exited", "failed")
@@ -66,6 +70,9 @@ class ServeEvents:
     def push_failed(self, source: str) -> None: ...
 
     def job_moved(self, state: str) -> None: ...
+
+    def placement_resent(self, reason: str) -> None:
+        """A node's placement sent again by reconciliation: lost or unplanned."""
 
     def throughput_result(self, result: str, gbps: float | None) -> None:
         """A throughput test's result: ok, failed (the test ran and failed) or rejected (an
@@ -102,14 +109,14 @@ class LinkStats:
 class FleetSnapshot:
     """The store's view of the fleet as metric values (what one scrape exports)."""
 
-    nodes: dict[str, int]                      # alive / silent / imported -> count
-    node_up: dict[str, int]                    # node -> 1 alive, 0 silent (agents' nodes only)
+    nodes: dict[str, int]                      # alive / silent / revoked / imported -> count
+    node_up: dict[str, int]                    # node -> 1 alive, 0 silent (agents', unrevoked)
     last_seen_s: dict[str, float]              # node -> epoch seconds of its last call
     clock_skew_s: dict[str, float]             # node -> agent clock minus planner clock
     spool_depth: dict[str, int]                # node -> samples its spool held (last heartbeat)
     spool_dropped: dict[str, int]              # node -> samples its spool dropped, cumulative
     gpus: dict[str, int]                       # node -> GPUs
-    launch_states: dict[str, int]              # launch state -> nodes in it
+    launch_states: dict[str, int]              # launch state (alive nodes), silent, revoked
     jobs: dict[str, int]                       # job state -> jobs (retired included)
     links: dict[tuple[str, str], LinkStats] = field(default_factory=dict)  # site pair -> stats
     throughput_gbps: dict[tuple[str, str], float] = field(default_factory=dict)  # site pair
@@ -130,37 +137,40 @@ def site_of(row: Mapping[str, Any]) -> str:
 def fleet_snapshot(node_rows: Sequence[Mapping[str, Any]], job_states: Iterable[str],
                    pairs: Iterable[Any], *, now_ms: int, node_timeout_s: float,
                    throughput: Mapping[tuple[str, str], tuple[float, int]] | None = None,
-                   iterations: Iterable[tuple[str, float, float | None]] = ()
-                   ) -> FleetSnapshot:
+                   iterations: Iterable[tuple[str, float, float | None]] = (),
+                   revoked: Collection[str] = ()) -> FleetSnapshot:
     """Metric values from the store's rows: ``node_rows`` (Store.nodes), each job's state,
     ``pairs`` (Store.window_rollups: src, dst, rollup), ``throughput``
     (Store.throughput_by_site_pair, by the store's site names), ``iterations`` (job, measured
-    and estimated seconds a step: Store.job_iterations). A node whose agent has not called
-    for ``node_timeout_s`` is silent; imported nodes (no agent) are counted apart."""
-    counts = {"alive": 0, "silent": 0, "imported": 0}
+    and estimated seconds a step: Store.job_iterations), ``revoked`` (node ids). A node's state
+    is ``planner.service.node_state``'s, as `fleet show` prints it; a launch state counts only
+    for alive nodes (a silent node's last report is no longer known true)."""
+    counts = dict.fromkeys(NODE_STATES, 0)
     up, seen, skew, depth, dropped, gpus = {}, {}, {}, {}, {}, {}
-    launch = dict.fromkeys(LAUNCH_STATES, 0)
+    launch = dict.fromkeys((*LAUNCH_STATES, SILENT, REVOKED), 0)
     sites = {}
     for row in node_rows:
         node = str(row["id"])
         sites[node] = site_of(row)
         gpus[node] = int(row.get("gpu_count") or 0)
-        if row.get("source") == "import":
-            counts["imported"] += 1
+        state = node_state(row, now_ms=now_ms, node_timeout_s=node_timeout_s, revoked=revoked)
+        counts[state] += 1
+        if state == IMPORTED:
             continue
+        if state != ALIVE:
+            launch[state] += 1
         last = row.get("last_seen_ms")
-        alive = last is not None and now_ms - last <= node_timeout_s * 1000
-        counts["alive" if alive else "silent"] += 1
-        up[node] = int(alive)
+        if state != REVOKED:   # taken out on purpose: no "node down" alert for it
+            up[node] = int(state == ALIVE)
         if last is not None:
             seen[node] = last / 1000.0
         if row.get("clock_skew_ms") is not None:
             skew[node] = row["clock_skew_ms"] / 1000.0
         depth[node] = int(row.get("spool_depth") or 0)
         dropped[node] = int(row.get("spool_dropped") or 0)
-        state = (row.get("launch_state") or "").lower()
-        if state in launch:
-            launch[state] += 1
+        reported = (row.get("launch_state") or "").lower()
+        if state == ALIVE and reported in LAUNCH_STATES:
+            launch[reported] += 1
     jobs = dict.fromkeys(JOB_STATES, 0)
     for state in job_states:
         jobs[state] = jobs.get(state, 0) + 1
@@ -197,11 +207,13 @@ def snapshot_metrics(snap: FleetSnapshot) -> list[Metric]:
         return family
 
     nodes = GaugeMetricFamily("hulk_nodes", "Nodes by state: alive (an agent called within "
-                              "--node-timeout), silent, imported (no agent)", labels=["state"])
+                              "--node-timeout), silent, revoked (hulk-planner revoke), imported "
+                              "(no agent)", labels=["state"])
     for state, count in snap.nodes.items():
         nodes.add_metric([state], count)
-    launch = GaugeMetricFamily("hulk_nodes_launch_state", "Nodes by the launch state their "
-                               "last heartbeat reported", labels=["state"])
+    launch = GaugeMetricFamily("hulk_nodes_launch_state", "Alive nodes by the launch state "
+                               "their last heartbeat reported; silent and revoked nodes apart",
+                               labels=["state"])
     for state, count in snap.launch_states.items():
         launch.add_metric([state], count)
     jobs = GaugeMetricFamily("hulk_jobs", "Submitted jobs by state (retired ones included)",
@@ -265,6 +277,7 @@ def read_snapshot(store: Any, *, node_timeout_s: float, now_ms: int | None = Non
     unretired = {r.name for r in records if r.retired_ms is None}
     return fleet_snapshot(store.nodes(), [r.state for r in records], pairs,
                           now_ms=now, node_timeout_s=node_timeout_s,
+                          revoked=revoked_nodes(store),
                           throughput=store.throughput_by_site_pair(),
                           iterations=[(j.job_name, j.measured_iteration_s, j.estimated_iteration_s)
                                       for j in store.job_iterations() if j.job_name in unretired])
@@ -360,6 +373,10 @@ class PlannerMetrics(ServeEvents):
         self.push_failures = Counter("hulk_placement_push_failures", "Rounds that could not "
                                      "read or push the plan (broker unreachable, refused)",
                                      ["source"], registry=r)
+        self.resent = Counter("hulk_placements_resent", "Node placements sent again because "
+                              "the node ran other than the plan: lost (a planned job missing), "
+                              "unplanned (a job the plan does not give it)", ["reason"],
+                              registry=r)
         self.job_transitions = Counter("hulk_job_transitions", "Job state changes the "
                                        "lifecycle made, by new state", ["state"], registry=r)
         self.makespan = Gauge("hulk_plan_makespan_seconds", "The cost model's makespan of the "
@@ -386,6 +403,8 @@ class PlannerMetrics(ServeEvents):
             self.push_failures.labels(source)
         for state in JOB_STATES:
             self.job_transitions.labels(state)
+        for reason in RESEND_REASONS:
+            self.resent.labels(reason)
         for outcome in ("replanned", "lost"):
             self.replanned_jobs.labels(outcome)
         for result in THROUGHPUT_RESULTS:
@@ -435,6 +454,9 @@ class PlannerMetrics(ServeEvents):
 
     def job_moved(self, state: str) -> None:
         self.job_transitions.labels(state).inc()
+
+    def placement_resent(self, reason: str) -> None:
+        self.resent.labels(reason).inc()
 
     def throughput_result(self, result: str, gbps: float | None) -> None:
         self.throughput_tests.labels(result).inc()

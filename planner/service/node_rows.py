@@ -19,6 +19,7 @@ from planner.core.lifecycle import RankState
 from planner.core.probe_plan import site_key
 from planner.service.database import Database
 from planner.service.job_progress import store_progress
+from planner.service.job_ranks import record_rank
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class NodeRecord:
     site: str | None = None
     last_seen_ms: int | None = None      # its last heartbeat or report
     launch: RankState | None = None      # its launched process, as it last reported it
+    revoked: bool = False                # every credential revoked: never planned on, down at once
 
     @property
     def monitored(self) -> bool:
@@ -100,6 +102,7 @@ class NodeRows:
                 "agent_version": reg.agent_version, "gpus_json": gpus_json,
                 "gpu_unavailable_reason": inventory.unavailable_reason,
                 "driver_version": inventory.driver_version, "gpu_count": inventory.count,
+                "gpus_declared": int(inventory.declared),
                 "gpu_name": gpu_name, "compute_capability": cc, "memory_gb": memory_gb,
                 "address": reg.address, "probe_port": reg.probe_port,
                 "throughput_port": reg.throughput_port, "last_seen_ms": t,
@@ -145,7 +148,8 @@ class NodeRows:
     def heartbeat(self, node_id: str, *, spool_depth: int = 0, spool_dropped: int = 0,
                   launch: LaunchStatus | None = None, clock_skew_ms: int | None = None) -> bool:
         """Record liveness and the launch status (unless its state is unspecified) with its
-        step progress (``planner.service.job_progress``); returns whether the node's peer list
+        step progress (``planner.service.job_progress``) and its job's kept rank report
+        (``planner.service.job_ranks``); returns whether the node's peer list
         changed since it registered. Raises NotFoundError for a node the store does not know."""
         t = self.clock()
         with self.database.transaction("heartbeat") as conn:
@@ -167,6 +171,7 @@ class NodeRows:
                          (*sets.values(), spool_dropped, row[0]))
             if launch is not None and launch.state:
                 store_progress(conn, row[0], node_id, launch, t)
+                record_rank(conn, node_id, launch, t)
             version = int(self.database.meta("peers_version", "0"))
         return version > (row[1] or 0)
 
@@ -179,8 +184,14 @@ class NodeRows:
 
     def node_records(self) -> list[NodeRecord]:
         """Every node as a typed record, in registration order."""
+        from dataclasses import replace
+
+        from planner.security.credentials import revoked_node_ids
+
         with self.database.reading("read nodes") as conn:
-            return [_node_record(r) for r in conn.execute(_RECORD_SQL).fetchall()]
+            revoked = revoked_node_ids(conn)
+            records = [_node_record(r) for r in conn.execute(_RECORD_SQL).fetchall()]
+        return [replace(r, revoked=True) if r.id in revoked else r for r in records]
 
     def nodes(self) -> list[dict[str, Any]]:
         """Every node row with all its columns as a plain dict (GPU list decoded, ``site`` its

@@ -1,14 +1,17 @@
 """Pushing placements to the broker (aiomqtt behind a small interface), and the current plan.
 
 Every message is retained with QoS 1, so an agent that (re)connects later gets its placement from
-the broker, and a publish returns only once the broker has acknowledged it. An empty retained
-payload deletes the retained message: that is how a node that no longer has a role is cleared.
-aiomqtt/paho errors become :class:`hulk.errors.UnavailableError`.
+the broker, and a publish returns only once the broker has acknowledged it. A node that no longer
+has a role is cleared with a signed placement without roles (an empty retained message would
+carry no signature and no sequence number: agents ignore it). aiomqtt/paho errors become
+:class:`hulk.errors.UnavailableError`.
 
 Every placement and the summary are signed (``hulk.wire.signing.Signer``) and valid for
 ``VALIDITY_MS`` (7 days) from their issue time; ``serve --mqtt`` re-signs what it retains once
 less than ``RESIGN_BEFORE_MS`` (4 days) is left, so an agent that restarts and re-reads its
 retained placement always finds it valid while the planner runs (planner/service/recovery.py).
+Each placement signed gets its node's next sequence number (``planner.service.placement_seq``),
+so agents can refuse a replayed one.
 
 :class:`InMemoryPublisher` is a broker in memory, shipped beside :class:`MqttPublisher` for tests
 and tools that want the planner's pushes without a broker. :class:`RetainedPlan` is the current
@@ -27,15 +30,16 @@ from typing import Any, Protocol
 
 from hulk.errors import InputError, UnavailableError
 from hulk.wire.broker import BrokerAddress, client_tls_kwargs, placement_topic, plan_topic
-from hulk.wire.placement import (NodePlacement, PlanSummary, parse_placement, parse_summary,
-                                 summary_bytes)
+from hulk.wire.placement import (VALIDITY_MS, NodePlacement, PlanSummary, parse_placement,
+                                 parse_summary, summary_bytes)
 from hulk.wire.signing import Signer
 from planner.core.placements import build_node_placements, build_summary
+from planner.service.placement_seq import ClockSequence, PlacementSequence
 from planner.service.store import Store
 
 log = logging.getLogger(__name__)
 
-VALIDITY_MS = 7 * 24 * 3600 * 1000
+CLEARED_PLAN_ID = "cleared"       # the plan id of a clear sent with no plan
 RESIGN_BEFORE_MS = 4 * 24 * 3600 * 1000
 
 
@@ -150,12 +154,23 @@ class MqttPublisher:
         return await self._retrying(read, f"read {topic}")
 
 
+def clears(fleet: str, nodes: Iterable[str], plan_id: str,
+           keep: Mapping[str, NodePlacement] | None = None) -> dict[str, NodePlacement]:
+    """Placements without roles (unsigned) for ``nodes`` not in ``keep``: what clears them."""
+    return {node: NodePlacement(fleet=fleet, node=node, plan_id=plan_id, roles=())
+            for node in nodes if node not in (keep or {})}
+
+
 def sign_plan(node_placements: Mapping[str, NodePlacement], summary: dict[str, Any] | None, *,
-              signer: Signer, issued_at_ms: int, validity_ms: int = VALIDITY_MS
+              signer: Signer, issued_at_ms: int, validity_ms: int = VALIDITY_MS,
+              sequence: PlacementSequence | None = None
               ) -> tuple[dict[str, NodePlacement], dict[str, Any] | None]:
-    """Each placement and the summary, signed and valid from ``issued_at_ms`` for ``validity_ms``."""
+    """Each placement and the summary, signed and valid from ``issued_at_ms`` for ``validity_ms``;
+    each placement with its node's next number from ``sequence`` (None: a fresh ClockSequence)."""
     expires = issued_at_ms + validity_ms
-    signed = {node: np_.signed(signer, issued_at_ms=issued_at_ms, expires_at_ms=expires)
+    seqs = (sequence or ClockSequence()).next(node_placements, issued_at_ms)
+    signed = {node: np_.signed(signer, issued_at_ms=issued_at_ms, expires_at_ms=expires,
+                               seq=seqs[node])
               for node, np_ in node_placements.items()}
     if summary is not None:
         summary = signer.sign({**summary, "issued_at_ms": issued_at_ms, "expires_at_ms": expires})
@@ -164,10 +179,12 @@ def sign_plan(node_placements: Mapping[str, NodePlacement], summary: dict[str, A
 
 def plan_messages(fleet: str, node_placements: Mapping[str, NodePlacement], summary: dict[str, Any] | None,
                   *, clear: Iterable[str] = ()) -> dict[str, bytes]:
-    """Topic -> payload for a push: each (signed) node placement, b"" for ``clear`` nodes, the
-    (signed) summary."""
-    messages = {placement_topic(fleet, node): b"" for node in clear if node not in node_placements}
-    messages.update({placement_topic(fleet, node): np_.to_bytes() for node, np_ in node_placements.items()})
+    """Topic -> payload for a push: each (signed) node placement and the (signed) summary. The
+    ``clear`` nodes must be among the placements (signed ones without roles: :func:`clears`)."""
+    unsigned = [node for node in clear if node not in node_placements]
+    if unsigned:
+        raise ValueError(f"no signed clear for node {unsigned[0]!r}")
+    messages = {placement_topic(fleet, node): np_.to_bytes() for node, np_ in node_placements.items()}
     if summary is not None:
         messages[plan_topic(fleet)] = summary_bytes(summary)
     return messages
@@ -175,16 +192,21 @@ def plan_messages(fleet: str, node_placements: Mapping[str, NodePlacement], summ
 
 async def push_plan(publisher: Publisher, fleet: str, node_placements: Mapping[str, NodePlacement],
                     summary: dict[str, Any] | None, *, signer: Signer, issued_at_ms: int,
-                    validity_ms: int = VALIDITY_MS, clear: Iterable[str] = ()
+                    validity_ms: int = VALIDITY_MS, clear: Iterable[str] = (),
+                    sequence: PlacementSequence | None = None
                     ) -> tuple[int, dict[str, NodePlacement]]:
-    """Sign and publish a plan; returns the number of messages the broker acknowledged and the
-    signed placements."""
-    signed, summary = sign_plan(node_placements, summary, signer=signer, issued_at_ms=issued_at_ms,
-                                validity_ms=validity_ms)
-    messages = plan_messages(fleet, signed, summary, clear=clear)
+    """Sign and publish a plan, the ``clear`` nodes without a placement cleared (signed, under the
+    summary's plan id); returns the number of messages the broker acknowledged and the signed
+    placements (clears included)."""
+    plan_id = str((summary or {}).get("plan_id") or CLEARED_PLAN_ID)
+    cleared = clears(fleet, clear, plan_id, node_placements)
+    signed, summary = sign_plan({**node_placements, **cleared}, summary, signer=signer,
+                                issued_at_ms=issued_at_ms, validity_ms=validity_ms,
+                                sequence=sequence)
+    messages = plan_messages(fleet, signed, summary)
     await publisher.publish_retained(messages)
     log.info("pushed %d placement(s), cleared %d node(s) on fleet %s", len(node_placements),
-             sum(1 for p in messages.values() if p == b""), fleet)
+             len(cleared), fleet)
     return len(messages), signed
 
 
@@ -195,26 +217,30 @@ def new_plan_id(now_ms: int) -> str:
 
 async def push_new_plan(publisher: Publisher, plan: Any, net: Any, *, fleet: str, plan_id: str,
                         issued_at_ms: int, signer: Signer, addresses: Mapping[str, str] | None = None,
-                        jobs: list[Any] | None = None) -> dict[str, NodePlacement]:
+                        jobs: list[Any] | None = None, sequence: PlacementSequence | None = None
+                        ) -> dict[str, NodePlacement]:
     """Push a whole plan: every node of ``net`` with a role gets its placement, every other node
-    of ``net`` is cleared, and the summary is replaced. Returns the (signed) placements pushed."""
+    of ``net`` is cleared, and the summary is replaced. Returns the (signed) placements of the
+    nodes with a role."""
     placements = build_node_placements(plan, net, fleet=fleet, plan_id=plan_id, addresses=addresses)
     summary = build_summary(plan, net, fleet=fleet, plan_id=plan_id, issued_at_ms=issued_at_ms,
                             node_placements=placements, jobs=jobs)
     _, signed = await push_plan(publisher, fleet, placements, summary, signer=signer,
-                                issued_at_ms=issued_at_ms, clear=net.ids)
-    return signed
+                                issued_at_ms=issued_at_ms, clear=net.ids, sequence=sequence)
+    return {node: signed[node] for node in placements}
 
 
 class RetainedPlan:
     """The current plan as ``publisher`` retains it for ``fleet``: read back and verified with
-    ``signer``'s key (retained messages are waited for up to ``read_wait_s``), replaced signed."""
+    ``signer``'s key (retained messages are waited for up to ``read_wait_s``), replaced signed,
+    each placement with its node's next number from ``sequence`` (None: a ClockSequence)."""
 
     def __init__(self, publisher: Publisher, *, fleet: str, signer: Signer,
-                 read_wait_s: float = 0.3):
+                 read_wait_s: float = 0.3, sequence: PlacementSequence | None = None):
         self.publisher, self.fleet, self.signer = publisher, fleet, signer
         self.verifier = signer.verifier()
         self.read_wait_s = read_wait_s
+        self.sequence = sequence if sequence is not None else ClockSequence()
 
     async def summary(self) -> PlanSummary | None:
         topic = plan_topic(self.fleet)
@@ -243,11 +269,27 @@ class RetainedPlan:
                       clear: Iterable[str] = ()) -> int:
         if summary is not None:
             count, _ = await push_plan(self.publisher, self.fleet, placements, dict(summary),
-                                       signer=self.signer, issued_at_ms=issued_at_ms, clear=clear)
+                                       signer=self.signer, issued_at_ms=issued_at_ms, clear=clear,
+                                       sequence=self.sequence)
             return count
-        signed, _ = sign_plan(placements, None, signer=self.signer, issued_at_ms=issued_at_ms)
-        messages = {**plan_messages(self.fleet, signed, None, clear=clear),
-                    plan_topic(self.fleet): b""}
+        signed, _ = sign_plan({**placements, **clears(self.fleet, clear, CLEARED_PLAN_ID, placements)},
+                              None, signer=self.signer, issued_at_ms=issued_at_ms,
+                              sequence=self.sequence)
+        # No plan any more: the summary goes (only planners read it; it needs no sequence).
+        messages = {**plan_messages(self.fleet, signed, None), plan_topic(self.fleet): b""}
+        await self.publisher.publish_retained(messages)
+        return len(messages)
+
+    async def resend(self, placements: Mapping[str, NodePlacement], *, issued_at_ms: int) -> int:
+        """Re-sign ``placements`` (new sequence numbers, fresh times) and retain them; one without
+        roles clears its node. The summary is untouched. Returns the number of messages sent."""
+        for node, placement in placements.items():
+            if placement.node != node or placement.fleet != self.fleet:
+                raise ValueError(f"placement of node {placement.node!r} of fleet "
+                                 f"{placement.fleet!r} given for node {node!r}")
+        signed, _ = sign_plan(placements, None, signer=self.signer, issued_at_ms=issued_at_ms,
+                              sequence=self.sequence)
+        messages = plan_messages(self.fleet, signed, None)
         await self.publisher.publish_retained(messages)
         return len(messages)
 

@@ -40,6 +40,7 @@ from planner.core.plan import Plan, Unplaced
 from planner.core.recovery import Replan, down_nodes, jobs_using
 from planner.search.repair import repair_jobs
 from planner.service.metrics import NO_EVENTS, ServeEvents, plan_makespan_s
+from planner.service.placement_seq import StoreSequence
 from planner.service.publisher import (RESIGN_BEFORE_MS, VALIDITY_MS, MqttPublisher, RetainedPlan,
                                        new_plan_id)
 from planner.service.runtime import BackgroundTask
@@ -123,14 +124,14 @@ class Replanner:
         nodes = await self.nodes.nodes()
         seen = {n.id: n.last_seen_ms for n in nodes if n.monitored}
         now = self.clock_ms()
-        down = self._down(summary, seen, now)
+        down = self._down(summary, seen, now, {n.id for n in nodes if n.revoked})
         if not down:
             if summary.expires_at_ms - now < RESIGN_BEFORE_MS:
                 await self.resign(summary, now)
             return None
         t0 = self.monotonic()
-        silent_for = max((now - (seen[n] or 0)) / 1000.0 for n in down)
-        log.warning("recovery: node(s) %s silent for more than %.0f s", ", ".join(down),
+        silent_for = max((now - (seen.get(n) or 0)) / 1000.0 for n in down)
+        log.warning("recovery: node(s) %s revoked or silent for more than %.0f s", ", ".join(down),
                     self.options.node_timeout_s)
         net = await self.nodes.network()
         result, plan_ids, affected, records = await self._repair(summary, net, down)
@@ -147,13 +148,15 @@ class Replanner:
                               kept=result.kept, plan_id=plan_id, messages=count,
                               detect_to_push_s=elapsed, silent_for_s=silent_for)
 
-    def _down(self, summary: PlanSummary, seen: Mapping[str, int | None], now: int) -> list[str]:
-        """The plan's nodes silent past the timeout. Only nodes the store monitors can be down (a
-        plan made from a fleet file may name nodes that have no agent); none before it had a full
-        timeout to reach this planner."""
+    def _down(self, summary: PlanSummary, seen: Mapping[str, int | None], now: int,
+              revoked: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """The plan's nodes silent past the timeout, and its revoked nodes (a revoked agent on a
+        fleet without TLS may go on calling, but it is never planned on). Only nodes the store
+        monitors can be silent (a plan made from a fleet file may name nodes that have no agent);
+        none before it had a full timeout to reach this planner."""
         planned = {n for job in summary.jobs for n in job.node_ids}
         heard = {n: max(seen[n] or 0, self.started_ms) for n in planned if n in seen}
-        return sorted(down_nodes(heard, now, self.options.node_timeout_s))
+        return sorted(down_nodes(heard, now, self.options.node_timeout_s) | (planned & set(revoked)))
 
     async def _repair(self, summary: PlanSummary, net: Network, down: list[str]):
         """The plan with the jobs on ``down`` nodes repaired or re-planned: (the repair, each
@@ -263,7 +266,10 @@ def add_to_runtime(runtime: Any, *, broker: BrokerAddress, signer: Signer, optio
     publisher = MqttPublisher(broker, identifier=f"hulk-planner-serve-{runtime.fleet}-{os.getpid()}")
     directory = StoreDirectory(runtime.store, runtime.in_store, fleet=runtime.fleet,
                                window_days=runtime.window_days, calibrate=calibrate)
-    replanner = Replanner(RetainedPlan(publisher, fleet=options.fleet, signer=signer), directory,
+    # Sequence numbers kept in the store: they keep growing across restarts of serve.
+    plan = RetainedPlan(publisher, fleet=options.fleet, signer=signer,
+                        sequence=StoreSequence(runtime.store.database))
+    replanner = Replanner(plan, directory,
                           directory, options=options, planner=planner,
                           events=getattr(runtime, "events", NO_EVENTS))
     runtime.add_task(BackgroundTask("recovery", replanner.run_once, interval_s,

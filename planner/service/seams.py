@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hulk.errors import NotFoundError
 from hulk.wire.placement import NodePlacement, PlanSummary
 from planner.core.fleet import Network
 from planner.core.lifecycle import JobRecord
@@ -65,8 +66,14 @@ class JobStore(Protocol):
                          detail: str | None = None, plan_id: str | None = None,
                          nodes: Iterable[str] | None = None, estimate_s: float | None = None,
                          restart: bool = False, retired: bool = False,
-                         stages: Mapping[str, Any] | None = None) -> None:
+                         stages: Mapping[str, Any] | None = None, failure: bool = False) -> None:
         """As ``planner.service.job_records.JobRecords.update_job``."""
+
+    async def job_named(self, name: str) -> JobRecord | None:
+        """The latest job of that name, retired or not; None when there is none."""
+
+    async def add_event(self, job_id: int, state: str, detail: str) -> None:
+        """As ``planner.service.job_records.JobRecords.add_event``."""
 
 
 class NodeDirectory(Protocol):
@@ -89,7 +96,13 @@ class CurrentPlan(Protocol):
                       summary: Mapping[str, Any] | None, *, issued_at_ms: int,
                       clear: Iterable[str] = ()) -> int:
         """Sign and retain ``placements`` and ``summary`` (None: no plan any more), clear the
-        ``clear`` nodes; returns the number of messages the broker acknowledged."""
+        ``clear`` nodes (signed placements without roles); returns the number of messages the
+        broker acknowledged."""
+
+    async def resend(self, placements: Mapping[str, NodePlacement], *, issued_at_ms: int) -> int:
+        """Re-sign ``placements`` (each node's next sequence number, fresh times) and retain them
+        as they are (one without roles clears its node); the summary is untouched. Returns the
+        number of messages the broker acknowledged."""
 
 
 InStore = Callable[..., Awaitable[Any]]     # runs a function on the store's thread
@@ -117,10 +130,19 @@ class StoreDirectory:
                          detail: str | None = None, plan_id: str | None = None,
                          nodes: Iterable[str] | None = None, estimate_s: float | None = None,
                          restart: bool = False, retired: bool = False,
-                         stages: Mapping[str, Any] | None = None) -> None:
+                         stages: Mapping[str, Any] | None = None, failure: bool = False) -> None:
         await self.in_store(self.store.update_job, job_id, state=state, detail=detail,
                             plan_id=plan_id, nodes=nodes, estimate_s=estimate_s, restart=restart,
-                            retired=retired, stages=stages)
+                            retired=retired, stages=stages, failure=failure)
+
+    async def job_named(self, name: str) -> JobRecord | None:
+        try:
+            return await self.in_store(self.store.job_by_name, name)
+        except NotFoundError:
+            return None
+
+    async def add_event(self, job_id: int, state: str, detail: str) -> None:
+        await self.in_store(self.store.jobs.add_event, job_id, state, detail)
 
     async def nodes(self) -> list[NodeRecord]:
         return await self.in_store(self.store.node_records)

@@ -36,10 +36,12 @@ async def test_the_log_tail_is_reported_while_running_and_at_the_end(tmp_path):
     running = [s for s in seen if s.state == LaunchState.RUNNING and "step 30 " in s.detail]
     assert running, [s.detail[:80] for s in seen]            # reported mid-run, before the end
     final = launcher.status
-    assert final.exit_code == 3 and final.detail.startswith("exit code 3\n")
-    lines = final.detail.splitlines()[1:]
-    assert lines[-1] == "step 399 loss 0.013" and len(lines) == 20
-    assert len(final.detail.encode()) <= 3100
+    log = tmp_path / "jobs" / "a" / "job.log"
+    lines = final.detail.splitlines()
+    assert final.exit_code == 3 and lines[:2] == ["exit code 3", "last lines:"]  # no error line
+    assert lines[-2] == "step 399 loss 0.013" and len(lines[2:-1]) == 20
+    assert lines[-1] == f"full log: {log}"
+    assert len(final.detail.encode()) <= 3500
 
 
 def test_log_tail_reads_only_the_end_of_a_large_log(tmp_path):

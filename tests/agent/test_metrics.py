@@ -113,7 +113,7 @@ def role(job: str) -> Role:
 def placement(*, plan_id: str, issued: int, signer: Signer = SIGNER, node: str = "n1",
               expires: int | None = None) -> bytes:
     bare = NodePlacement(fleet="lab", node=node, plan_id=plan_id, roles=(role("j"),))
-    return bare.signed(signer, issued_at_ms=issued,
+    return bare.signed(signer, issued_at_ms=issued, seq=issued,
                        expires_at_ms=issued + HOUR if expires is None else expires).to_bytes()
 
 

@@ -32,9 +32,10 @@ def role(job: str, code: str) -> Role:
 
 
 def signed(job: str, code: str, *, plan_id: str, issued: int, expires: int | None = None,
-           signer: Signer = SIGNER, node: str = "n1") -> bytes:
+           signer: Signer = SIGNER, node: str = "n1", seq: int | None = None) -> bytes:
+    """Signed as the planner does; ``seq`` the issue time unless given (both follow the clock)."""
     bare = NodePlacement(fleet="lab", node=node, plan_id=plan_id, roles=(role(job, code),))
-    return bare.signed(signer, issued_at_ms=issued,
+    return bare.signed(signer, issued_at_ms=issued, seq=issued if seq is None else seq,
                        expires_at_ms=issued + HOUR if expires is None else expires).to_bytes()
 
 
@@ -101,8 +102,8 @@ async def test_bad_placements_are_refused_logged_and_the_running_job_keeps_runni
 
 
 async def test_a_restarted_agent_still_refuses_replays_and_accepts_its_retained_placement(tmp_path, caplog):
-    """The newest accepted (issue time, plan id) survives a restart: the retained placement the
-    agent accepted before is accepted again, an older one is refused."""
+    """The accepted seq and digest survive a restart: the retained placement the agent accepted
+    before is accepted again, an older one is refused."""
     changes: list = []
 
     def subscriber(now: int) -> PlacementSubscriber:

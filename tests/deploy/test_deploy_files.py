@@ -75,6 +75,7 @@ def test_agent_unit_has_the_required_service_settings():
     assert d["Type"] == ["notify"]
     assert int(d["WatchdogSec"][0]) > 0
     assert d["Restart"] == ["on-failure"]
+    assert d["KillMode"] == ["process"]      # stopping or upgrading the agent leaves training running
     assert d.get("DynamicUser") == ["yes"] or d.get("User")
     assert d["StateDirectory"] == ["hulk-agent"]
     assert d["AmbientCapabilities"] == ["CAP_NET_RAW"]

@@ -33,9 +33,11 @@ class Agent:
                               "city": "Beijing", "state_dir": str(state_dir), "insecure": True,
                               "mqtt": broker_url, "interval_s": 60}, env_reader=lambda name: None)
         self.changes: list = []
+        self.jobs_dir = Path(state_dir) / "jobs"
         self.component = PlacementComponent(
             parse_broker_url(broker_url), state_dir=state_dir, node_id=node_id,
             launcher_factory=lambda on_status: Launcher(command=command, running_after_s=0.2,
+                                                        jobs_dir=self.jobs_dir,
                                                         grace_s=2, on_status=on_status,
                                                         allowed_commands=[("python", "train.py")]),
             subscriber_kwargs={"backoff_initial_s": 0.1, "verifier": VERIFIER})
@@ -55,7 +57,10 @@ class Agent:
         self.task = asyncio.create_task(self.runtime.run())
 
     async def stop(self):
+        """Stops the agent, then its job: an agent that stops leaves its job running, and what
+        the next agent does with a placement naming nothing stops it."""
         self.runtime.request_stop()
         if self.task:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait_for(self.task, 20)
+        await Launcher(jobs_dir=self.jobs_dir, grace_s=2).apply(None)

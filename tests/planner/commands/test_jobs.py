@@ -12,7 +12,7 @@ from planner.service.store import Store
 
 JOBS = ("jobs:\n"
         "  - {name: a, model: gpt2-xl, command: 'python train.py'}\n"
-        "  - {name: b, model: bert-large}\n")
+        "  - {name: b, model: bert-large, command: 'python train.py'}\n")
 
 
 @pytest.fixture
@@ -76,8 +76,9 @@ def test_logs_show_what_the_agents_reported(setup, capsys):
                            "launch_plan_id, launch_exit_code, launch_detail) VALUES "
                            "('n1', 'agent', 'Paris', 'failed', 'a', 'p1', 1, 'line 1\nTraceback: boom')")
     code, out, _ = run(capsys, "jobs", "logs", "a", "--db", db)
-    assert code == 0 and "the last lines of each rank's log" in out
-    assert "== n1: failed" in out and "Traceback: boom" in out and "== n2: no report" in out
+    assert code == 0 and "kept after the job ends" in out
+    assert "== n1 (rank 0): failed (could not start)" in out and "Traceback: boom" in out
+    assert "== n2 (rank 1): no report" in out
     code, out, _ = run(capsys, "jobs", "logs", "a", "--db", db, "--node", "n2")
     assert code == 0 and "n1" not in out.split("\n", 1)[1]
     code, _, err = run(capsys, "jobs", "logs", "a", "--db", db, "--node", "n9")

@@ -51,3 +51,10 @@ def test_list_and_show_print_measured_against_estimated(tmp_path, capsys):
     assert rows["gpt"]["iteration_estimate_s"] == 0.2
     assert rows["waiting"]["iteration_s"] is None
     assert rows["waiting"]["iteration_estimate_s"] is None
+
+
+def test_a_microsecond_estimate_prints_in_microseconds_and_a_far_miss_as_a_ratio():
+    from planner.commands.jobs import _measured_vs_estimated
+
+    assert _measured_vs_estimated(0.5, 32e-6) == "500 ms / est. 32.0 us (15625x)"
+    assert _measured_vs_estimated(0.232, 0.2) == "232 ms / est. 200 ms (+16%)"

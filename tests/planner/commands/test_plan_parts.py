@@ -60,6 +60,7 @@ def test_check_plannable():
 
 def test_durations():
     assert fmt_s(0.0123) == "12.3 ms" and fmt_s(42) == "42.00 s" and fmt_s(600) == "10.0 min"
+    assert fmt_s(4.2e-5) == "42.0 us" and fmt_s(0.001) == "1.0 ms"   # never "0.0 ms"
     assert fmt_s(3 * 3600) == "3.0 h" and fmt_s(5 * 86400) == "5.0 d" and fmt_s(float("inf")) == "inf"
 
 

@@ -1,20 +1,27 @@
-"""The job lifecycle's pure decisions: states from ranks' launch reports, retiring, placing."""
+"""The job lifecycle's pure decisions: states from ranks' launch reports, restarts and their
+budget, retiring, placing (one bad job fails alone; a waiting job says why)."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
+from hulk.errors import InputError, PlanningError
 from planner.core.fleet import Fleet, Link, Node, complete
-from planner.core.lifecycle import (CANCELLED, FAILED, PLACED, QUEUED, RUNNING, SUCCEEDED, JobRecord,
-                                    RankState, next_state, place_queued, to_retire)
 from planner.core.jobs import Job
+from planner.core.lifecycle import (CANCELLED, FAILED, PLACED, QUEUED, RESTART, RUNNING, SUCCEEDED,
+                                    JobRecord, RankState, backoff_ms, next_state, place_queued,
+                                    rank_cause, restart_wait, to_retire, waiting_reason)
 from planner.core.plan import Plan
-from planner.core.placements import job_spec
+from planner.core.placements import job_from_spec, job_spec
 from planner.methods import planner_for
 
 SPEC = job_spec(Job(name="a", params=1e8, layers=4, hidden=256, seq_len=128, global_batch=8, steps=10))
 
 
-def record(state=PLACED, nodes=("n1", "n2"), plan_id="p1", **kw) -> JobRecord:
-    return JobRecord(id=1, name="a", state=state, spec=SPEC, submitted_ms=0, changed_ms=0,
+def record(state=PLACED, nodes=("n1", "n2"), plan_id="p1", spec=SPEC, **kw) -> JobRecord:
+    return JobRecord(id=1, name="a", state=state, spec=spec, submitted_ms=0, changed_ms=0,
                      plan_id=plan_id, nodes=tuple(nodes), **kw)
 
 
@@ -41,26 +48,60 @@ def test_every_rank_exited_zero_is_success_even_before_running_was_seen():
     assert state == SUCCEEDED
 
 
-def test_any_rank_failed_or_nonzero_fails_the_job_with_its_detail():
-    state, detail = next_state(record(RUNNING), {"n1": rank("exited", code=1),
-                                                 "n2": rank("exited", code=3, detail="boom")})
-    assert (state, detail) == (FAILED, "n1: exit code 1")
-    assert next_state(record(RUNNING), {"n1": rank("exited"), "n2": rank("exited", code=3,
-                                                                         detail="boom")}) == (FAILED, "n2: boom")
-    assert next_state(record(), {"n1": rank("failed", detail="refused: x")})[0] == FAILED
-    assert next_state(record(RUNNING), {"n1": rank("running"),
-                                        "n2": rank("failed", detail="cannot start: x")})[0] == FAILED
+def test_a_rank_that_cannot_start_fails_the_job_for_good():
+    assert next_state(record(), {"n1": rank("failed", detail="refused: x")}) == (FAILED, "n1: refused: x")
+    many = record(RUNNING, failures=0)
+    assert next_state(many, {"n1": rank("running"),
+                             "n2": rank("failed", detail="cannot start: x")})[0] == FAILED
 
 
-def test_a_nonzero_exit_waits_while_another_rank_is_still_reported_running():
-    # A node that died mid-run keeps its last report ("running"); its peers exit non-zero when
-    # their connections to it break. The job is left to recovery (re-planned after the node
-    # timeout) instead of failing at once (found in the lab: tests/lab/test_lab_jobs.py).
+def test_a_nonzero_exit_restarts_the_job_within_its_budget_then_gives_up():
+    ranks = {"n1": rank("exited", code=137, detail="exit code 137\nstep 40\nKilled"),
+             "n2": rank("running")}
+    assert next_state(record(RUNNING), ranks) == (RESTART, "n1: exit code 137 (signal 9): Killed")
+    assert next_state(record(RUNNING, failures=2), ranks)[0] == RESTART
+    state, detail = next_state(record(RUNNING, failures=3), ranks)     # default budget: 3
+    assert (state, detail) == (FAILED, "gave up after 3 restarts: n1: exit code 137 (signal 9): Killed")
+    no_budget = record(RUNNING, spec={**SPEC, "max_restarts": 0})
+    assert next_state(no_budget, ranks) == (FAILED, "gave up after 0 restarts: n1: exit code 137 "
+                                                    "(signal 9): Killed")
+    bigger = record(RUNNING, spec={**SPEC, "max_restarts": 10}, failures=9)
+    assert next_state(bigger, ranks)[0] == RESTART
+
+
+def test_a_peers_exit_while_a_node_of_the_job_is_silent_is_left_to_recovery():
+    # A node that died keeps its last report ("running"); its peers exit non-zero when their
+    # connections to it break. That is a node loss (recovery re-plans the job after the node
+    # timeout), not a failure of the job's own processes: no restart is spent, nothing fails.
     ranks = {"n1": rank("running"), "n2": rank("exited", code=1)}
-    assert next_state(record(RUNNING), ranks) == (RUNNING, "")
-    assert next_state(record(), {"n1": rank("starting"), "n2": rank("exited", code=1)})[0] == PLACED
-    ranks["n1"] = rank("exited", code=1)
-    assert next_state(record(RUNNING), ranks)[0] == FAILED
+    assert next_state(record(RUNNING), ranks, down={"n1"}) == (RUNNING, "")
+    assert next_state(record(RUNNING, failures=3), ranks, down={"n1"})[0] == RUNNING
+    assert next_state(record(RUNNING), ranks, down={"other"})[0] == RESTART
+
+
+def test_the_cause_names_the_node_the_code_and_the_first_error_line():
+    detail = ("exit code 1\nfirst error (lines 9-12 of 44):\n  step 3\n  ValueError: --dim (65) "
+              "must be a multiple of --heads (4)\nlast lines:\n  Traceback (most recent call)\n"
+              "full log: /var/lib/hulk/jobs/a/job.log")
+    assert rank_cause("n2", rank("exited", code=1, detail=detail)) == (
+        "n2: exit code 1: ValueError: --dim (65) must be a multiple of --heads (4)")
+    assert rank_cause("n2", rank("exited", code=-9)) == "n2: killed by signal 9"
+    assert rank_cause("n2", rank("exited", code=2, detail="exit code 2\nall fine")) == "n2: exit code 2"
+
+
+def test_a_restart_waits_for_its_back_off_and_to_hear_from_every_node_since_the_failure():
+    assert [backoff_ms(f) for f in range(7)] == [5000, 10000, 20000, 40000, 80000, 120000, 120000]
+    assert backoff_ms(10_000) == 120_000
+    rec = record(RUNNING, failures=1)
+    heard = {"n1": 20_000, "n2": 20_000}
+    wait = restart_wait(rec, "n1: exit code 1", failed_at_ms=10_000, now_ms=19_999, last_seen_ms=heard)
+    assert wait == "restart 2/3 after a 10 s back-off: n1: exit code 1"
+    assert restart_wait(rec, "c", failed_at_ms=10_000, now_ms=20_000, last_seen_ms=heard) is None
+    quiet = {"n1": 20_000, "n2": 9_000}              # n2 not heard from since the failure
+    assert restart_wait(rec, "c", failed_at_ms=10_000, now_ms=30_000,
+                        last_seen_ms=quiet) == "restart 2/3 waits to hear from n2: c"
+    assert restart_wait(rec, "c", failed_at_ms=10_000, now_ms=30_000,
+                        last_seen_ms={"n1": 20_000}) == "restart 2/3 waits to hear from n2: c"
 
 
 def test_final_and_queued_jobs_never_move():
@@ -96,3 +137,99 @@ def test_queued_jobs_go_on_free_nodes_only_and_wait_when_none_are_free():
     assert {p.job.name for p in second.plan.placements} >= {"a"}
     if len(used) == 2:   # every live node busy: b waits in the queue
         assert second.waiting == ["b"] and second.placed == {}
+
+
+def crashing_on(name: str):
+    """The search planner, except that planning any set of jobs holding ``name`` raises (as the
+    search did on a job of params 1e-300)."""
+    real = planner_for("search")
+
+    def plan(jobs, net, *, seed=0, **kw):
+        if any(j.name == name for j in jobs):
+            raise ZeroDivisionError("float division by zero")
+        return real(jobs, net, seed=seed, **kw)
+    return plan
+
+
+def small(name, **kw):
+    return Job(name=name, params=1e8, layers=4, hidden=256, seq_len=128, global_batch=8, steps=10,
+               command=("python", "t.py"), **kw)
+
+
+def test_a_job_the_planner_cannot_carry_fails_alone_and_the_others_are_placed():
+    net = network(3)
+    out = place_queued(Plan("search", []), net, [small("good"), small("crash")], [],
+                       search=crashing_on("crash"))
+    assert list(out.placed) == ["good"]
+    assert out.failed == {"crash": "cannot be planned: ZeroDivisionError: float division by zero"}
+    assert out.waiting == [] and "crash" not in {p.job.name for p in out.plan.placements}
+
+
+def test_jobs_out_of_bounds_or_beyond_the_whole_fleet_fail_with_their_field():
+    net = network(2)
+    poison = dataclasses.replace(small("poison"), params=1e-300)
+    huge = Job(name="huge", params=5e12, layers=96, hidden=12288, seq_len=2048, global_batch=8,
+               command=("python", "t.py"))
+    out = place_queued(Plan("search", []), net, [poison, small("good"), huge], [],
+                       search=planner_for("search"))
+    assert list(out.placed) == ["good"]
+    assert out.failed["poison"].startswith("cannot be planned: params: expected a parameter count")
+    assert out.failed["huge"].startswith("cannot be planned: params: ") and \
+        "more than the whole fleet's 640 GB of GPU memory" in out.failed["huge"]
+
+
+def test_a_waiting_job_says_why():
+    net = network(3)
+    kept = place_queued(Plan("search", []), net, [small("a")], [], search=planner_for("search")).plan
+    busy = {net.ids[i] for p in kept.placements for i in p.nodes}
+    out = place_queued(kept, net, [small("b")], [n for n in net.ids if n not in busy],
+                       search=planner_for("search"), node_timeout_s=30)
+    assert out.waiting == ["b"] and out.placed == {}
+    silent = 3 - len(busy)
+    assert out.why["b"] == (f"waiting: no free nodes ({len(busy)} node(s) run a; {silent} "
+                            f"node(s) silent)")
+    nobody = place_queued(Plan("search", []), net, [small("b")], net.ids,
+                          search=planner_for("search"), node_timeout_s=30)
+    assert nobody.why == {"b": "waiting: no node heard from in the last 30 s"}
+    assert waiting_reason([], {}, set()) == "waiting: no nodes in the fleet yet"
+    assert waiting_reason(["n1", "n2"], {"n1": "a"}, set(), note="needs 2 nodes") == (
+        "waiting: 1 free node(s) are not enough (1 node(s) run a): needs 2 nodes")
+
+
+def test_a_fleet_without_gpu_memory_gives_a_reason_not_an_error():
+    nodes = [Node(id=f"z{i}", city="Beijing", gpus=0, gpu_name=None, memory_gb=0) for i in range(3)]
+    links = [Link(src=a.id, dst=b.id, rtt_ms=2.0) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
+    net = complete(Fleet(nodes=tuple(nodes), links=tuple(links)))
+    out = place_queued(Plan("search", []), net, [small("a")], [], search=planner_for("search"))
+    assert out.placed == {} and out.failed == {}
+    assert out.why == {"a": "waiting: none of the 3 node(s) has GPU memory (no agent declares GPUs)"}
+    with pytest.raises(PlanningError, match="none of the 3 node"):   # the search says so too
+        planner_for("search")([small("a")], net)
+
+
+def test_the_restart_budget_travels_in_the_spec():
+    assert "max_restarts" not in job_spec(small("a"))           # the default: specs unchanged
+    spec = job_spec(small("a", max_restarts=7))
+    assert spec["max_restarts"] == 7 and job_from_spec("a", spec).max_restarts == 7
+    assert record(spec=spec).max_restarts == 7 and record().max_restarts == 3
+    with pytest.raises(InputError):
+        job_from_spec("a", {**spec, "max_restarts": 101})
+    assert record(spec={**spec, "max_restarts": "x"}).max_restarts == 3
+
+
+def test_the_cause_prefers_a_signal_then_an_exception_with_its_message():
+    torchrun = ("exit code 1\nfirst error (lines 24-31 of 54):\n  Traceback (most recent call last):\n"
+                '  File "/x/errors/__init__.py", line 367, in wrapper\n    raise ChildFailedError(\n'
+                "  torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \nlast lines:\n"
+                "    error_file: <N/A>\n    traceback : Signal 9 (SIGKILL) received by PID 6792\n"
+                "full log: /var/lib/hulk/jobs/a/job.log")
+    assert rank_cause("n1", rank("exited", code=1, detail=torchrun)) == (
+        "n1: exit code 1: Signal 9 (SIGKILL) received by PID 6792")
+    python = ("exit code 1\nfirst error (lines 9-12 of 44):\n  Traceback (most recent call last):\n"
+              '  File "train_gpt.py", line 80, in <module>\n  some error text\n'
+              "  ValueError: --dim (65) must be a multiple of --heads (4)\nlast lines:\n"
+              "  torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
+    assert rank_cause("n1", rank("exited", code=1, detail=python)) == (
+        "n1: exit code 1: ValueError: --dim (65) must be a multiple of --heads (4)")
+    only_header = "exit code 3\nfirst error (lines 1-2 of 2):\n  Traceback (most recent call last):\n"
+    assert rank_cause("n1", rank("exited", code=3, detail=only_header)) == "n1: exit code 3"

@@ -5,9 +5,11 @@ the operator token; the DOM after the page's JavaScript ran and a screenshot are
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from planner.core.fleet import Fleet, Link, Node
 from planner.core.jobs import catalog_job
 from planner.core.placements import job_spec
 from planner.service.store import Store
+from tests.helpers.paths import REPO
 from tests.helpers.ports import free_port
 from tests.helpers.processes import start_planner
 from tests.helpers.waits import wait_until
@@ -132,5 +135,66 @@ def test_the_dashboard_renders_the_fleet_jobs_and_plan_in_headless_chromium(tmp_
         assert "data-loaded" not in refused.stdout
         assert ("ERR_INVALID_AUTH_CREDENTIALS" in refused.stderr
                 or "authentication required" in refused.stdout), refused.stderr[-2000:]
+    finally:
+        planner.stop()
+
+
+def install_guide_chromium_block() -> str:
+    """The sh block of deploy/INSTALL.md that screenshots the dashboard with headless Chromium."""
+    text = (REPO / "deploy" / "INSTALL.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", text, flags=re.S)
+    found = [b for b in blocks if "chromium --headless" in b]
+    assert len(found) == 1, "deploy/INSTALL.md: expected one chromium block"
+    return found[0]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (`make install` installs "
+                                              "Debian's chromium package)")
+def test_the_install_guides_chromium_command_works_on_a_tls_dashboard(tmp_path):
+    """The guide's command as written (root, serve's own certificate from `enroll --init-ca`,
+    127.0.0.1) only with its paths and port moved into the test's folder."""
+    import ssl
+
+    from planner.security.tls import init_pki
+
+    db = tmp_path / "planner.sqlite"
+    prepare_store(db)
+    token = tmp_path / "dashboard.token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
+    pki = init_pki(tmp_path / "tls", ["planner.example.org"])
+    port = free_port()
+    planner = start_planner(db, extra=("--tls-cert", str(pki["server_cert"]), "--tls-key",
+                                       str(pki["server_key"]), "--dashboard", f"127.0.0.1:{port}",
+                                       "--dashboard-token", str(token)))
+    try:
+        # The certificate covers 127.0.0.1 although --host named only the public name.
+        context = ssl.create_default_context(cafile=str(pki["ca"]))
+        request = urllib.request.Request(f"https://127.0.0.1:{port}/api/fleet",
+                                         headers={"Authorization": f"Bearer {TOKEN}"})
+
+        def gpus() -> int | None:
+            try:
+                with urllib.request.urlopen(request, timeout=10, context=context) as response:
+                    return json.load(response)["totals"]["gpus"]
+            except urllib.error.HTTPError as exc:   # 503 until the first documents are built
+                assert exc.code == 503, exc
+                return None
+        wait_until(lambda: gpus() == 32, 20, "the dashboard over verified TLS",
+                   detail=planner.output)
+
+        shot = tmp_path / "dashboard.png"
+        script = (install_guide_chromium_block()
+                  .replace("/etc/hulk/tls/server.pem", str(pki["server_cert"]))
+                  .replace("/etc/hulk/dashboard.token", str(token))
+                  .replace("/tmp/dashboard.png", str(shot)).replace(":8443/", f":{port}/"))
+        run = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True,
+                             text=True, timeout=120, cwd=tmp_path)
+        assert run.returncode == 0 and shot.is_file(), run.stderr[-2000:]
+        from PIL import Image
+        image = Image.open(shot).convert("RGB")
+        colours = {rgb for _, rgb in image.getcolors(maxcolors=1 << 20)}
+        assert len(colours) > 50, f"an error page, not the dashboard: {len(colours)} colours"
+        assert ALIVE_RGB in colours or SILENT_RGB in colours, "node state dots not drawn"
     finally:
         planner.stop()

@@ -7,11 +7,12 @@ import pytest
 
 from hulk.errors import InputError, UnavailableError
 from hulk.wire.broker import placement_topic, plan_topic
+from hulk.wire.placement import parse_placement
 from hulk.wire.signing import Signer
 from planner.service.publisher import InMemoryPublisher, push_new_plan
 from tests.helpers.plans import manual_plan, two_city_net
-from tests.helpers.serve import current_plan
-from tests.helpers.signing import SIGNER
+from tests.helpers.serve import current_plan, is_clear
+from tests.helpers.signing import SIGNER, VERIFIER
 
 
 async def test_the_in_memory_broker_retains_deletes_on_empty_payloads_and_can_be_down():
@@ -44,7 +45,8 @@ async def test_the_current_plan_is_the_verified_retained_summary():
     forged = pushed["n4"].signed(Signer.generate(), issued_at_ms=2, expires_at_ms=3)
     broker.retained[placement_topic("lab", "n4")] = forged.to_bytes()
     read = await plan.placements(net.ids)
-    assert sorted(read) == ["n0", "n2", "n3"] and read["n0"].roles == pushed["n0"].roles
+    assert sorted(read) == ["n0", "n2", "n3", "n5", "n6", "n7"] and read["n0"].roles == pushed["n0"].roles
+    assert all(read[n].roles == () for n in ["n5", "n6", "n7"])   # no role in the plan: cleared
 
 
 async def test_replacing_the_plan_with_none_clears_its_nodes_and_the_summary():
@@ -53,7 +55,13 @@ async def test_replacing_the_plan_with_none_clears_its_nodes_and_the_summary():
     await push_new_plan(broker, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1,
                         signer=SIGNER)
     count = await current_plan(broker).replace({}, None, issued_at_ms=5, clear=["n0", "n4"])
-    assert count == 3 and broker.published[-1] == {
-        placement_topic("lab", "n0"): b"", placement_topic("lab", "n4"): b"", plan_topic("lab"): b""}
+    pushed = broker.published[-1]
+    assert count == 3 and sorted(pushed) == sorted(
+        [placement_topic("lab", "n0"), placement_topic("lab", "n4"), plan_topic("lab")])
+    assert pushed[plan_topic("lab")] == b""                      # no plan: the summary goes
+    for node in ["n0", "n4"]:                                    # the nodes: signed clears
+        assert is_clear(pushed[placement_topic("lab", node)])
+        clear = parse_placement(pushed[placement_topic("lab", node)], verifier=VERIFIER)
+        assert clear.plan_id == "cleared" and clear.seq >= 5 and clear.issued_at_ms == 5
     assert await current_plan(broker).summary() is None
     assert placement_topic("lab", "n1") in broker.retained       # not named: left alone

@@ -18,6 +18,7 @@ from hulk.wire.broker import parse_broker_url, placement_topic, plan_topic
 from planner.service.publisher import MqttPublisher
 from tests.helpers.agents import Agent
 from tests.helpers.processes import run_cli, start_planner
+from tests.helpers.serve import is_clear
 from tests.helpers.signing import write_signing_key
 from tests.helpers.waits import wait_until_async
 
@@ -84,19 +85,20 @@ async def test_a_waiting_job_starts_when_the_first_succeeds_and_cancel_stops_a_j
                 assert state in history, shown
         first = json.loads(await cli("jobs", "list", "--db", db, "--json"))["jobs"][0]
         assert first["nodes"] == [NODE] and first["estimate_s"] > 0 and first["elapsed_s"] > 0
-        # Retired: nothing retained for the node, so an agent restart cannot run them again.
-        await wait_until_async(lambda: agent.placement is None, 10, "the node freed")
-        assert await publisher.read_retained(placement_topic("solo", NODE), 0.3) is None
+        # Retired: the node's retained placement is a signed clear, newer than the jobs' own.
+        await wait_until_async(lambda: agent.placement and agent.placement.roles == (), 10,
+                               "the node freed")
+        assert is_clear(await publisher.read_retained(placement_topic("solo", NODE), 0.3))
 
         jobs.write_text("jobs:\n  - {name: long, model: bert-large, command: 'python train.py'}\n")
         await cli("jobs", "submit", jobs, "--db", db)
         await wait_until_async(lambda: agent.runtime.launch_status.state.name == "RUNNING"
                                and agent.runtime.launch_status.job == "long", 30, "long running")
         await cli("jobs", "cancel", "long", "--db", db)
-        await wait_until_async(lambda: agent.placement is None
+        await wait_until_async(lambda: agent.placement and agent.placement.roles == ()
                                and agent.runtime.launch_status.state.name in ("IDLE", "EXITED"),
                                15, "the cancelled job stopped")
-        assert await publisher.read_retained(placement_topic("solo", NODE), 0.3) is None
+        assert is_clear(await publisher.read_retained(placement_topic("solo", NODE), 0.3))
         assert await publisher.read_retained(plan_topic("solo"), 0.3) is None
         assert (await states(db))["long"] == "cancelled"
         log = planner.log.read_text()

@@ -84,7 +84,7 @@ def test_heartbeats_feed_the_fleet_state_read_from_the_store(served):
     assert value(metrics, "hulk_heartbeats_total") == 1
     clock.now = T0 + 20_000   # b last called at T0 (register), a at T0 too: both within 30 s
     snap = read_snapshot(service.store, node_timeout_s=30, now_ms=clock.now)
-    assert snap.nodes == {"alive": 2, "silent": 0, "imported": 0}
+    assert snap.nodes == {"alive": 2, "silent": 0, "revoked": 0, "imported": 0}
     assert snap.clock_skew_s == {"a": 2.5}
     assert snap.spool_depth["a"] == 7 and snap.spool_dropped["a"] == 3
     link = snap.links[("Beijing", "Shanghai")]
@@ -111,7 +111,7 @@ def test_site_pairs_merge_nodes_of_one_city_and_imported_nodes_count_apart():
              PairRollup("bj-2", "x", DailyRollup(count=6, lost=2, sum=80.0))]
     snap = fleet_snapshot(rows, ["running", "failed", "failed"], pairs, now_ms=20_000,
                           node_timeout_s=10)
-    assert snap.nodes == {"alive": 1, "silent": 2, "imported": 1}
+    assert snap.nodes == {"alive": 1, "silent": 2, "revoked": 0, "imported": 1}
     assert snap.node_up == {"bj-1": 1, "bj-2": 0, "x": 0}
     assert snap.gpus == {"bj-1": 8, "bj-2": 0, "x": 0, "paper-3": 4}
     assert snap.jobs["failed"] == 2 and snap.jobs["queued"] == 0

@@ -11,7 +11,7 @@ import pytest
 from hulk.errors import UnavailableError
 from hulk.wire.broker import parse_broker_url, placement_topic, plan_topic
 from hulk.wire.placement import parse_placement, parse_summary
-from planner.service.publisher import MqttPublisher, push_new_plan
+from planner.service.publisher import MqttPublisher, RetainedPlan, push_new_plan
 from agent.placement import PlacementSubscriber
 from tests.helpers.plans import manual_plan, two_city_net
 from tests.helpers.signing import SIGNER, T0, VERIFIER
@@ -59,7 +59,9 @@ async def test_each_of_three_agents_receives_exactly_its_own_placement(broker, t
             assert agents.changes[node] == [pushed[node]]          # once, and its own
             stored = parse_placement((tmp_path / node / "placement.json").read_bytes())
             assert stored == pushed[node] and stored.node == node
-        assert agents.changes["n5"] == []                          # no role: nothing, no file
+        await wait_until_async(lambda: agents.changes["n5"], what="n5's clear")
+        (clear,) = agents.changes["n5"]                            # no role: a signed clear, no file
+        assert clear.roles == () and clear.plan_id == "p1" and clear.node == "n5"
         assert not (tmp_path / "n5" / "placement.json").exists()
         assert all(s.ignored == 0 for s in agents.subs.values())
     summary = parse_summary(await publisher.read_retained(plan_topic("lab")), verifier=VERIFIER)
@@ -127,17 +129,26 @@ async def test_malformed_message_is_logged_and_ignored_and_previous_placement_st
         assert all("\n" not in line for line in logged)
 
 
-async def test_empty_retained_message_clears_the_placement(broker, tmp_path):
+async def test_an_empty_retained_message_is_ignored_and_a_signed_clear_clears(broker, tmp_path, caplog):
+    """Deleting the retained placement (an empty message: no signature, no seq) stops nothing;
+    the planner's signed placement without roles clears the node."""
     net = two_city_net()
     publisher = MqttPublisher(parse_broker_url(broker.url))
+    caplog.set_level(logging.INFO, logger="agent.placement")
     async with Agents(broker.url, tmp_path, ["n0"]) as agents:
-        await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=T0 + 1, signer=SIGNER)
+        pushed = await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1",
+                                     issued_at_ms=T0 + 1, signer=SIGNER)
         await wait_until_async(lambda: agents.changes["n0"], what="placement")
         await publisher.publish_retained({placement_topic("lab", "n0"): b""})
+        await wait_until_async(lambda: any("was deleted" in r.getMessage() for r in caplog.records),
+                               what="the deletion logged")
+        assert agents.changes["n0"] == [pushed["n0"]] and agents.subs["n0"].current == pushed["n0"]
+        assert parse_placement((tmp_path / "n0" / "placement.json").read_bytes()) == pushed["n0"]
+        plan = RetainedPlan(publisher, fleet="lab", signer=SIGNER)
+        await plan.replace({}, None, issued_at_ms=T0 + 2, clear=["n0"])
         await wait_until_async(lambda: len(agents.changes["n0"]) == 2, what="clear")
-        assert agents.changes["n0"][-1] is None
+        assert agents.changes["n0"][-1].roles == () and agents.changes["n0"][-1].seq > pushed["n0"].seq
         assert not (tmp_path / "n0" / "placement.json").exists()
-    assert await publisher.read_retained(placement_topic("lab", "n0"), wait_s=0.3) is None
 
 
 async def test_pushing_to_a_broker_that_is_down_is_unavailable(broker):
@@ -154,9 +165,29 @@ async def test_a_restarted_agent_follows_the_broker_not_its_stale_file(broker, t
     async with Agents(broker.url, tmp_path, ["n0", "n1"]) as agents:
         await wait_until_async(lambda: agents.changes["n0"] and agents.changes["n1"], what="placements")
     # While both agents are down, n0 is cleared (re-planned away); n1 keeps its placement.
-    await publisher.publish_retained({placement_topic("lab", "n0"): b""})
+    await RetainedPlan(publisher, fleet="lab", signer=SIGNER).replace(
+        {}, None, issued_at_ms=T0 + 2, clear=["n0"])
     async with Agents(broker.url, tmp_path, ["n0", "n1"], retained_wait_s=0.3) as agents:
         await wait_until_async(lambda: agents.changes["n1"], what="n1's retained placement")
         assert agents.changes["n1"] == [pushed["n1"]]        # acted on again after the restart
-        await wait_until_async(lambda: not (tmp_path / "n0" / "placement.json").exists(), what="stale file removed")
-        assert agents.changes["n0"] == []
+        await wait_until_async(lambda: agents.changes["n0"], what="n0's clear")
+        assert [c.roles for c in agents.changes["n0"]] == [()]
+        assert not (tmp_path / "n0" / "placement.json").exists()
+
+
+async def test_with_nothing_retained_a_restarted_agent_acts_on_its_file(broker, tmp_path):
+    """The retained placement lost (deleted, a broker without persistence): the restarted agent
+    hands its stored placement, verified again, to the launcher, which adopts what still runs;
+    with no file either, the launcher is told that nothing runs."""
+    net = two_city_net()
+    publisher = MqttPublisher(parse_broker_url(broker.url))
+    pushed = await push_new_plan(publisher, manual_plan(net), net, fleet="lab", plan_id="p1",
+                                 issued_at_ms=T0 + 1, signer=SIGNER)
+    async with Agents(broker.url, tmp_path, ["n0"]) as agents:
+        await wait_until_async(lambda: agents.changes["n0"], what="placement")
+    await publisher.publish_retained({placement_topic("lab", "n0"): b"", placement_topic("lab", "n7"): b""})
+    async with Agents(broker.url, tmp_path, ["n0", "n7"], retained_wait_s=0.3) as agents:
+        await wait_until_async(lambda: agents.changes["n0"] and agents.changes["n7"],
+                               what="the stored placement, and None")
+        assert agents.changes["n0"] == [pushed["n0"]] and agents.changes["n7"] == [None]
+        assert agents.subs["n0"].current == pushed["n0"]

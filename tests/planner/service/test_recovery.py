@@ -13,7 +13,7 @@ from planner.service.publisher import (RESIGN_BEFORE_MS, VALIDITY_MS, InMemoryPu
 from planner.service.recovery import Replanner
 from planner.service.store import Store
 from tests.helpers.plans import manual_plan, two_city_net
-from tests.helpers.serve import OPTIONS, FakeNodes, current_plan, store_jobs
+from tests.helpers.serve import OPTIONS, FakeNodes, current_plan, is_clear, store_jobs
 from tests.helpers.signing import SIGNER, VERIFIER
 
 
@@ -43,7 +43,7 @@ async def test_replanner_pushes_new_roles_only_to_the_affected_job_and_clears_th
     pushed = broker.published[-1]
     assert placement_topic("lab", "n4") not in pushed                  # kept job: not touched
     assert broker.retained[placement_topic("lab", "n4")] == before[placement_topic("lab", "n4")]
-    assert pushed[placement_topic("lab", "n2")] == b""                   # the dead node is cleared
+    assert is_clear(pushed[placement_topic("lab", "n2")])               # the dead node is cleared
     summary = parse_summary(broker.retained[plan_topic("lab")], verifier=VERIFIER)
     a = next(j for j in summary.jobs if j.name == "a")
     assert "n2" not in a.node_ids and a.plan_id == report.plan_id
@@ -53,6 +53,23 @@ async def test_replanner_pushes_new_roles_only_to_the_affected_job_and_clears_th
         assert role.job == "a" and role.plan_id == report.plan_id
     # A second check finds nothing to do: the plan no longer uses the dead node.
     assert await recovery.check() is None
+
+
+async def test_a_revoked_node_that_still_calls_is_down_and_its_job_re_planned_elsewhere():
+    net = two_city_net(per_city=4)
+    broker = InMemoryPublisher()
+    await push_new_plan(broker, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1,
+                        signer=SIGNER)
+    now = [100_000]
+    nodes = FakeNodes(net, {n: now[0] for n in net.ids})   # every agent calls on time
+    recovery = replanner(broker, nodes, now=lambda: now[0], started_ms=0)
+    assert await recovery.check() is None
+    nodes.revoked.add("n2")
+    report = await recovery.check()
+    assert report is not None and report.down == ["n2"] and report.replanned == ["a"]
+    assert is_clear(broker.published[-1][placement_topic("lab", "n2")])
+    summary = parse_summary(broker.retained[plan_topic("lab")], verifier=VERIFIER)
+    assert all("n2" not in j.node_ids for j in summary.jobs)
 
 
 async def test_replanner_ignores_nodes_the_store_does_not_monitor():
