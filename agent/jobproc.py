@@ -114,6 +114,37 @@ def parse_stat(data: bytes) -> tuple[str, int] | None:
         return None
 
 
+def descendant_groups(pid: int, proc_dir: str = "/proc") -> set[int]:
+    """The process groups of ``pid``'s descendants other than its own: torchrun starts each
+    worker in a session of its own, so a signal to the wrapper's group alone would leave a
+    worker running once torchrun is killed. Read before signalling (a killed parent's children
+    are re-parented and can no longer be traced)."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    try:
+        entries = os.listdir(proc_dir)
+    except OSError:
+        return set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{proc_dir}/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[-1].split()
+            ppid, pgrp = int(fields[1]), int(fields[2])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append((int(entry), pgrp))
+    groups, todo, seen = set(), [pid], {pid}
+    while todo:
+        for child, pgrp in children.get(todo.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+                groups.add(pgrp)
+    groups.discard(pid)
+    return groups
+
+
 def start_ticks(pid: int) -> int | None:
     stat = proc_stat(pid)
     return stat[1] if stat is not None else None
@@ -264,10 +295,13 @@ class JobProcess:
     def signal_group(self, sig: int) -> None:
         if self._popen is None and (self.start_ticks is None or not is_alive(self.pid, self.start_ticks)):
             return    # an adopted process that has ended: its pid may be someone else's by now
-        try:
-            os.killpg(self.pid, sig)   # the wrapper leads its own session: its group is its pid
-        except (ProcessLookupError, PermissionError):
-            pass
+        # The wrapper leads its own session (its group is its pid); the workers torchrun put
+        # in sessions of their own get the signal too.
+        for group in (self.pid, *sorted(descendant_groups(self.pid))):
+            try:
+                os.killpg(group, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def resolve_scope(mode: str, *, systemd_dir: str = "/run/systemd/system") -> str:

@@ -61,7 +61,7 @@ from pathlib import Path
 from agent.jobproc import (KILLED_CODE, ProcessHandle, ProcessRunner, RunRecord, SubprocessRunner,
                            read_exit_code, read_records, role_json, unit_name)
 from agent.progress import read_progress
-from hulk.wire.placement import NodePlacement, Role, valid_job_name
+from hulk.wire.placement import NodePlacement, Role, command_allowed, valid_job_name
 from hulk.wire.progress import ENV_VAR as PROGRESS_ENV_VAR
 from hulk.wire.records import LaunchState, LaunchStatus
 
@@ -391,7 +391,7 @@ class Launcher:
         if not valid_job_name(role.job):
             return f"job name {role.job[:80]!r} is not 1-64 of [A-Za-z0-9._-]"
         argv = tuple(role.command or ())
-        if not any(argv[:len(prefix)] == prefix for prefix in self.allowed_commands):
+        if not command_allowed(argv, self.allowed_commands):
             shown = shlex.join(argv)[:120]
             return (f"command {shown!r} is not in this agent's allowed_commands" if self.allowed_commands
                     else f"command {shown!r} refused: this agent's allowed_commands is empty")

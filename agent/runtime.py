@@ -236,7 +236,8 @@ class AgentRuntime:
                                address=self.config.address,
                                probe_port=self.listener.port if self.listener else 0,
                                throughput_port=self.config.throughput_port
-                               if self.throughput is not None else 0)
+                               if self.throughput is not None else 0,
+                               allowed_commands=tuple(self.config.allowed_commands))
 
     async def run(self) -> int:
         """Run until request_stop(); returns the exit code (0)."""

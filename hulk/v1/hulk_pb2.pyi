@@ -70,7 +70,7 @@ class Location(_message.Message):
     def __init__(self, city: _Optional[str] = ..., has_coordinates: _Optional[bool] = ..., latitude: _Optional[float] = ..., longitude: _Optional[float] = ..., site: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node_id", "hostname", "location", "agent_version", "inventory", "address", "probe_port", "throughput_port")
+    __slots__ = ("node_id", "hostname", "location", "agent_version", "inventory", "address", "probe_port", "throughput_port", "allowed_commands", "allowed_commands_known")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,8 @@ class RegisterRequest(_message.Message):
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
     THROUGHPUT_PORT_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_COMMANDS_KNOWN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     hostname: str
     location: Location
@@ -87,7 +89,15 @@ class RegisterRequest(_message.Message):
     address: str
     probe_port: int
     throughput_port: int
-    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., agent_version: _Optional[str] = ..., inventory: _Optional[_Union[GpuInventory, _Mapping]] = ..., address: _Optional[str] = ..., probe_port: _Optional[int] = ..., throughput_port: _Optional[int] = ...) -> None: ...
+    allowed_commands: _containers.RepeatedCompositeFieldContainer[CommandPrefix]
+    allowed_commands_known: bool
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., agent_version: _Optional[str] = ..., inventory: _Optional[_Union[GpuInventory, _Mapping]] = ..., address: _Optional[str] = ..., probe_port: _Optional[int] = ..., throughput_port: _Optional[int] = ..., allowed_commands: _Optional[_Iterable[_Union[CommandPrefix, _Mapping]]] = ..., allowed_commands_known: _Optional[bool] = ...) -> None: ...
+
+class CommandPrefix(_message.Message):
+    __slots__ = ("argv",)
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, argv: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Peer(_message.Message):
     __slots__ = ("node_id", "address", "probe_port")

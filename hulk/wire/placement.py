@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,6 +50,13 @@ MAX_CLOCK_AHEAD_MS = 5 * 60 * 1000
 def valid_job_name(name: object) -> bool:
     """1-64 of [A-Za-z0-9._-], not "." or "..": safe as one path component."""
     return isinstance(name, str) and bool(JOB_NAME_RE.match(name)) and name not in (".", "..")
+
+
+def command_allowed(argv: Sequence[str], prefixes: Iterable[Sequence[str]]) -> bool:
+    """Whether an agent whose ``allowed_commands`` are ``prefixes`` runs ``argv``: it starts
+    with one of them, word by word (the agent's launcher and `jobs submit` both ask this)."""
+    words = tuple(argv)
+    return any(prefix and words[:len(prefix)] == tuple(prefix) for prefix in prefixes)
 MAX_PLACEMENT_BYTES = 256 << 10     # the broker's max_packet_size (deploy/mosquitto/hulk.conf)
 MAX_SUMMARY_BYTES = 64 << 20
 

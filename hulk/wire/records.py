@@ -228,21 +228,31 @@ class RegisterRequest:
     address: str = ""              # the address peers probe
     probe_port: int = 0            # TCP port for peers' connect probes (0: none)
     throughput_port: int = 0       # TCP port for throughput tests (0: takes none)
+    # The argv prefixes its launcher runs (its allowed_commands); None: an older agent that
+    # does not say.
+    allowed_commands: tuple[tuple[str, ...], ...] | None = None
 
     def to_proto(self) -> hulk_pb2.RegisterRequest:
+        known = self.allowed_commands is not None
         return hulk_pb2.RegisterRequest(
             node_id=self.node_id, hostname=self.hostname, location=self.location.to_proto(),
             agent_version=self.agent_version, inventory=self.inventory.to_proto(),
             address=self.address, probe_port=self.probe_port,
-            throughput_port=self.throughput_port)
+            throughput_port=self.throughput_port,
+            allowed_commands=[hulk_pb2.CommandPrefix(argv=list(p))
+                              for p in (self.allowed_commands or ())],
+            allowed_commands_known=known)
 
     @classmethod
     def from_proto(cls, msg: hulk_pb2.RegisterRequest) -> RegisterRequest:
+        allowed = (tuple(tuple(p.argv) for p in msg.allowed_commands)
+                   if msg.allowed_commands_known else None)
         return cls(node_id=msg.node_id, hostname=msg.hostname,
                    location=NodeLocation.from_proto(msg.location),
                    agent_version=msg.agent_version,
                    inventory=Inventory.from_proto(msg.inventory), address=msg.address,
-                   probe_port=msg.probe_port, throughput_port=msg.throughput_port)
+                   probe_port=msg.probe_port, throughput_port=msg.throughput_port,
+                   allowed_commands=allowed)
 
 
 @dataclass(frozen=True)

@@ -88,10 +88,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     jobs = load_jobs(args.jobs)
 
-    def check(fleet_bytes: float | None) -> None:
+    def check(fleet_bytes: float | None, agent_commands=None) -> None:
         for job in jobs:
             problems = submit_problems(job, job.command, fleet_gpu_bytes=fleet_bytes,
-                                       plan_only=args.plan_only)
+                                       plan_only=args.plan_only, agent_commands=agent_commands)
             if problems:
                 field, _, why = problems[0].partition(": ")
                 raise InputError(f"job {job.name!r}: {why}", path=str(args.jobs), field=field)
@@ -106,7 +106,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
               f"queues nothing (`hulk-planner plan {args.jobs} --db DB` plans them)")
         return 0
     with _store(args, create=True) as store:
-        check(_fleet_gpu_bytes(store))
+        check(_fleet_gpu_bytes(store), store.allowed_commands())
         active = {r.name: r.state for r in store.job_records() if r.active}
         taken = [j.name for j in jobs if j.name in active]
         if taken:

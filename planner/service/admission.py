@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from hulk.errors import InputError
 from hulk.wire.histogram import OVERFLOW, bucket_index
+from hulk.wire.placement import MAX_COMMAND_WORDS
 from hulk.wire.records import (SITE_MAX_CHARS, LaunchStatus, PeerSummary, ProbeKind,
                                RegisterRequest)
 
@@ -87,6 +88,24 @@ def check_address(address: str, field: str = "address") -> str:
     raise InputError(f"expected an IP address or a host name, got {shown!r}", field=field)
 
 
+MAX_ALLOWED_COMMANDS = 64      # argv prefixes an agent reports
+MAX_PREFIX_CHARS = 4096         # all the words of one prefix
+
+
+def check_allowed_commands(prefixes: tuple[tuple[str, ...], ...] | None) -> None:
+    """An agent's allowed_commands as it reports them: bounded, words of printable text."""
+    if prefixes is None:
+        return
+    if len(prefixes) > MAX_ALLOWED_COMMANDS:
+        raise InputError(f"expected at most {MAX_ALLOWED_COMMANDS} command prefixes, got "
+                         f"{len(prefixes)}", field="allowed_commands")
+    for i, prefix in enumerate(prefixes):
+        if (not 1 <= len(prefix) <= MAX_COMMAND_WORDS or sum(map(len, prefix)) > MAX_PREFIX_CHARS
+                or not all(word and word.isprintable() for word in prefix)):
+            raise InputError(f"expected 1-{MAX_COMMAND_WORDS} printable words of at most "
+                             f"{MAX_PREFIX_CHARS} characters in all", field=f"allowed_commands[{i}]")
+
+
 def check_registration(request: RegisterRequest) -> RegisterRequest:
     """``request`` when every field is within bounds; InputError naming the first that is not."""
     check_node_id(request.node_id)
@@ -101,6 +120,7 @@ def check_registration(request: RegisterRequest) -> RegisterRequest:
     if not 0 <= request.throughput_port <= 65535:
         raise InputError(f"expected a TCP port 0-65535, got {request.throughput_port}",
                          field="throughput_port")
+    check_allowed_commands(request.allowed_commands)
     if request.location.coordinates is not None:
         latitude, longitude = request.location.coordinates
         if not (-90 <= latitude <= 90 and -180 <= longitude <= 180):

@@ -297,6 +297,8 @@ class Database:
                 db.execute("ALTER TABLE jobs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0")
             if "throughput_port" not in db["nodes"].columns_dict:  # 0: takes no throughput tests
                 db.execute("ALTER TABLE nodes ADD COLUMN throughput_port INTEGER NOT NULL DEFAULT 0")
+            if "allowed_commands_json" not in db["nodes"].columns_dict:  # NULL: not reported
+                db.execute("ALTER TABLE nodes ADD COLUMN allowed_commands_json TEXT")
             if "throughput_scheduled" not in db.table_names():
                 db.execute("""CREATE TABLE throughput_scheduled (
                     test_id TEXT PRIMARY KEY, src INTEGER NOT NULL, dst INTEGER NOT NULL,

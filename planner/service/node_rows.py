@@ -106,6 +106,8 @@ class NodeRows:
                 "gpu_name": gpu_name, "compute_capability": cc, "memory_gb": memory_gb,
                 "address": reg.address, "probe_port": reg.probe_port,
                 "throughput_port": reg.throughput_port, "last_seen_ms": t,
+                "allowed_commands_json": (json.dumps([list(p) for p in reg.allowed_commands])
+                                          if reg.allowed_commands is not None else None),
                 "registered_ms": t, "peers_version_seen": version, "site_idx": site_idx,
             }
             if row is None:
@@ -203,7 +205,21 @@ class NodeRows:
         for r in rows:
             r["gpus"] = json.loads(r.pop("gpus_json") or "[]")
             r.pop("site_idx", None)
+            r.pop("allowed_commands_json", None)   # agents' launch policy: not a fleet fact
         return rows
+
+    def allowed_commands(self) -> dict[str, tuple[tuple[str, ...], ...]]:
+        """node id -> the argv prefixes its agent runs, for the agents that reported them."""
+        with self.database.reading("read allowed commands") as conn:
+            rows = conn.execute("SELECT id, allowed_commands_json FROM nodes WHERE source = 'agent' "
+                                "AND allowed_commands_json IS NOT NULL").fetchall()
+        out = {}
+        for node, text in rows:
+            try:
+                out[node] = tuple(tuple(str(w) for w in p) for p in json.loads(text))
+            except (ValueError, TypeError):
+                continue
+        return out
 
 
 def _summarise_gpus(gpus: Iterable[GpuInfo]) -> tuple[str | None, float | None, float]:

@@ -93,6 +93,7 @@ class Store:
         self.node_refs = nodes.node_refs
         self.node_records = nodes.node_records
         self.nodes = nodes.nodes
+        self.allowed_commands = nodes.allowed_commands
         self.peers = nodes.peers
         self.probe_members = nodes.probe_members
         self.clock_skews = nodes.clock_skews

@@ -42,3 +42,21 @@ def test_bad_values_are_one_line_errors_naming_the_variable(env, field):
         load_config(BASE, env_reader=env.get)
     assert err.value.field == field and "\n" not in str(err.value)
     assert str(err.value).startswith(next(iter(env)))
+
+
+def test_the_registration_tells_the_planner_the_allowed_commands(tmp_path):
+    from agent.runtime import AgentRuntime
+    from agent.spool import Spool
+    from hulk.wire.records import Inventory
+
+    config = load_config({"planner": "planner.test:50051", "node_id": "n1", "address": "127.0.0.1",
+                          "state_dir": str(tmp_path),
+                          "allowed_commands": [["python", "train.py"], "torchrun --standalone"]},
+                         env_reader=lambda _: None)
+    runtime = AgentRuntime(config, client=None, spool=Spool(config.spool_path, config.spool_max),
+                           pinger=None, inventory_reader=lambda: Inventory())
+    try:
+        request = runtime.register_request()
+    finally:
+        runtime.spool.close()
+    assert request.allowed_commands == (("python", "train.py"), ("torchrun", "--standalone"))

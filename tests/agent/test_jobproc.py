@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.jobproc import (EXIT_FILE, RunRecord, SubprocessRunner, is_alive, parse_stat, proc_stat,
-                           resolve_scope, role_json)
+from agent.jobproc import (EXIT_FILE, RunRecord, SubprocessRunner, descendant_groups, is_alive,
+                           parse_stat, proc_stat, resolve_scope, role_json, start_ticks)
 from agent.launcher import DETAIL_MAX_BYTES, Launcher, exit_detail, first_error
 from hulk.wire.placement import NodePlacement, Role
 from hulk.wire.records import LaunchState
@@ -78,7 +78,7 @@ def test_an_error_on_the_first_line_and_no_error_at_all(tmp_path):
     clean = write_log(tmp_path / "clean.log", ["step 1", "step 2"])
     assert exit_detail(3, clean).splitlines() == ["exit code 3", "last lines:", "step 1", "step 2",
                                                   f"full log: {clean}"]
-    # exit 0: as before, plus the full log's path; never a first-error section
+    # exit 0: the tail and the full log's path; never a first-error section
     noisy = write_log(tmp_path / "noisy.log", ["error rate 0.1", "done"])
     assert exit_detail(0, noisy).splitlines() == ["exited 0", "error rate 0.1", "done",
                                                   f"full log: {noisy}"]
@@ -314,3 +314,39 @@ async def test_a_stop_right_after_the_start_reaches_the_job(tmp_path):
                                           {"PATH": os.environ["PATH"]}, job_dir, job_dir / "job.log")
     proc.signal_group(signal.SIGTERM)
     assert await asyncio.wait_for(proc.wait(), 10) == -signal.SIGTERM
+
+
+# Like torchrun: a worker in a session of its own, and a parent that ignores SIGTERM (so the
+# group is SIGKILLed after the grace, when the worker could be left behind).
+TORCHRUN_LIKE = ("import pathlib, signal, subprocess, sys, time\n"
+                 "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                 "w = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'], "
+                 "start_new_session=True)\n"
+                 "pathlib.Path('worker').write_text(str(w.pid))\n"
+                 "pathlib.Path('ready').write_text('')\n"
+                 "time.sleep(60)\n")
+
+
+def test_descendant_groups_are_read_from_parent_links(tmp_path):
+    proc = tmp_path / "proc"
+    for pid, ppid, pgrp in [(10, 1, 10), (11, 10, 10), (12, 11, 12), (13, 12, 12), (20, 1, 20)]:
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_bytes(f"{pid} (a b) S {ppid} {pgrp} 0".encode())
+    (proc / "self").mkdir()
+    assert descendant_groups(10, str(proc)) == {12}     # its own group left out, 20 not its own
+    assert descendant_groups(20, str(proc)) == set()
+
+
+@pytest.mark.process
+async def test_a_stop_also_kills_a_worker_that_left_the_job_s_session(jobs):
+    r = role("a", TORCHRUN_LIKE)
+    launcher, record = await started(jobs, r)
+    launcher.grace_s = 0.5
+    worker = int((jobs / "a" / "worker").read_text())
+    worker_ticks = start_ticks(worker)
+    assert worker_ticks is not None and os.getpgid(worker) == worker   # its own session
+    await launcher.apply(placement(role("b", "pass", plan_id="p2")))
+    assert not is_alive(record.pid, record.start_ticks)
+    await wait_until_async(lambda: not is_alive(worker, worker_ticks), 10, "the worker to die")
+    await launcher.stop()

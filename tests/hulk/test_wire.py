@@ -33,6 +33,8 @@ RECORDS = [
                     agent_version="0.1.0", inventory=Inventory(gpus=(A100,) * 2),
                     address="10.0.0.1", probe_port=7000),
     RegisterRequest("bare"),
+    RegisterRequest("policy", allowed_commands=(("python", "train.py"), ("torchrun",))),
+    RegisterRequest("refuses-all", allowed_commands=()),
     Peer("b", "10.0.0.2", 7001),
     RegisterAnswer((Peer("b", "10.0.0.2"), Peer("c", "10.0.0.3", 9)), ProbeSettings(), "lab",
                    1_700_000_000_000),

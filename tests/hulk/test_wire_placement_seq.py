@@ -30,7 +30,7 @@ def test_seq_round_trips_and_is_signed(seq):
 
 
 def test_a_message_without_seq_parses_as_seq_0_and_still_verifies():
-    old = BARE.signed(SIGNER, issued_at_ms=T0, expires_at_ms=T0 + 1000)   # as before sequences
+    old = BARE.signed(SIGNER, issued_at_ms=T0, expires_at_ms=T0 + 1000)  # no seq: an older planner
     doc = json.loads(old.to_bytes())
     assert "seq" not in doc
     back = parse_placement(json.dumps(doc), verifier=VERIFIER)

@@ -114,3 +114,25 @@ def test_layer_ranges_print_alike_in_the_plan_and_placement_lines():
     in_lines = {m for p in placements.values()
                 for m in re.findall(r"layers (\[\d+, \d+[)\]])", describe(p.to_json()))}
     assert sorted(set(in_plan)) == sorted(in_lines) == ["[0, 20)", "[0, 24)", "[20, 48)"]
+
+
+def test_a_command_no_reporting_agent_allows_is_refused(tmp_path, capsys):
+    db = tmp_path / "planner.sqlite"
+    with Store(db) as store:
+        store.register(RegisterRequest("n0", address="127.0.0.1",
+                                       allowed_commands=(("python", "train.py"),)))
+        store.register(RegisterRequest("n1", address="127.0.0.2"))   # an older agent: unknown
+        assert store.allowed_commands() == {"n0": (("python", "train.py"),)}
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  - {name: evil, model: gpt2-xl, command: 'python evil.py'}\n")
+    code, _, err = run(capsys, "jobs", "submit", jobs, "--db", db)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "command: " in err and "'python evil.py'" in err and "allowed_commands" in err
+    assert queued(db) == []
+    jobs.write_text("jobs:\n  - {name: ok, model: gpt2-xl, command: 'python train.py --steps 5'}\n")
+    assert run(capsys, "jobs", "submit", jobs, "--db", db)[0] == 0 and queued(db) == ["ok"]
+    other = tmp_path / "older.sqlite"       # no agent reported its allowed_commands: not checked
+    with Store(other) as store:
+        store.register(RegisterRequest("n1", address="127.0.0.2"))
+    jobs.write_text("jobs:\n  - {name: evil, model: gpt2-xl, command: 'python evil.py'}\n")
+    assert run(capsys, "jobs", "submit", jobs, "--db", other)[0] == 0

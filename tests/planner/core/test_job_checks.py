@@ -57,3 +57,17 @@ def test_memory_beyond_the_whole_fleet_follows_the_cost_model():
         fleet = 10 ** rng.uniform(9, 14)
         refused = bool(submit_problems(job, JOB.command, fleet_gpu_bytes=fleet))
         assert refused == (max_replicas(job, fleet) < 1)
+
+
+def test_a_command_is_checked_against_the_agents_allowed_prefixes_word_by_word():
+    job = catalog_job("gpt2-xl", "j")
+    agents = {"a": (("python", "train.py"),), "b": (("torchrun",), ("bash", "-c"))}
+    ok = ("python", "train.py", "--steps", "5")
+    assert submit_problems(job, ok, fleet_gpu_bytes=None, agent_commands=agents) == []
+    assert submit_problems(job, ("bash", "-c", "x"), fleet_gpu_bytes=None, agent_commands=agents) == []
+    # A prefix matches whole words: "train.py.evil" is not "train.py".
+    bad = submit_problems(job, ("python", "train.py.evil"), fleet_gpu_bytes=None,
+                          agent_commands=agents)
+    assert len(bad) == 1 and bad[0].startswith("command: ") and "2 agent(s)" in bad[0]
+    # No agent reported its prefixes: nothing to check against.
+    assert submit_problems(job, ("python", "x.py"), fleet_gpu_bytes=None, agent_commands={}) == []

@@ -64,6 +64,11 @@ def stored_times(service: IngestService) -> list[int]:
      "inventory.gpus[0].memory_bytes"),
     (RegisterRequest("n1", inventory=Inventory(gpus=(GpuInfo("g", compute_capability=float("nan")),))),
      "inventory.gpus[0].compute_capability"),
+    (RegisterRequest("n1", allowed_commands=(("python",),) * 65), "allowed_commands"),
+    (RegisterRequest("n1", allowed_commands=((),)), "allowed_commands[0]"),
+    (RegisterRequest("n1", allowed_commands=(("x",) * 257,)), "allowed_commands[0]"),
+    (RegisterRequest("n1", allowed_commands=(("py", "a\nb"),)), "allowed_commands[0]"),
+    (RegisterRequest("n1", allowed_commands=(("x" * 5000,),)), "allowed_commands[0]"),
 ])
 def test_hostile_registrations_are_refused_and_store_nothing(ingest, request_, field):
     with pytest.raises(InputError) as caught:
@@ -77,7 +82,9 @@ def test_sane_registrations_pass():
                      RegisterRequest("n_2", address="2001:db8::1", probe_port=7),
                      RegisterRequest("N3", address="", hostname="Ünïcödé host"),
                      RegisterRequest("n4", location=NodeLocation("Paris", site="Paris DC 2")),
-                     RegisterRequest("n5", location=NodeLocation(site="s" * 100))):
+                     RegisterRequest("n5", location=NodeLocation(site="s" * 100)),
+                     RegisterRequest("n6", allowed_commands=(("python", "train.py"),)),
+                     RegisterRequest("n7", allowed_commands=())):
         assert admission.check_registration(request_) is request_
 
 
