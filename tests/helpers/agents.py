@@ -31,7 +31,9 @@ class Agent:
                  command=sleeper):
         config = load_config({"planner": target, "node_id": node_id, "address": "127.0.0.1",
                               "city": "Beijing", "state_dir": str(state_dir), "insecure": True,
-                              "mqtt": broker_url, "interval_s": 60}, env_reader=lambda name: None)
+                              "mqtt": broker_url, "interval_s": 60,
+                              "allowed_commands": [["python", "train.py"]]},
+                             env_reader=lambda name: None)
         self.changes: list = []
         self.jobs_dir = Path(state_dir) / "jobs"
         self.component = PlacementComponent(
@@ -39,7 +41,7 @@ class Agent:
             launcher_factory=lambda on_status: Launcher(command=command, running_after_s=0.2,
                                                         jobs_dir=self.jobs_dir,
                                                         grace_s=2, on_status=on_status,
-                                                        allowed_commands=[("python", "train.py")]),
+                                                        allowed_commands=config.allowed_commands),
             subscriber_kwargs={"backoff_initial_s": 0.1, "verifier": VERIFIER})
         self.runtime = AgentRuntime(
             config, client=GrpcPlannerClient.connect(target, insecure=True),
