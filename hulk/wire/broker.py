@@ -88,7 +88,7 @@ def client_tls_kwargs(broker: BrokerAddress) -> dict[str, Any]:
 
 def check_name(value: str, what: str) -> str:
     """Fleet names and node ids become topic levels: no '/', '+', '#' or spaces."""
-    if not _NAME_RE.match(value or ""):
+    if not _NAME_RE.fullmatch(value or ""):     # match() lets a trailing newline through
         raise ConfigError(f"expected 1-128 letters, digits, '.', '_' or '-', got {value!r}", field=what)
     return value
 

@@ -57,8 +57,23 @@ def command_allowed(argv: Sequence[str], prefixes: Iterable[Sequence[str]]) -> b
     with one of them, word by word (the agent's launcher and `jobs submit` both ask this)."""
     words = tuple(argv)
     return any(prefix and words[:len(prefix)] == tuple(prefix) for prefix in prefixes)
-MAX_PLACEMENT_BYTES = 256 << 10     # the broker's max_packet_size (deploy/mosquitto/hulk.conf)
-MAX_SUMMARY_BYTES = 64 << 20
+# The shipped broker's max_packet_size (deploy/mosquitto/hulk.conf; a test holds them equal): a
+# whole MQTT packet, topic and headers included. A 10,000-server plan's summary is about 0.5 MB.
+BROKER_MAX_PACKET_BYTES = 2 << 20
+# A PUBLISH packet's bytes besides its payload, rounded up: fixed header (5), the longest topic
+# (281: a placement topic of a 128-character fleet name and node id) with its length (2), packet
+# id (2) and MQTT 5 properties.
+MAX_PUBLISH_OVERHEAD = 512
+MAX_PLACEMENT_BYTES = 256 << 10     # a placement is a few KiB; far inside a broker packet
+MAX_SUMMARY_BYTES = BROKER_MAX_PACKET_BYTES - MAX_PUBLISH_OVERHEAD
+
+
+def publish_packet_bytes(topic: str, payload: bytes) -> int:
+    """Bytes of the QoS 1 MQTT PUBLISH packet carrying ``payload`` on ``topic`` (with one byte of
+    MQTT 5 properties): what the broker's max_packet_size bounds."""
+    remaining = 2 + len(topic.encode()) + 2 + 1 + len(payload)
+    length_bytes = 1 + sum(remaining >= 128 ** k for k in (1, 2, 3))   # MQTT's varint: 1-4 bytes
+    return 1 + length_bytes + remaining
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import grpc
 from hulk.errors import ConfigError
 from hulk.validate import Bound, located
 from hulk.metrics import parse_metrics_address, start_metrics_server
-from hulk.wire.broker import parse_broker_url
+from hulk.wire.broker import check_name, parse_broker_url
 from hulk.wire.records import ProbeSettings
 from planner.gnn.online import (ACTIVE_NAME, RESULTS_NAME, RetrainConfig, Retrainer, append_result,
                                 retrain_on_change, seed_active_checkpoint)
@@ -55,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     p.add_argument("--window-days", type=int, default=settings.window_days,
                    help="rolling window in days (HULK_WINDOW_DAYS; default 90)")
     p.add_argument("--fleet-name", default=settings.fleet,
-                   help="fleet name used in MQTT topics (HULK_FLEET)")
+                   help="fleet name used in MQTT topics: 1-128 letters, digits, '.', '_' or '-' "
+                        "(HULK_FLEET)")
     # The probe plan: whom each agent probes (planner/core/probe_plan.py).
     p.add_argument("--probe-peers", type=int, default=settings.probe_peers, metavar="N",
                    help="most peers each agent probes: its site's nodes and a few of every other "
@@ -139,7 +140,7 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
 RATE_LIMIT = Bound(0.001, 1e6, "calls per second")
 RATE_BURST = Bound(1, 1e6, "calls")
 REPORT_SECONDS = Bound(0.1, 3600.0, "seconds")      # or 0: automatic
-PERIOD = Bound(0.01, 86400.0, "seconds")            # rollups, rounds, checks: at most daily
+PERIOD = Bound(0.1, 86400.0, "seconds")   # rollups, rounds, checks: under 0.1 s they spin a core
 NODE_TIMEOUT = Bound(0.1, 7 * 86400.0, "seconds")
 THROUGHPUT_PERIOD = Bound(60.0, 30 * 86400.0, "seconds")
 THROUGHPUT_BUDGET = Bound(0.0, 1e6, "GB")
@@ -159,6 +160,7 @@ def check_flags(args: argparse.Namespace) -> ServeFlags:
     opened; ``args`` is left as parsed."""
     if not args.db:
         raise ConfigError("expected a store path", field="--db")
+    check_name(args.fleet_name, "--fleet-name")      # a level of every MQTT topic
     _check_numbers(args)
     if getattr(args, "metrics", None):
         parse_metrics_address(args.metrics, field="--metrics")

@@ -7,9 +7,10 @@ compared in constant time. When serve runs with TLS the dashboard serves HTTPS w
 certificate and, with ``--client-ca``, requires the same client certificates. Without a token it
 binds only loopback addresses (``check_exposure``).
 
-The server is the standard library's ``ThreadingHTTPServer`` (a thread per connection, at most
-``MAX_CONNECTIONS`` at once, each with a socket timeout); handlers only read the finished
-documents of ``DashboardState``, never the store.
+The server is ``hulk.http_server``'s (a thread per connection, connections capped per source
+address and in all, the TLS handshake and each request's head under a deadline, so idle peers
+cannot starve an operator); handlers only read the finished documents of ``DashboardState``,
+never the store.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import socket
 import ssl
 import stat
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from hulk.addresses import is_loopback, parse_host_port
 from hulk.errors import ConfigError
+from hulk.http_server import BoundedHandler, BoundedHTTPServer, ConnectionLimits
 from planner.dashboard.snapshot import DOCUMENTS
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,6 @@ STATIC_FILES = {"index.html": "text/html; charset=utf-8",
                 "app.js": "text/javascript; charset=utf-8",
                 "style.css": "text/css; charset=utf-8"}
 MIN_TOKEN_CHARS = 16
-MAX_CONNECTIONS = 64
 REALM = "hulk dashboard"
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
@@ -130,11 +130,9 @@ def tls_context(cert: str | os.PathLike, key: str | os.PathLike,
 
 # ------------------------------------------------------------------------------------ serving
 
-class DashboardHandler(BaseHTTPRequestHandler):
+class DashboardHandler(BoundedHandler):
     server_version = "hulk-dashboard"
     sys_version = ""
-    protocol_version = "HTTP/1.1"
-    timeout = 30     # seconds a connection may sit idle: slow clients cannot hold threads forever
 
     def do_GET(self) -> None:      # noqa: N802 (the standard library's names)
         self._respond(body=True)
@@ -180,51 +178,21 @@ class DashboardHandler(BaseHTTPRequestHandler):
         log.debug("dashboard %s: " + format, self.address_string(), *args)
 
 
-class _HttpServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address, *, family: int, tls: ssl.SSLContext | None):
-        self.address_family = family
-        self.tls = tls
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        super().__init__(address, DashboardHandler)
-
-    def get_request(self):
-        sock, address = super().get_request()
-        if self.tls is not None:  # the handshake happens on the connection's own thread
-            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-        return sock, address
-
-    def process_request(self, request, client_address) -> None:
-        if not self.slots.acquire(blocking=False):
-            self.shutdown_request(request)    # too many connections: this one is dropped
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
-
-    def handle_error(self, request, client_address) -> None:
-        # A client that breaks off, fails the TLS handshake or times out: not the server's fault.
-        log.debug("dashboard: connection from %s ended with an error", client_address, exc_info=True)
-
-
 class DashboardServer:
     """The dashboard on ``listen`` (HOST:PORT; port 0 picks a free one). Binds when made, so a bad
     address or a port in use is a ConfigError before serve starts anything else."""
 
     def __init__(self, listen: str, state, *, token: TokenCheck | None = None,
-                 tls: ssl.SSLContext | None = None, flag: str = "--dashboard"):
+                 tls: ssl.SSLContext | None = None, flag: str = "--dashboard",
+                 limits: ConnectionLimits = ConnectionLimits()):
         host, port = parse_listen(listen, flag)
         check_exposure(host, token=token is not None, flag=flag)
         self.state, self.token, self.tls = state, token, tls
         self.static = {name: (STATIC_DIR / name).read_bytes() for name in STATIC_FILES}
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            self.httpd = _HttpServer((host, port), family=family, tls=tls)
+            self.httpd = BoundedHTTPServer((host, port), DashboardHandler, limits=limits,
+                                           family=family, tls=tls, name="dashboard")
         except (OSError, OverflowError) as exc:
             reason = getattr(exc, "strerror", None) or str(exc)
             raise ConfigError(f"cannot listen on {listen}: {reason}", field=flag) from exc

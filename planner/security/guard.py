@@ -22,6 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from grpc import aio
@@ -31,6 +32,7 @@ from hulk.errors import (HulkError, PermissionDeniedError, RateLimitedError,
 from planner.security.credentials import CredentialStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Standard health checks stay open: load balancers and `grpc_health_probe` carry no token.
 PUBLIC_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
@@ -121,11 +123,15 @@ class NodeGuard(aio.ServerInterceptor):
 
     ``credentials`` None means no authentication (insecure development mode).
 
-    The token is checked from the call's metadata before its message is read: a caller without a
-    valid token never gets a request deserialised. Slow (scrypt) verifications of tokens not seen
-    before are bounded twice: at most ``max_verifying`` at once (the CPU they can take), and
-    ``failed_auth_limit`` failures per token id, past which that id is refused without hashing.
-    Neither depends on the caller's address: agents behind one NAT do not lock each other out.
+    The token is checked from the call's metadata before its message is parsed: a caller without
+    a valid token never gets a request deserialised. Almost every token is settled by the
+    credential store's keyed tag (a row read and an HMAC, no scrypt), whoever sends it, so a bad
+    token costs the planner no more than that and an enrolled node is never queued behind one.
+    Only a token whose row has no current tag needs scrypt; those checks are bounded
+    three times: at most ``max_verifying`` at once, and ``failed_auth_limit`` failures per token id
+    and per source address, past either of which scrypt is refused. The tag check is never
+    limited, so a hostile caller behind the same NAT, or one that spends a known token id's
+    allowance, does not lock out an enrolled node.
 
     The checks raise :class:`hulk.errors.HulkError` subclasses; :meth:`_enforce` is the one place
     a refusal becomes a gRPC status (``hulk.errors.grpc_status``) and is counted.
@@ -140,6 +146,7 @@ class NodeGuard(aio.ServerInterceptor):
         self.credentials = credentials
         self.node_limiter = RateLimiter(rate_limit, clock=clock)
         self.auth_failures = RateLimiter(failed_auth_limit, clock=clock)
+        self.peer_failures = RateLimiter(failed_auth_limit, clock=clock)
         self.max_verifying = max_verifying
         self._verifying: asyncio.Semaphore | None = None   # made on the server's loop
         self.public_methods = public_methods
@@ -153,32 +160,38 @@ class NodeGuard(aio.ServerInterceptor):
         if handler is None or details.method in self.public_methods:
             return handler
         metadata = tuple(details.invocation_metadata or ())
-        verified: str | None = None
-        if self.credentials is not None:
-            try:
-                verified = await self._authenticate(metadata, details.method)
-            except HulkError as exc:
-                return self._refusal(handler, exc)
+        parse = handler.request_deserializer or (lambda data: data)
+
+        async def checked(data: bytes, context: aio.ServicerContext):
+            """The parsed request, its bytes parsed only once the token holds (here, not in
+            intercept_service, because the source address the failure limits need is known
+            only from the call's context)."""
+            verified: str | None = None
+            if self.credentials is not None:
+                verified = await self._enforce(
+                    context, self._authenticate(metadata, details.method, _peer_host(context)))
+            request = parse(data)
+            await self._enforce(context, self._admit(request, verified, context))
+            return request
+
         if handler.unary_unary is not None:
             inner = handler.unary_unary
 
-            async def guarded(request, context):
-                await self._enforce(context, self._admit(request, verified, context))
-                return await inner(request, context)
+            async def guarded(data, context):
+                return await inner(await checked(data, context), context)
 
             return grpc.unary_unary_rpc_method_handler(
-                guarded, request_deserializer=handler.request_deserializer,
+                guarded, request_deserializer=None,
                 response_serializer=handler.response_serializer)
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
-            async def guarded_stream(request, context):
-                await self._enforce(context, self._admit(request, verified, context))
-                async for item in inner_stream(request, context):
+            async def guarded_stream(data, context):
+                async for item in inner_stream(await checked(data, context), context):
                     yield item
 
             return grpc.unary_stream_rpc_method_handler(
-                guarded_stream, request_deserializer=handler.request_deserializer,
+                guarded_stream, request_deserializer=None,
                 response_serializer=handler.response_serializer)
         return self._refusal(handler, PermissionDeniedError(
             # Client-streaming methods carry the node id only inside messages; none exist in
@@ -204,15 +217,17 @@ class NodeGuard(aio.ServerInterceptor):
         return grpc.unary_unary_rpc_method_handler(
             refuse, request_deserializer=_discard, response_serializer=handler.response_serializer)
 
-    async def _enforce(self, context: aio.ServicerContext, check: Awaitable[None]) -> None:
-        """Run ``check``; a HulkError it raises ends the call with that error's status."""
+    async def _enforce(self, context: aio.ServicerContext, check: Awaitable[T]) -> T:
+        """Run ``check`` and return its value; a HulkError it raises ends the call with that
+        error's status."""
         try:
-            await check
+            return await check
         except HulkError as exc:
             code = grpc_status(exc)
             key = code.name.lower()
             self.counts[key] = self.counts.get(key, 0) + 1
             await context.abort(code, str(exc))
+            raise  # pragma: no cover - abort raises
 
     async def _admit(self, request, verified: str | None, context: aio.ServicerContext) -> None:
         claimed = getattr(request, "node_id", None)
@@ -227,17 +242,19 @@ class NodeGuard(aio.ServerInterceptor):
                                         f"claims node {claimed!r}")
         self.counts["ok"] += 1
 
-    async def _authenticate(self, metadata, method: str) -> str:
+    async def _authenticate(self, metadata, method: str, peer: str) -> str:
         token = bearer_token(metadata)
         if not token:
             raise UnauthenticatedError("missing 'authorization: Bearer <token>' metadata (enrol "
                                        "the node with `hulk-planner enroll NODE_ID`)")
         token_id = token.split(".")[1] if token.count(".") == 2 else "malformed"
         try:
-            return await self._verify(token, token_id)
+            return await self._verify(token, token_id, peer)
         except UnauthenticatedError as exc:
-            self.auth_failures.allow(token_id)   # spend one of the token id's failure allowance
-            log.info("unauthenticated call to %s: %s", method, exc)
+            # Spend one of the token id's and the address's failure allowances.
+            self.auth_failures.allow(token_id)
+            self.peer_failures.allow(peer)
+            log.info("unauthenticated call to %s from %s: %s", method, peer, exc)
             raise
         except RateLimitedError:
             raise
@@ -245,19 +262,22 @@ class NodeGuard(aio.ServerInterceptor):
             log.error("credential check failed: %s", exc)
             raise UnavailableError("credential store unavailable") from None
 
-    async def _verify(self, token: str, token_id: str) -> str:
+    async def _verify(self, token: str, token_id: str, peer: str) -> str:
         store = self.credentials
         assert store is not None
-        if store.is_cached(token):
-            return store.verify(token)           # a row read, no scrypt
+        node_id = store.check_tag(token)         # a row read and an HMAC, no scrypt
+        if node_id is not None:
+            return node_id
         if self.auth_failures.exhausted(token_id):
             raise RateLimitedError("too many failed authentications with this token; retry later")
+        if self.peer_failures.exhausted(peer):
+            raise RateLimitedError("too many failed authentications from this address; retry later")
         if self._verifying is None:
             self._verifying = asyncio.Semaphore(self.max_verifying)
         async with self._verifying:
             # scrypt off the event loop, a bounded number at once: other nodes' calls keep
-            # flowing, and a flood of bad tokens costs at most max_verifying cores.
-            return await asyncio.to_thread(store.verify, token)
+            # flowing, and untagged tokens cost at most max_verifying cores.
+            return await asyncio.to_thread(store.verify_slowly, token)
 
 
 def _discard(data: bytes) -> None:

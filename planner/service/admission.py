@@ -8,8 +8,11 @@ Pure: wire records and numbers in, a checked value (or ``InputError`` naming the
   physically possible.
 - A heartbeat is never refused for its launch report (that would make a live node look silent):
   over-long texts in it are cut to their bound instead.
-- A per-round summary is refused (with its batch) when its figures cannot be true:
-  :func:`check_summary`.
+- A raw sample or a per-round summary is refused (with its batch) when its figures cannot be
+  true: :func:`check_sample`, :func:`check_summary`. Every number is finite and within
+  ``WIRE_BOUNDS`` (one table, with units); a timeout is always given, an RTT never exceeds it.
+- A batch id is 1-64 letters, digits, '.', '_' or '-' (:func:`check_batch_id`): the store keeps
+  it for the raw retention, so its size is the planner's, not the sender's, to choose.
 - Sample times are read through the node's clock skew (heartbeats carry the agent's clock), so an
   agent whose clock is a day ahead or behind loses nothing; see :func:`corrected_times`.
 """
@@ -22,10 +25,11 @@ import re
 from dataclasses import replace
 
 from hulk.errors import InputError
+from hulk.validate import Bound, Invalid, shown
 from hulk.wire.histogram import OVERFLOW, bucket_index
 from hulk.wire.placement import MAX_COMMAND_WORDS
 from hulk.wire.records import (SITE_MAX_CHARS, LaunchStatus, PeerSummary, ProbeKind,
-                               RegisterRequest)
+                               ProbeSample, RegisterRequest)
 
 NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 HOST_NAME_RE = re.compile(r"(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
@@ -40,8 +44,26 @@ MAX_COMPUTE_CAPABILITY = 100.0
 LAUNCH_TEXT_LIMITS = {"plan_id": 128, "job": 128, "detail": 4096}
 KNOWN_KINDS = frozenset(int(k) for k in ProbeKind)
 MAX_PAYLOAD_BYTES = 65_507              # the largest ICMP echo payload over IPv4
-MAX_TIMEOUT_MS = 60_000.0               # a probe waits at most a minute for its answer
+MIN_TIMEOUT_MS = 1.0                    # agents wait 10 ms to 60 s for an answer (agent/config.py)
+MAX_TIMEOUT_MS = 60_000.0
+MAX_ROUND_PACKETS = 100                 # agents send 1-100 packets a round (agent/config.py)
 SKEW_IGNORED_MS = 60_000                # clocks this close are left alone (NTP keeps them closer)
+BATCH_ID_RE = re.compile(r"[0-9A-Za-z._-]{1,64}")     # agents send 32 hex digits
+
+# Every number of a raw sample or a summary, with its unit. Beyond these: an RTT never exceeds
+# its probe's timeout, nor lost packets the count, and the sums must fit the count, min and max.
+# So one summary adds at most MAX_ROUND_PACKETS packets of MAX_TIMEOUT_MS to any rollup.
+WIRE_BOUNDS = {
+    "payload_bytes": Bound(0, MAX_PAYLOAD_BYTES, "bytes", integer=True),
+    "timeout_ms": Bound(MIN_TIMEOUT_MS, MAX_TIMEOUT_MS, "milliseconds"),   # 0 too is refused
+    "rtt_ms": Bound(0.0, MAX_TIMEOUT_MS, "milliseconds"),
+    "count": Bound(1, MAX_ROUND_PACKETS, "packets", integer=True),
+    "lost": Bound(0, MAX_ROUND_PACKETS, "packets", integer=True),
+    "rtt_sum_ms": Bound(0.0, MAX_ROUND_PACKETS * MAX_TIMEOUT_MS, "milliseconds"),
+    "rtt_sum_sq_ms2": Bound(0.0, MAX_ROUND_PACKETS * MAX_TIMEOUT_MS ** 2, "square milliseconds"),
+    "rtt_min_ms": Bound(0.0, MAX_TIMEOUT_MS, "milliseconds"),
+    "rtt_max_ms": Bound(0.0, MAX_TIMEOUT_MS, "milliseconds"),
+}
 
 
 def check_text(value: str, field: str, limit: int) -> str:
@@ -175,37 +197,58 @@ def corrected_times(sent_ms: list[int], now_ms: int, skew_ms: int, future_tolera
     return [t - shift for t in sent_ms], shift
 
 
-MAX_ROUND_PACKETS = 1000                # a summary covers one round: 100 packets at most today
 _REL = 1e-9                             # float slack of sums checked against min and max
 
 
-def check_summary(s: PeerSummary, where: str) -> None:
-    """InputError naming ``where``'s field when a per-round summary cannot be true: a count out
-    of bounds, more lost than sent, RTT figures that are not finite, negative, above the
-    probe's timeout or inconsistent (min > max, a sum outside [n*min, n*max], a sum of squares
-    below sum**2/n), or a histogram that is unordered, out of range or does not add up to the
-    received packets. Which peer, and whether it is plausible for the two cities, is ingest's."""
-    if s.kind not in KNOWN_KINDS:
-        raise InputError(f"expected a probe kind in {sorted(KNOWN_KINDS)}, got {s.kind}",
+def _bounded(record: ProbeSample | PeerSummary, name: str, where: str) -> float:
+    """The record's field ``name``, within WIRE_BOUNDS[name]; else InputError naming it."""
+    try:
+        return WIRE_BOUNDS[name].check(getattr(record, name))
+    except Invalid as bad:
+        raise bad.error(field=f"{where}.{name}") from None
+
+
+def _check_kind(kind: int, where: str) -> None:
+    if kind not in KNOWN_KINDS:
+        raise InputError(f"expected a probe kind in {sorted(KNOWN_KINDS)}, got {kind}",
                          field=f"{where}.kind")
-    if not 0 <= s.payload_bytes <= MAX_PAYLOAD_BYTES:
-        raise InputError(f"expected 0-{MAX_PAYLOAD_BYTES} payload bytes, got {s.payload_bytes}",
-                         field=f"{where}.payload_bytes")
-    if not 1 <= s.count <= MAX_ROUND_PACKETS:
-        raise InputError(f"expected 1-{MAX_ROUND_PACKETS} packets in a round, got {s.count}",
-                         field=f"{where}.count")
-    if not 0 <= s.lost <= s.count:
+
+
+def check_batch_id(batch_id: str) -> str:
+    if not BATCH_ID_RE.fullmatch(batch_id):
+        raise InputError("expected 1-64 letters, digits, '.', '_' or '-' (agents send 32 hex "
+                         f"digits), got {len(batch_id)} characters: {shown(batch_id)}",
+                         field="batch_id")
+    return batch_id
+
+
+def check_sample(s: ProbeSample, where: str) -> None:
+    """InputError naming ``where``'s field when a raw sample cannot be true: an unknown kind, a
+    number outside WIRE_BOUNDS, or an RTT above the probe's timeout (a lost packet's too)."""
+    _check_kind(s.kind, where)
+    _bounded(s, "payload_bytes", where)
+    timeout = _bounded(s, "timeout_ms", where)
+    if _bounded(s, "rtt_ms", where) > timeout:
+        raise InputError(f"RTT {s.rtt_ms} ms is above the probe's timeout of {timeout} ms",
+                         field=f"{where}.rtt_ms")
+
+
+def check_summary(s: PeerSummary, where: str) -> None:
+    """InputError naming ``where``'s field when a per-round summary cannot be true: a number
+    outside WIRE_BOUNDS, more lost than sent, RTT figures above the probe's timeout or
+    inconsistent (min > max, a sum outside [n*min, n*max], a sum of squares below sum**2/n), or
+    a histogram that is unordered, out of range or does not add up to the received packets.
+    Which peer, and whether it is plausible for the two cities, is ingest's."""
+    _check_kind(s.kind, where)
+    for name in ("payload_bytes", "count", "lost"):
+        _bounded(s, name, where)
+    if s.lost > s.count:
         raise InputError(f"expected 0 to count ({s.count}) lost packets, got {s.lost}",
                          field=f"{where}.lost")
-    if not 0 <= s.timeout_ms <= MAX_TIMEOUT_MS:  # also NaN; 0 means the planner's default
-        raise InputError(f"expected a probe timeout up to {MAX_TIMEOUT_MS:g} ms, got "
-                         f"{s.timeout_ms}", field=f"{where}.timeout_ms")
+    timeout = _bounded(s, "timeout_ms", where)
     n = s.count - s.lost
-    figures = {"rtt_sum_ms": s.rtt_sum_ms, "rtt_sum_sq_ms2": s.rtt_sum_sq_ms2,
-               "rtt_min_ms": s.rtt_min_ms, "rtt_max_ms": s.rtt_max_ms}
-    for name, value in figures.items():
-        if not (math.isfinite(value) and value >= 0.0):
-            raise InputError(f"expected a finite value >= 0, got {value}", field=f"{where}.{name}")
+    for name in ("rtt_sum_ms", "rtt_sum_sq_ms2", "rtt_min_ms", "rtt_max_ms"):
+        value = _bounded(s, name, where)
         if n == 0 and value != 0.0:
             raise InputError(f"expected 0 with every packet lost, got {value}",
                              field=f"{where}.{name}")
@@ -217,8 +260,8 @@ def check_summary(s: PeerSummary, where: str) -> None:
     lo, hi = s.rtt_min_ms, s.rtt_max_ms
     if lo > hi:
         raise InputError(f"expected min <= max, got {lo} > {hi}", field=f"{where}.rtt_min_ms")
-    if s.timeout_ms > 0 and hi > s.timeout_ms:
-        raise InputError(f"RTT {hi} ms is above the probe's timeout of {s.timeout_ms} ms",
+    if hi > timeout:
+        raise InputError(f"RTT {hi} ms is above the probe's timeout of {timeout} ms",
                          field=f"{where}.rtt_max_ms")
     if not n * lo * (1 - _REL) - _REL <= s.rtt_sum_ms <= n * hi * (1 + _REL) + _REL:
         raise InputError(f"expected a sum of {n} RTTs between {n} x min and {n} x max, got "

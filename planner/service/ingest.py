@@ -4,9 +4,11 @@
 It validates every sample before anything is stored:
 
 * a report from a node that never registered -> ``NotFoundError`` (the agent registers again);
-* a malformed batch (no batch id, too many samples, a negative, infinite or absurd RTT or
-  timeout, an RTT above the probe's timeout, an unknown probe kind, a node probing itself) ->
-  ``InputError``; nothing of the batch is stored, the rejected samples are counted;
+* a malformed batch (a batch id that is not 1-64 letters, digits, '.', '_' or '-', too many
+  samples, a number outside ``admission.WIRE_BOUNDS``: a timeout outside 1 ms-60 s, 0
+  included, a negative, infinite or absurd RTT, an RTT above the probe's timeout; an unknown
+  probe kind, a node probing itself) -> ``InputError``; nothing of the batch is stored, the
+  rejected samples are counted;
 * a sample faster than light between the two nodes' cities (``hulk.geo.min_rtt_ms``; unknown
   cities skip the check) or to an unknown peer is a measurement error: that sample is rejected,
   counted and logged, the rest of the batch is stored (``ReportResult.rejected``);
@@ -41,7 +43,6 @@ The gRPC servicer (``planner.service.servicer``) only converts protos and calls 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -55,9 +56,8 @@ from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, Peer, PeerSumm
 from hulk.wire.throughput import ThroughputResult
 from planner.core.rollup import bucket_index
 from planner.service.metrics import NO_EVENTS, ServeEvents
-from planner.service.admission import (KNOWN_KINDS, MAX_PAYLOAD_BYTES, MAX_TIMEOUT_MS,
-                                       bounded_launch, check_registration, check_summary,
-                                       corrected_times)
+from planner.service.admission import (bounded_launch, check_batch_id, check_registration,
+                                       check_sample, check_summary, corrected_times)
 from planner.service.peer_plan import PeerPlanner, ProbePlanSettings
 from planner.service.store import DAY_MS, NodeRef, SampleRow, Store, SummaryRow, micros
 from planner.service.throughput_store import REASON_UNKNOWN_TEST, REASON_WRONG_NODE
@@ -320,8 +320,7 @@ class IngestService:
         return peer
 
     def _check_batch(self, batch_id: str, n_samples: int, n_summaries: int) -> None:
-        if not batch_id:
-            raise errors.InputError("expected a non-empty batch id", field="batch_id")
+        check_batch_id(batch_id)
         if n_samples + n_summaries > self.limits.max_batch_samples:
             raise errors.BatchTooLargeError(
                 f"batch has {n_samples + n_summaries} records, the limit is "
@@ -338,13 +337,12 @@ class IngestService:
         if shift:
             log.debug("%s: sample times moved by %d ms onto the planner's clock", node.id, -shift)
         oldest = now - self.store.raw_days * DAY_MS
-        default_timeout = self.settings.timeout_s * 1000.0
         self._reloaded = False
         rows: list[SampleRow] = []
         tally = _Tally()
         src = node.idx
         for i, s in enumerate(samples):
-            _check_sample(s, i)
+            check_sample(s, f"samples[{i}]")
             peer = self._known_peer(node, s.peer_id, "samples", i)
             if peer is None:
                 tally.unknown += 1
@@ -352,8 +350,7 @@ class IngestService:
                 tally.too_old += 1
             elif s.lost:
                 rows.append((src, peer.idx, times[i], s.kind, s.payload_bytes, 1, None, None))
-            elif tally.above_light(_checked_rtt(s, i, default_timeout),
-                                       self._bound_ms(node, peer), peer.id):
+            elif tally.above_light(s.rtt_ms, self._bound_ms(node, peer), peer.id):
                 rows.append((src, peer.idx, times[i], s.kind, s.payload_bytes, 0, s.rtt_ms,
                              bucket_index(s.rtt_ms)))
         tally.log(node.id, "sample(s)", self.store.raw_days)
@@ -394,30 +391,6 @@ class _Tally:
             log.warning("rejected %d %s from %s taken more than %d days ago (past the store's "
                         "raw retention a retried batch could count twice)", self.too_old, what,
                         node_id, raw_days)
-
-
-def _check_sample(s: ProbeSample, i: int) -> None:
-    if s.kind not in KNOWN_KINDS:
-        raise errors.InputError(f"expected a probe kind in {sorted(KNOWN_KINDS)}, got {s.kind}",
-                                field=f"samples[{i}].kind")
-    if not 0 <= s.payload_bytes <= MAX_PAYLOAD_BYTES:
-        raise errors.InputError(f"expected 0-{MAX_PAYLOAD_BYTES} payload bytes, got "
-                                f"{s.payload_bytes}", field=f"samples[{i}].payload_bytes")
-
-
-def _checked_rtt(s: ProbeSample, i: int, default_timeout_ms: float) -> float:
-    """The sample's RTT: finite, >= 0 and within its probe's timeout (itself bounded)."""
-    rtt = s.rtt_ms
-    if not (rtt >= 0.0) or math.isinf(rtt):
-        raise errors.InputError(f"expected an RTT >= 0 ms, got {rtt}", field=f"samples[{i}].rtt_ms")
-    limit = s.timeout_ms if s.timeout_ms > 0 else default_timeout_ms
-    if not limit <= MAX_TIMEOUT_MS:  # also NaN
-        raise errors.InputError(f"expected a probe timeout up to {MAX_TIMEOUT_MS:g} ms, got "
-                                f"{limit}", field=f"samples[{i}].timeout_ms")
-    if rtt > limit:
-        raise errors.InputError(f"RTT {rtt} ms is above the probe's timeout of {limit} ms",
-                                field=f"samples[{i}].rtt_ms")
-    return rtt
 
 
 def _check_count(name: str, value: int) -> None:

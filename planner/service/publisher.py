@@ -6,6 +6,12 @@ has a role is cleared with a signed placement without roles (an empty retained m
 carry no signature and no sequence number: agents ignore it). aiomqtt/paho errors become
 :class:`hulk.errors.UnavailableError`.
 
+Every message is checked against the broker's packet limit (``BROKER_MAX_PACKET_BYTES``, the
+shipped max_packet_size) and what its reader accepts before any is published
+(:func:`check_sizes`): a plan too large to push fails with one line and publishes nothing. A push
+goes in waves (:func:`publish_waves`), a new summary acknowledged before its placements are sent,
+so one that fails part-way never leaves placements that the retained summary does not describe.
+
 Every placement and the summary are signed (``hulk.wire.signing.Signer``) and valid for
 ``VALIDITY_MS`` (7 days) from their issue time; ``serve --mqtt`` re-signs what it retains once
 less than ``RESIGN_BEFORE_MS`` (4 days) is left, so an agent that restarts and re-reads its
@@ -28,10 +34,11 @@ import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from hulk.errors import InputError, UnavailableError
+from hulk.errors import InputError, PlanningError, UnavailableError
 from hulk.wire.broker import BrokerAddress, client_tls_kwargs, placement_topic, plan_topic
-from hulk.wire.placement import (VALIDITY_MS, NodePlacement, PlanSummary, parse_placement,
-                                 parse_summary, summary_bytes)
+from hulk.wire.placement import (BROKER_MAX_PACKET_BYTES, MAX_PLACEMENT_BYTES, MAX_SUMMARY_BYTES,
+                                 VALIDITY_MS, NodePlacement, PlanSummary, parse_placement,
+                                 parse_summary, publish_packet_bytes, summary_bytes)
 from hulk.wire.signing import Signer
 from planner.core.placements import build_node_placements, build_summary
 from planner.service.placement_seq import ClockSequence, PlacementSequence
@@ -54,12 +61,15 @@ class Publisher(Protocol):
 class InMemoryPublisher:
     """A broker's retained topics in memory: ``retained`` (topic -> payload) and every
     ``publish_retained`` call's messages in ``published``. With ``unavailable`` set, every call
-    fails as an unreachable broker does."""
+    fails as an unreachable broker does; with ``max_packet_bytes``, a call with a larger message
+    publishes nothing (:func:`check_sizes`)."""
 
-    def __init__(self, retained: Mapping[str, bytes] | None = None):
+    def __init__(self, retained: Mapping[str, bytes] | None = None, *,
+                 max_packet_bytes: int | None = None):
         self.retained: dict[str, bytes] = dict(retained or {})
         self.published: list[dict[str, bytes]] = []
         self.unavailable = False
+        self.max_packet_bytes = max_packet_bytes
 
     def _check(self) -> None:
         if self.unavailable:
@@ -67,6 +77,7 @@ class InMemoryPublisher:
 
     async def publish_retained(self, messages: Mapping[str, bytes]) -> None:
         self._check()
+        check_sizes(messages, self.max_packet_bytes)
         self.published.append(dict(messages))
         for topic, payload in messages.items():
             if payload:
@@ -85,12 +96,15 @@ class MqttPublisher:
     The shipped broker makes an account's name its client id, so the planner's connections
     (serve's recovery, an operator's ``plan --push``) share one: a newer connection ends an older
     one's session. A call whose connection ends that way is tried again (``attempts`` in all,
-    after a short random pause): publishing retained messages twice is harmless."""
+    after a short random pause): publishing retained messages twice is harmless.
+    ``max_packet_bytes``: the broker's max_packet_size."""
 
     def __init__(self, broker: BrokerAddress, *, identifier: str | None = None, timeout_s: float = 10.0,
                  client_factory: Callable[..., Any] | None = None, attempts: int = 4,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 max_packet_bytes: int = BROKER_MAX_PACKET_BYTES):
         self.broker = broker
+        self.max_packet_bytes = max_packet_bytes
         self.identifier = identifier
         self.timeout_s = timeout_s
         self.attempts = attempts
@@ -124,15 +138,22 @@ class MqttPublisher:
                 await self._sleep(random.uniform(0.05, 0.3) * attempt)
 
     async def publish_retained(self, messages: Mapping[str, bytes]) -> None:
+        check_sizes(messages, self.max_packet_bytes)
+        waves = publish_waves(messages)
+
         async def publish() -> None:
             async with self._client() as client:
-                # Publish concurrently; each call returns when the broker's PUBACK arrives.
-                results = await asyncio.gather(
-                    *(client.publish(topic, payload, qos=1, retain=True)
-                      for topic, payload in messages.items()), return_exceptions=True)
-                failed = [r for r in results if isinstance(r, BaseException)]
-                if failed:
-                    raise failed[0]
+                # aiomqtt warns once per publish above 10 waiting for their acks: thousands of
+                # lines for one push of a large fleet.
+                client.pending_calls_threshold = len(messages) + 10
+                for wave in waves:
+                    # Publish concurrently; each call returns when the broker's PUBACK arrives.
+                    results = await asyncio.gather(
+                        *(client.publish(topic, payload, qos=1, retain=True)
+                          for topic, payload in wave.items()), return_exceptions=True)
+                    failed = [r for r in results if isinstance(r, BaseException)]
+                    if failed:
+                        raise failed[0]
 
         await self._retrying(publish, "publish")
 
@@ -152,6 +173,37 @@ class MqttPublisher:
             return None
 
         return await self._retrying(read, f"read {topic}")
+
+
+def check_sizes(messages: Mapping[str, bytes], max_packet_bytes: int | None) -> None:
+    """PlanningError (one line, nothing published yet) when a message would not fit the broker's
+    ``max_packet_bytes`` (None: no limit) or is larger than its reader accepts (an agent, a
+    placement up to MAX_PLACEMENT_BYTES; a planner, a summary up to MAX_SUMMARY_BYTES)."""
+    for topic, payload in messages.items():
+        kind = ("placement" if topic.endswith("/placement") else
+                "plan summary" if topic.endswith("/plan") else "message")
+        what = f"the {kind} on {topic}"
+        limit = MAX_PLACEMENT_BYTES if kind == "placement" else MAX_SUMMARY_BYTES
+        packet = publish_packet_bytes(topic, payload)
+        if max_packet_bytes is not None and packet > max_packet_bytes:
+            raise PlanningError(f"cannot push: {what} is a {packet:,}-byte MQTT packet, above the "
+                                f"broker's max_packet_size of {max_packet_bytes:,} "
+                                "(deploy/mosquitto/hulk.conf); nothing was published")
+        if len(payload) > limit:
+            raise PlanningError(f"cannot push: {what} is {len(payload):,} bytes, above the "
+                                f"{limit:,} its readers accept; nothing was published")
+
+
+def publish_waves(messages: Mapping[str, bytes]) -> list[dict[str, bytes]]:
+    """``messages`` in the waves a broker gets them, each acknowledged before the next is sent: a
+    new plan summary first, then the placements, a summary's removal last. A push that fails
+    part-way so leaves the retained summary describing every placement sent (serve's recovery
+    and reconciliation read the plan from it)."""
+    summaries = {t: p for t, p in messages.items() if t.endswith("/plan")}
+    rest = {t: p for t, p in messages.items() if t not in summaries}
+    waves = [{t: p for t, p in summaries.items() if p}, rest,
+             {t: p for t, p in summaries.items() if not p}]
+    return [wave for wave in waves if wave]
 
 
 def clears(fleet: str, nodes: Iterable[str], plan_id: str,

@@ -21,9 +21,10 @@ class ThreadedPlanner:
     """PlannerRuntime (the real server) with TLS and the NodeGuard, on 127.0.0.1:<free port>."""
 
     def __init__(self, db: Path, pki: dict[str, Path], *, rate_limit: RateLimit = RateLimit(),
-                 client_ca: Path | None = None):
+                 client_ca: Path | None = None, secret_hash=None):
         self.db = db
-        self.credentials = CredentialStore(db)
+        self.credentials = CredentialStore(db, **({"secret_hash": secret_hash}
+                                                  if secret_hash else {}))
         self.guard = NodeGuard(self.credentials, rate_limit=rate_limit)
         self.runtime = PlannerRuntime(
             str(db), "127.0.0.1:0", fleet="test",

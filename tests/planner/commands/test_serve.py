@@ -20,7 +20,9 @@ def test_good_flags_pass(tmp_path):
     check_flags(serve_args("--db", str(tmp_path / "p.db"), "--insecure", "--mqtt", "mqtt://b",
                            "--signing-key", write_signing_key(tmp_path / "k"), "--node-timeout", "5",
                            "--model-dir", str(tmp_path / "model"),
-                           "--retrain-job-sets", "2", "--retrain-epochs", "1"))
+                           "--retrain-job-sets", "2", "--retrain-epochs", "1",
+                           "--fleet-name", "eu-1.prod_A", "--rollup-seconds", "1",
+                           "--jobs-interval", "0.3", "--recovery-interval", "0.25"))
     assert not (tmp_path / "p.db").exists()
 
 
@@ -60,6 +62,18 @@ def test_checking_returns_the_signer_and_leaves_the_flags_as_parsed(tmp_path):
     (("--throughput-period", "nan"), "--throughput-period"),
     (("--throughput-period", "1"), "--throughput-period"),
     (("--throughput-budget-gb", "-1"), "--throughput-budget-gb"),
+    (("--fleet-name", "a/#"), "--fleet-name"),       # an MQTT topic level: no '/', '+', '#'
+    (("--fleet-name", "+"), "--fleet-name"),
+    (("--fleet-name", ""), "--fleet-name"),
+    (("--fleet-name", "eu 1"), "--fleet-name"),
+    (("--fleet-name", "eu-1\n"), "--fleet-name"),
+    (("--fleet-name", "f" * 129), "--fleet-name"),
+    (("--rollup-seconds", "1e-9"), "--rollup-seconds"),    # a full core
+    (("--rollup-seconds", "0.05"), "--rollup-seconds"),
+    (("--jobs-interval", "1e-9"), "--jobs-interval"),
+    (("--rate-limit", "nan"), "--rate-limit"),             # rate limiting off
+    (("--rate-limit", "inf"), "--rate-limit"),
+    (("--rate-burst", "nan"), "--rate-burst"),
 ])
 def test_bad_flags_name_the_flag(flags, field, tmp_path):
     db = () if field == "--db" else ("--db", str(tmp_path / "p.db"))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hulk.errors import ConfigError
+from hulk.http_server import ConnectionLimits
 from planner import cli
 from planner.core.fleet import Fleet, Link, Node
 from planner.dashboard.server import DashboardServer, TokenCheck, check_exposure, parse_listen, tls_context
@@ -133,6 +134,43 @@ def test_https_with_serves_certificate_and_client_certificates_when_serve_requir
     with_cert = ssl.create_default_context(cafile=str(pki["ca"]))
     with_cert.load_cert_chain(str(client.cert), str(client.key))
     assert get(mutual, "/api/jobs", context=with_cert)[0] == 200
+
+
+def test_idle_connections_from_one_source_leave_the_operator_an_answer(serve_dashboard, pki):
+    server = serve_dashboard(token=TokenCheck(TOKEN),
+                             tls=tls_context(pki["server_cert"], pki["server_key"]))
+    # More idle TCP connections than the server has slots, none starting TLS or a request.
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=15,
+                                     source_address=("127.0.0.1", 0)) for _ in range(70)]
+    try:
+        conn = http.client.HTTPSConnection(
+            "127.0.0.1", server.port, timeout=15, source_address=("127.0.0.2", 0),
+            context=ssl.create_default_context(cafile=str(pki["ca"])))
+        try:
+            conn.request("GET", "/api/fleet", headers={"Authorization": f"Bearer {TOKEN}"})
+            answer = conn.getresponse()
+            assert answer.status == 200 and "bj-1" in answer.read().decode()
+        finally:
+            conn.close()
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_a_connection_that_never_starts_tls_is_closed_at_the_head_deadline(state, pki):
+    server = DashboardServer("127.0.0.1:0", state, token=TokenCheck(TOKEN),
+                             tls=tls_context(pki["server_cert"], pki["server_key"]),
+                             limits=ConnectionLimits(head_timeout_s=0.3))
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=15) as sock:
+            try:
+                assert sock.recv(1) == b""     # EOF within the 15 s bound, not a timeout
+            except ConnectionResetError:
+                pass
+    finally:
+        server.stop()
+        server.httpd.server_close()
 
 
 def test_addresses_public_binds_and_token_files_are_checked(tmp_path):

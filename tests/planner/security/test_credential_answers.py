@@ -34,7 +34,7 @@ def test_unknown_id_and_wrong_secret_get_the_same_answer(store):
 
 def test_a_revoked_token_is_named_only_to_its_holder(store):
     token = store.issue("node-1").token
-    assert store.verify(token) == "node-1"          # verified once: cached
+    assert store.verify(token) == "node-1"          # settled by its tag
     store.revoke("node-1")
     assert "revoked" in answer(store, token)        # the holder learns why
     token_id, secret = split_token(token)

@@ -111,6 +111,8 @@ def _hostile() -> list[tuple[str, dict]]:
         ("summaries[0].kind", {"kind": 9}),
         ("summaries[0].peer_id", {"peer_id": "a"}),                          # itself
         ("summaries[0].timeout_ms", {"timeout_ms": float("nan")}),
+        ("summaries[0].timeout_ms", {"timeout_ms": 0.0, "rtt_max_ms": 1e16, "rtt_sum_ms": 1e16,
+                                     "rtt_sum_sq_ms2": 1e32, "buckets": ((30, 1), (108, 1))}),
     ]
 
 
