@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import uuid
 from pathlib import Path
 
+from lab.netns import running
 from lab.services import CONTROL_DIR, SERVICES_FILE
 
 ANSWER_TIMEOUT_S = 30.0
@@ -37,24 +37,11 @@ def read_services(work: Path) -> dict:
                        f"{work}` running?)") from None
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:   # a zombie is dead for us
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def status(work: Path) -> str:
     doc = read_services(work)
-    lines = [f"lab.run pid {doc['lab_pid']} {'running' if alive(doc['lab_pid']) else 'gone'}"]
+    lines = [f"lab.run pid {doc['lab_pid']} {'running' if running(doc['lab_pid']) else 'gone'}"]
     for row in doc["services"]:
-        state = "running" if alive(row["pid"]) else "dead"
+        state = "running" if running(row["pid"]) else "dead"
         lines.append(f"{row['name']:24s} {row['host']:16s} {row['netns'] or '-':32s} "
                      f"pid {row['pid']:<8d} {state}  log {row['log']}")
     return "\n".join(lines)
@@ -63,7 +50,7 @@ def status(work: Path) -> str:
 def restart(work: Path, name: str, timeout_s: float = ANSWER_TIMEOUT_S) -> str:
     """Ask the running lab to start ``name`` again; its answer."""
     doc = read_services(work)
-    if not alive(doc["lab_pid"]):
+    if not running(doc["lab_pid"]):
         raise CtlError(f"the lab in {work} is not running (lab.run pid {doc['lab_pid']} is gone)")
     folder = work / CONTROL_DIR
     folder.mkdir(exist_ok=True)

@@ -151,7 +151,7 @@ def stop_processes(pids: list[int], grace_s: float = 3.0) -> None:
     left = list(pids)
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = [p for p in left if _alive(p) and not _is_zombie(p)]
+        left = [p for p in left if running(p)]
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -165,6 +165,11 @@ def _is_zombie(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
         return True
+
+
+def running(pid: int) -> bool:
+    """``pid`` exists and has not exited (a zombie not yet reaped has)."""
+    return _alive(pid) and not _is_zombie(pid)
 
 
 def delete_namespace(netns: str, runner: Runner = run_command) -> None:

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from hulk.errors import InputError, NotFoundError
 from planner.core.lifecycle import CANCELLED, FINAL, JobRecord
-from planner.core.placements import spec_max_restarts
 from planner.service.job_progress import JobIteration, estimated_iteration_s, measured
 from planner.settings import PlannerSettings
 
@@ -213,13 +212,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     for line in record.detail.splitlines()[1:]:
         print(f"    {_terminal_safe(line)}")
     print(f"  nodes     {', '.join(record.nodes) or '-'}  ({', '.join(row['cities']) or '-'})")
-    try:
-        budget: int | None = spec_max_restarts(record.spec)
-    except (ValueError, TypeError):
-        budget = None
     print(f"  plan      {record.plan_id or '-'}   restarts {record.restarts} "
-          f"(after its own failures {record.failures}"
-          f"{f' of at most {budget}' if budget is not None else ''})")
+          f"(after its own failures {record.failures} of at most {record.max_restarts})")
     print(f"  elapsed   {_duration(row['elapsed_s'])}   estimate {_duration(record.estimate_s)}")
     step = _measured_vs_estimated(figures[0] if figures else None, row["iteration_estimate_s"])
     print(f"  step      {step}"

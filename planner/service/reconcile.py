@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,7 @@ from planner.core.reconcile import grace_s as default_grace_s
 from planner.core.recovery import down_nodes
 from planner.service.metrics import NO_EVENTS, ServeEvents
 from planner.service.publisher import CLEARED_PLAN_ID
+from planner.service.recovery import now_ms
 from planner.service.runtime import BackgroundTask
 from planner.service.seams import CurrentPlan, JobStore, NodeDirectory, ServeOptions
 
@@ -40,10 +40,6 @@ if TYPE_CHECKING:
     from planner.service.recovery import Replanner
 
 log = logging.getLogger(__name__)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Reconciler:
@@ -55,7 +51,7 @@ class Reconciler:
 
     def __init__(self, plan: CurrentPlan, nodes: NodeDirectory, jobs: JobStore | None = None, *,
                  options: ServeOptions, interval_s: float = 2.0, grace_s: float | None = None,
-                 lock: asyncio.Lock | None = None, clock_ms: Callable[[], int] = _now_ms,
+                 lock: asyncio.Lock | None = None, clock_ms: Callable[[], int] = now_ms,
                  started_ms: int | None = None, events: ServeEvents = NO_EVENTS):
         self.plan, self.nodes, self.jobs = plan, nodes, jobs
         self.options = options

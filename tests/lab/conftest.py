@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from lab import job_scenarios
 from lab import matrix as lab_matrix
 from lab.fleet import LabFleet
 from lab.netns import LabError, require_root
@@ -15,6 +16,9 @@ from lab.wan import WanLab
 # Beijing, Neimeng, Tokyo and London from the default matrix: short, medium and long pairs.
 SMALL_LAB_CITIES = ["Beijing", "Neimeng", "Tokyo", "London"]
 SMALL_LAB_SCALE = 0.5
+# The job-fault tests: two far-apart hosts at a quarter of their modelled RTTs, 5 s node timeout.
+JOB_LAB_CITIES = ["Beijing", "Tokyo"]
+JOB_NODE_TIMEOUT_S = 5.0
 
 
 def _skip_reason() -> str | None:
@@ -77,3 +81,11 @@ def lab_fleet(make_wan_lab, tmp_path) -> Iterator[Callable[[lab_matrix.LatencyMa
     yield build
     for fleet in started:
         fleet.services.stop()
+
+
+@pytest.fixture
+def job_fleet(lab_fleet) -> LabFleet:
+    """A two-host lab fleet (JOB_LAB_CITIES) with serve owning jobs (``JOB_NODE_TIMEOUT_S``)."""
+    fleet = lab_fleet(lab_matrix.from_cities(JOB_LAB_CITIES).scaled(0.25))
+    job_scenarios.start(fleet, JOB_NODE_TIMEOUT_S)
+    return fleet

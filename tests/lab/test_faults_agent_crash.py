@@ -18,20 +18,14 @@ from pathlib import Path
 import pytest
 
 from lab import job_scenarios
-from lab import matrix as lab_matrix
 from lab.fleet import EXAMPLE, LabFleet, torchrun_pids
 
 pytestmark = [pytest.mark.root, pytest.mark.process]
 
-NODE_TIMEOUT_S = 5.0
-CITIES = ["Beijing", "Tokyo"]
-
 
 @pytest.fixture
-def fleet(lab_fleet) -> LabFleet:
-    fleet = lab_fleet(lab_matrix.from_cities(CITIES).scaled(0.25))
-    job_scenarios.start(fleet, NODE_TIMEOUT_S)
-    return fleet
+def fleet(job_fleet) -> LabFleet:
+    return job_fleet
 
 
 def restart_agent(fleet: LabFleet, host: str) -> None:

@@ -16,13 +16,10 @@ import subprocess
 import pytest
 
 from lab import job_scenarios
-from lab import matrix as lab_matrix
 from lab.fleet import EXAMPLE, PYTHON, REPO, LabFleet
 
 pytestmark = [pytest.mark.root, pytest.mark.process]
 
-NODE_TIMEOUT_S = 5.0
-CITIES = ["Beijing", "Tokyo"]
 SPEC = ("    params: 0.25e6\n    layers: 4\n    hidden: 64\n    seq_len: 32\n"
         "    global_batch: 16\n    micro_batch: 2\n    steps: 20\n")
 CRASH = "--dim (65) must be a multiple of --heads (4)"
@@ -36,10 +33,8 @@ def jobs_cli(fleet: LabFleet, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def fleet(lab_fleet) -> LabFleet:
-    fleet = lab_fleet(lab_matrix.from_cities(CITIES).scaled(0.25))
-    job_scenarios.start(fleet, NODE_TIMEOUT_S)
-    return fleet
+def fleet(job_fleet) -> LabFleet:
+    return job_fleet
 
 
 def test_submit_refuses_a_job_without_command_and_logs_outlive_a_failed_job(fleet, tmp_path):
