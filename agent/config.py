@@ -57,7 +57,9 @@ class AgentConfig:
     probe_port: int = 0               # TCP port peers connect-probe us on (0: no listener)
     throughput_port: int = 0          # TCP port peers send throughput tests to (0: takes none)
     # Placements (agent/placement.py, agent/launcher.py; docs/PLACEMENTS.md):
-    placement_key: str = ""           # the planner's public key (ed25519:... or a PEM file)
+    # The planner's public keys (ed25519:... or PEM files): a placement signed by any one is good
+    # (two while the planner's key is rotated).
+    placement_key: tuple[str, ...] = ()
     allowed_commands: tuple[tuple[str, ...], ...] = ()   # argv prefixes a placement may run
     pass_env: tuple[str, ...] = ()    # variables jobs get besides HULK_*, PATH, HOME, LANG
     torchrun: str = ""                # "" = torchrun beside the agent's python, else on PATH
@@ -154,9 +156,17 @@ def _metrics_address(text: str) -> None:
     parse_metrics_address(text, field=None)
 
 
-def _verify_key(text: str) -> None:
-    from hulk.wire.signing import Verifier
-    Verifier.from_text(text, field=None)
+def _placement_keys(value: Any) -> tuple[str, ...]:
+    """Public keys: one, a YAML list, or one text with commas between them (a variable)."""
+    from hulk.errors import InputError
+    from hulk.wire.signing import Verifier, key_texts
+    try:
+        texts = key_texts(value)
+        if texts:
+            Verifier.from_text(texts, field=None)
+    except InputError as exc:
+        raise Invalid(str(exc)) from None
+    return texts
 
 
 def _allowed_commands(value: Any) -> tuple[tuple[str, ...], ...]:
@@ -199,7 +209,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "log_level": lambda v: validate.choice(v, LOG_LEVELS),
     "probe_port": Bound(0, 65535, "port", integer=True),
     "throughput_port": Bound(0, 65535, "port", integer=True),
-    "placement_key": validate.from_error(_verify_key),
+    "placement_key": _placement_keys,
     "allowed_commands": _allowed_commands,
     "pass_env": validate.identifiers,
     "torchrun": validate.single,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from agent.spool_store import RESTART_REASONS
 from hulk import errors
 from hulk.wire.records import LaunchState, LaunchStatus, PeerSummary, ProbeSample
 
@@ -227,6 +228,18 @@ class _RuntimeCollector:
         yield CounterMetricFamily("hulk_agent_spool_dropped_samples", "Samples the spool "
                                   "dropped (full, or refused by the planner), over its life",
                                   value=spool.dropped)
+        # A test's plain Spool has neither: it is a file, never restarted.
+        yield GaugeMetricFamily("hulk_agent_spool_in_memory", "1 while no spool file can be "
+                                "written (state directory read-only or full): samples wait in "
+                                "memory and are lost if the agent stops",
+                                value=1 if getattr(spool, "in_memory", False) else 0)
+        restarts = CounterMetricFamily("hulk_agent_spool_restarts", "Fresh spools started in "
+                                       "place of a corrupt spool file (moved aside) or of one "
+                                       "deleted or replaced while the agent ran",
+                                       labels=["reason"])
+        for reason, count in getattr(spool, "restarts", dict.fromkeys(RESTART_REASONS, 0)).items():
+            restarts.add_metric([reason], count)
+        yield restarts
         registration = runtime.registration
         yield GaugeMetricFamily("hulk_agent_registered", "1 once the planner accepted this "
                                 "node's registration", value=1 if registration else 0)

@@ -6,8 +6,8 @@
   over after a connection that worked. A broker whose certificate fails verification several
   times in a row (a wrong or missing ``?ca=``) is a configuration error: ``run`` raises
   ConfigError, and the component ends the agent with it (exit 2).
-- A placement is acted on only when it is signed by the pinned ``placement_key`` (the planner's
-  Ed25519 key), addressed to this node and fleet, not expired, not issued in the future (beyond
+- A placement is acted on only when it is signed by one of the pinned ``placement_key`` keys
+  (the planner's Ed25519 key; the old and the new one while it is rotated), addressed to this node and fleet, not expired, not issued in the future (beyond
   ``MAX_CLOCK_AHEAD_MS``), valid for no longer than ``MAX_VALIDITY_MS``, and newer than the one
   accepted last: a higher ``seq``, or the same message again (same ``seq`` and digest: the
   retained placement after a restart). The accepted ``seq`` and digest are kept in
@@ -151,7 +151,7 @@ class PlacementSubscriber:
                  events: AgentEvents = NO_EVENTS):
         self.broker = broker
         self.events = events          # metrics: refusals by reason (agent/metrics.py)
-        self.verifier = verifier      # hulk.wire.signing.Verifier of the pinned key (None: refuse all)
+        self.verifier = verifier      # hulk.wire.signing.Verifier of the pinned keys (None: refuse all)
         self.clock_ms = clock_ms
         self.accepted = AcceptedMark(state_dir)
         self.fleet = fleet

@@ -60,7 +60,7 @@ def parse_line(text: str) -> StepLine | None:
         return None
     try:
         doc = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):   # RecursionError: 4 KiB of brackets
         return None
     if not isinstance(doc, dict):
         return None

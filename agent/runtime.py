@@ -36,6 +36,7 @@ from agent.peers import paced_interval_s
 from agent.prober import Connector, Pinger, Prober, ProbeListener, TcpConnector
 from agent.reporter import Backoff, GrpcPlannerClient, PlannerClient, Reporter
 from agent.spool import Spool
+from agent.spool_store import SpoolStore
 from agent.systemd import SystemdNotifier
 from hulk import __version__, errors, geo
 from hulk.wire.records import (Inventory, LaunchState, LaunchStatus, NodeLocation, PeerSummary,
@@ -110,7 +111,7 @@ def detect_address(planner: str) -> str:
 
 
 class AgentRuntime:
-    def __init__(self, config: AgentConfig, *, client: PlannerClient, spool: Spool,
+    def __init__(self, config: AgentConfig, *, client: PlannerClient, spool: Spool | SpoolStore,
                  pinger: Pinger | None, connector: Connector | None = None,
                  inventory_reader: Callable[[], Inventory] | None = None,
                  notifier: SystemdNotifier | None = None, clock: Clock | None = None,
@@ -168,7 +169,8 @@ class AgentRuntime:
     @classmethod
     def from_config(cls, config: AgentConfig, *, components: Iterable[Component] = (),
                     **overrides) -> AgentRuntime:
-        """The real thing: gRPC client, SQLite spool in state_dir, ICMP as allowed, NVML."""
+        """The real thing: gRPC client, SQLite spool in state_dir (in memory while that cannot
+        be written), ICMP as allowed, NVML."""
         if not config.address:
             config = replace(config, address=detect_address(config.planner))
         mode = detect_icmp_mode()
@@ -180,7 +182,7 @@ class AgentRuntime:
                                              ca=config.ca, token=config.token,
                                              client_cert=config.client_cert,
                                              client_key=config.client_key),
-            spool=Spool(config.spool_path, config.spool_max),
+            spool=SpoolStore(config.spool_path, config.spool_max),
             pinger=IcmpPinger(mode) if mode else None,
             notifier=SystemdNotifier.from_environ(),
         )

@@ -31,6 +31,10 @@ Near a full disk (the write-ahead log alone can fill a small filesystem):
 - Batches are a row of their own (id, last sample) instead of a stamp on every sample, and
   rows leave in chunks of ``CHUNK_ROWS``: neither taking nor acknowledging a batch needs room
   in proportion to its size.
+
+A file that is not a usable spool raises SpoolCorruptError (at open, after a quick check of
+every page and column, or when SQLite finds it malformed later); the running agent's spool
+(agent/spool_store.py) then moves it aside, and keeps records in memory while no file works.
 """
 
 from __future__ import annotations
@@ -84,6 +88,9 @@ ROW_BYTES = 128                   # a record on disk, generously (a sample ~60, 
 MEMORY_MAX = 50_000               # samples held in memory at most while the disk is full
 
 SQLITE_IOERR, SQLITE_FULL = 10, 13
+# Opening: our SQL is fixed, so a plain SQL error means the file holds another schema.
+CORRUPT_AT_OPEN = (sqlite3.SQLITE_ERROR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+CORRUPT = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 _COLUMNS = ("peer_id, sent_at_ms, kind, payload_bytes, lost, rtt_ms, timeout_ms, count, sumsq, "
             "min_ms, max_ms, hist, throughput")
 # Columns a spool written before summaries or throughput results lacks (added on open).
@@ -94,6 +101,11 @@ Record = ProbeSample | PeerSummary | ThroughputResult
 
 class SpoolFullError(StoreError):
     """The filesystem has no room for this write now; the same call may work later."""
+
+
+class SpoolCorruptError(StoreError):
+    """The spool file is not a usable spool (not SQLite, truncated, malformed, another schema,
+    not a regular file): no retry can fix it; agent/spool_store.py moves it aside."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,16 @@ def _is_full(err: sqlite3.Error) -> bool:
     if code is not None:
         return code & 0xFF in (SQLITE_FULL, SQLITE_IOERR)
     return "disk is full" in str(err) or "disk I/O error" in str(err)
+
+
+def memory_bound(max_samples: int, memory_max: int | None = None) -> int:
+    """Most samples kept in memory while the disk has no room."""
+    return max(1, memory_max if memory_max is not None else min(max_samples, MEMORY_MAX))
+
+
+def _code(err: sqlite3.Error) -> int | None:
+    code = getattr(err, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
 
 
 def _row(s: Record) -> tuple:
@@ -139,15 +161,13 @@ class Spool:
             raise ValueError("max_samples must be at least 1")
         self.path = Path(path)
         self.max_samples = max_samples
-        self.memory_max = max(1, memory_max if memory_max is not None
-                              else min(max_samples, MEMORY_MAX))
+        self.memory_max = memory_bound(max_samples, memory_max)
         self.reserve_bytes = reserve_bytes
         self._held: deque[Record] = deque()
         self._unsaved_dropped = 0       # dropped from memory, not yet added to the disk counter
         self._waiting_since_held: int | None = None   # held count when saving stopped (logged)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(str(self.path), isolation_level=None, timeout=10.0)
+            self._db = self._connect()
             self._db.execute("PRAGMA journal_mode=WAL")
             # WAL + NORMAL: a commit survives a process crash; a power cut may lose the last ones.
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -155,14 +175,52 @@ class Spool:
             self._db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
             self._db.executescript(SCHEMA)
             self._migrate()
+            self._check()
             self._page_size = self._db.execute("PRAGMA page_size").fetchone()[0]
             self._stored = self._db.execute("SELECT count(*) FROM samples").fetchone()[0]
             self._saved_dropped = self._db.execute(
                 "SELECT value FROM counters WHERE name = 'dropped'").fetchone()[0]
             self._pending = self._db.execute(
                 "SELECT batch_id, last_seq FROM batches ORDER BY last_seq LIMIT 1").fetchone()
+        except SpoolCorruptError:
+            self.abandon()
+            raise
         except (sqlite3.Error, OSError) as err:
-            raise StoreError(f"{self.path}: cannot open the spool: {err}") from None
+            self.abandon()
+            kind = SpoolCorruptError if isinstance(err, sqlite3.Error) and \
+                _code(err) in CORRUPT_AT_OPEN else StoreError
+            raise kind(f"{self.path}: cannot open the spool: {err}") from None
+
+    def _connect(self) -> sqlite3.Connection:
+        if self.path.exists() and not self.path.is_file():
+            raise SpoolCorruptError(f"{self.path}: cannot open the spool: not a regular file")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return sqlite3.connect(str(self.path), isolation_level=None, timeout=10.0)
+
+    def _check(self) -> None:
+        """Every page readable and every column the spool writes present, or SpoolCorruptError
+        (found now rather than at the first write)."""
+        result = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
+        if result != "ok":
+            raise SpoolCorruptError(f"{self.path}: cannot open the spool: {result}")
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(samples)")}
+        missing = [c for c in ("seq", *_COLUMNS.split(", ")) if c not in have]
+        for table, columns in (("counters", ("name", "value")),
+                               ("batches", ("batch_id", "last_seq"))):
+            cols = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            missing += [f"{table}.{c}" for c in columns if c not in cols]
+        if missing:
+            raise SpoolCorruptError(f"{self.path}: cannot open the spool: another schema "
+                                    f"(no column {', '.join(missing)})")
+
+    def abandon(self) -> None:
+        """Close without saving what memory holds (the caller has taken it, or gives it up)."""
+        db = getattr(self, "_db", None)
+        if db is not None:
+            try:
+                db.close()
+            except sqlite3.Error:
+                pass
 
     def _migrate(self) -> None:
         """A spool written before the batches table: its stamped batch becomes the pending one."""
@@ -179,7 +237,8 @@ class Spool:
                 self._db.execute("INSERT INTO batches VALUES (?, ?)", stamped)
 
     def _fail(self, what: str, err: sqlite3.Error) -> StoreError:
-        kind = SpoolFullError if _is_full(err) else StoreError
+        kind = SpoolCorruptError if _code(err) in CORRUPT else \
+            SpoolFullError if _is_full(err) else StoreError
         return kind(f"{self.path}: spool {what} failed: {err}")
 
     # ------------------------------------------------------------------ samples in
@@ -297,6 +356,15 @@ class Spool:
             return self.take_batch(max_samples)
         return Batch(self._pending[0], tuple(_record(r) for r in rows))
 
+    def peek(self, max_samples: int) -> tuple[Record, ...]:
+        """The oldest ``max_samples`` records on disk, batched or not, left where they are."""
+        try:
+            rows = self._db.execute(f"SELECT {_COLUMNS} FROM samples ORDER BY seq LIMIT ?",
+                                    (max_samples,)).fetchall()
+        except sqlite3.Error as err:
+            raise self._fail("peek", err) from None
+        return tuple(_record(r) for r in rows)
+
     def ack(self, batch_id: str) -> int:
         """The planner has the batch: delete it. Returns how many samples left the spool."""
         return self._finish(batch_id, count_dropped=False)
@@ -355,6 +423,25 @@ class Spool:
         """Samples dropped past the bounds (or refused), cumulative over the spool's life."""
         return self._saved_dropped + self._unsaved_dropped
 
+    def add_dropped(self, count: int) -> None:
+        """Count samples another spool lost or dropped as this one's (kept in memory until a
+        write works, when the disk has no room now)."""
+        if count <= 0:
+            return
+        try:
+            with self._transaction():
+                self._db.execute("UPDATE counters SET value = value + ? WHERE name = 'dropped'",
+                                 (count,))
+        except sqlite3.Error:
+            self._unsaved_dropped += count
+            return
+        self._saved_dropped += count
+
+    @property
+    def pending(self) -> str | None:
+        """The id of the batch taken and not yet acknowledged or discarded, if any."""
+        return self._pending[0] if self._pending is not None else None
+
     def held_batch(self, max_samples: int) -> tuple[Record, ...]:
         """Up to ``max_samples`` of the oldest held samples, left in memory: at shutdown, what
         the disk cannot take is sent as it is (then forget_held())."""
@@ -375,10 +462,7 @@ class Spool:
         if self._held or self._unsaved_dropped:
             log.error("spool: no room on disk: %d samples held in memory are lost, and %d "
                       "dropped ones go uncounted", len(self._held), self._unsaved_dropped)
-        try:
-            self._db.close()
-        except sqlite3.Error:
-            pass
+        self.abandon()
 
     def _transaction(self) -> _Transaction:
         return _Transaction(self._db)

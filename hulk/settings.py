@@ -61,6 +61,8 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_WINDOW_DAYS", "planner", "rolling window in days (default 90)"),
     EnvVar("HULK_MODEL", "planner", "GNN checkpoint to use instead of the shipped one"),
     EnvVar("HULK_SIGNING_KEY", "planner", "Ed25519 key that signs placements (from enroll --init-ca)"),
+    EnvVar("HULK_PREVIOUS_PLACEMENT_KEY", "planner", "public keys the signing key replaced "
+           "(ed25519:... or .pub files, a,b): serve re-signs what they signed"),
     EnvVar("HULK_PROBE_PEERS", "planner", "most peers each agent probes (default 64; the probe plan)"),
     EnvVar("HULK_PROBE_SITE_REPS", "planner", "probes per ordered site pair per epoch (default 2)"),
     EnvVar("HULK_PROBE_EPOCH", "planner", "seconds between rotations of each agent's peers (default 600)"),

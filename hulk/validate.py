@@ -150,6 +150,20 @@ def host_port(value: Any, example: str, *, port_zero: bool = False) -> str:
     return text
 
 
+def is_name(value: Any) -> bool:
+    """The one rule for node ids and fleet names (``NAME_RE``, the whole text): they become MQTT
+    topic levels, file names and table cells, so no '/', '+', '#', spaces or escapes."""
+    return isinstance(value, str) and NAME_RE.fullmatch(value) is not None
+
+
+def node_id(value: Any) -> str:
+    """A node id as every path takes it (registration, topics, fleet files, the store); not
+    stripped: an id with spaces around it is not the id without them."""
+    if not is_name(value):
+        raise Invalid(f"expected a node id of {NAME_EXPECTED}, got {shown(value)}")
+    return value
+
+
 def name(value: Any, pattern: re.Pattern[str] = NAME_RE, expected: str = NAME_EXPECTED) -> str:
     text = single(value)
     if not pattern.match(text):
@@ -166,6 +180,12 @@ def ip_address(value: Any) -> str:
         except ValueError:
             raise Invalid(f"expected an IP address, got {shown(text)}") from None
     return text
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with control characters shown as '?' (tabs kept): a log's escape sequences
+    (colours, a cleared screen, a window title) must not act on an operator's terminal or page."""
+    return "".join(c if c.isprintable() or c == "\t" else "?" for c in text)
 
 
 def printable(value: Any, max_chars: int, what: str) -> str:

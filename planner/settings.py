@@ -29,6 +29,8 @@ class PlannerSettings:
     window_days: int = 90              # rolling window of the fleet's links
     log_level: str = "INFO"
     signing_key: str | None = None     # Ed25519 key that signs placements (`plan --push`, `serve`)
+    # Public keys signing_key replaced: serve re-signs what they signed (key rotation).
+    previous_placement_key: tuple[str, ...] = ()
     probe_peers: int = 64              # most peers each agent probes (`serve`'s probe plan)
     probe_site_reps: int = 2           # probes per ordered site pair per epoch
     probe_epoch_s: float = 600.0       # seconds between rotations of each agent's peers
@@ -45,6 +47,7 @@ VARIABLES: dict[str, str] = {
     "window_days": "HULK_WINDOW_DAYS",
     "log_level": "HULK_LOG_LEVEL",
     "signing_key": "HULK_SIGNING_KEY",
+    "previous_placement_key": "HULK_PREVIOUS_PLACEMENT_KEY",
     "probe_peers": "HULK_PROBE_PEERS",
     "probe_site_reps": "HULK_PROBE_SITE_REPS",
     "probe_epoch_s": "HULK_PROBE_EPOCH",
@@ -59,6 +62,12 @@ def _fleet(text: str) -> str:
 def _mqtt(text: str) -> str:
     parse_broker_url(text, source=VARIABLES["mqtt"])
     return text
+
+
+def _public_keys(text: str) -> tuple[str, ...]:
+    """Split only: serve reads and checks the keys (files too) when it loads its signing key."""
+    from hulk.wire.signing import key_texts
+    return key_texts(text)
 
 
 # Bounds of the planner's numeric settings (serve's flags check the same).
@@ -78,6 +87,7 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "window_days": DAYS,
     "log_level": lambda text: validate.choice(text, LOG_LEVELS),
     "signing_key": str,
+    "previous_placement_key": lambda text: _public_keys(text),
     "probe_peers": PROBE_PEERS,
     "probe_site_reps": PROBE_SITE_REPS,
     "probe_epoch_s": PROBE_EPOCH,

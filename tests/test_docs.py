@@ -157,3 +157,16 @@ def test_every_benchmark_figure_names_its_command_and_date() -> None:
         assert "|---" in body, f"docs/BENCHMARKS.md, {title!r}: no table"
         assert BENCH_COMMAND.search(body), f"docs/BENCHMARKS.md, {title!r}: no command"
         assert DATE.search(body), f"docs/BENCHMARKS.md, {title!r}: no date"
+
+
+def test_the_bounds_document_is_current() -> None:
+    """docs/BOUNDS.md is what planner/bounds.py renders from the checks' own tables."""
+    from planner import bounds
+
+    text = (ROOT / "docs" / "BOUNDS.md").read_text(encoding="utf-8")
+    assert text == bounds.render(), ("docs/BOUNDS.md is not current: run "
+                                     "python -m planner.bounds --write docs/BOUNDS.md")
+    assert bounds.main(["--check", str(ROOT / "docs" / "BOUNDS.md")]) == 0
+    undescribed = [f"{t.name}: {field}" for t in bounds.TABLES for field, limit in t.rows
+                   if "not described" in getattr(limit, "why", "")]
+    assert not undescribed, "settings planner/bounds.py does not describe: " + ", ".join(undescribed)

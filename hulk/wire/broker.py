@@ -12,10 +12,10 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from hulk.errors import ConfigError
+from hulk.validate import NAME_EXPECTED, is_name, shown
 
 DEFAULT_PORT = 1883
 DEFAULT_TLS_PORT = 8883
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,8 @@ def client_tls_kwargs(broker: BrokerAddress) -> dict[str, Any]:
 
 def check_name(value: str, what: str) -> str:
     """Fleet names and node ids become topic levels: no '/', '+', '#' or spaces."""
-    if not _NAME_RE.fullmatch(value or ""):     # match() lets a trailing newline through
-        raise ConfigError(f"expected 1-128 letters, digits, '.', '_' or '-', got {value!r}", field=what)
+    if not is_name(value):
+        raise ConfigError(f"expected {NAME_EXPECTED}, got {shown(value)}", field=what)
     return value
 
 

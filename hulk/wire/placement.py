@@ -7,8 +7,9 @@
   the broker (``parse_summary`` reads it into a ``PlanSummary``).
 
 Both carry ``issued_at_ms``, ``expires_at_ms`` and an Ed25519 ``signature`` over their canonical
-bytes (``hulk.wire.signing``); version 1 had none, which is why the format changed. A role's
-``command`` is an argv list; job names are 1-64 of ``[A-Za-z0-9._-]`` (not "." or "..").
+bytes (``hulk.wire.signing``). A role's ``command`` is an argv list; job names are 1-64 of
+``[A-Za-z0-9._-]`` (not "." or ".."); ids, names and addresses at most MAX_TEXT_CHARS characters
+(every field's range: docs/BOUNDS.md).
 
 A placement's ``seq`` only grows per node (the planner's ``planner.service.placement_seq``): the
 agent keeps the highest it accepted and refuses older ones, so a captured message cannot be
@@ -39,6 +40,7 @@ PLACEMENT_FORMAT = "hulk-placement/2"
 SUMMARY_FORMAT = "hulk-plan-summary/2"
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 MAX_COMMAND_WORDS = 256          # the most argv words a role's command may have
+MAX_TEXT_CHARS = 255             # ids, names and addresses: a host name's 253 and a little
 MAX_SEQ = 2**63 - 1
 VALIDITY_MS = 7 * 24 * 3600 * 1000            # a placement's validity, as the planner signs it
 # What the agent tolerates: validity a little above the planner's, issue times a little ahead
@@ -200,6 +202,16 @@ class _Reader:
     def text(self, value: Any, name: str, *, empty: bool = False) -> str:
         if not isinstance(value, str) or (not empty and not value.strip()):
             raise self.fail(name, "a non-empty string", value)
+        if len(value) > MAX_TEXT_CHARS:
+            raise self.fail(name, f"at most {MAX_TEXT_CHARS} characters, got {len(value)}")
+        return value
+
+    def items(self, value: Any, name: str) -> list:
+        """A list; an absent or empty value is an empty one."""
+        if value in (None, [], {}, ""):
+            return []
+        if not isinstance(value, list):
+            raise self.fail(name, "a list", value)
         return value
 
     def integer(self, value: Any, name: str, low: int = 0, high: int = 2**31 - 1) -> int:
@@ -351,12 +363,12 @@ def parse_summary(data: bytes | str, *, source: str = "plan summary",
     if verifier is not None:
         verifier.verify(value, source=source)
     jobs = []
-    for i, job in enumerate(value.get("jobs") or []):
+    for i, job in enumerate(r.items(value.get("jobs"), "jobs")):
         name = f"jobs[{i}]"
         if not isinstance(job, dict):
             raise r.fail(name, "an object", job)
         stages = []
-        for k, st in enumerate(job.get("stages") or []):
+        for k, st in enumerate(r.items(job.get("stages"), f"{name}.stages")):
             if (not isinstance(st, dict) or not isinstance(st.get("layers"), list)
                     or len(st["layers"]) != 2 or not isinstance(st.get("nodes"), list)
                     or not all(isinstance(n, str) for n in st["nodes"])):
@@ -375,11 +387,13 @@ def parse_summary(data: bytes | str, *, source: str = "plan summary",
                                phase=r.integer(job.get("phase"), f"{name}.phase"),
                                micro_batch=r.integer(job.get("micro_batch"), f"{name}.micro_batch", 1),
                                stages=tuple(stages), spec=spec))
-    unplaced = tuple((u.get("name", ""), u.get("reason", ""), u.get("spec") or {})
-                     for u in value.get("unplaced") or [] if isinstance(u, dict))
+    unplaced = tuple((r.text(u.get("name", ""), f"unplaced[{i}].name", empty=True),
+                      str(u.get("reason", "")), u.get("spec") if isinstance(u.get("spec"), dict) else {})
+                     for i, u in enumerate(r.items(value.get("unplaced"), "unplaced"))
+                     if isinstance(u, dict))
     return PlanSummary(fleet=r.text(value.get("fleet"), "fleet"),
                        plan_id=r.text(value.get("plan_id"), "plan_id"),
-                       method=str(value.get("method", "")),
+                       method=r.text(value.get("method", ""), "method", empty=True),
                        issued_at_ms=r.integer(value.get("issued_at_ms", 0), "issued_at_ms", 0, 2**63 - 1),
                        expires_at_ms=r.integer(value.get("expires_at_ms", 0), "expires_at_ms", 0, 2**63 - 1),
                        jobs=tuple(jobs), unplaced=unplaced, document=value)

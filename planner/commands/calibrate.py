@@ -43,7 +43,7 @@ def load_store_calibration(db: str, *, min_runs: int = 3, seed: int = 0, net=Non
     if not Path(db).is_file():
         raise InputError("no such store (expected the SQLite file `serve --db` writes)", path=db,
                          field="--db")
-    with Store(db) as store:
+    with Store(db, read_only=True) as store:
         data = calibration_data(store, net=net)
     return calibrate(data, min_runs=min_runs, seed=seed), data
 
@@ -58,8 +58,10 @@ def load_calibration_file(path: str):
         raise InputError(f"cannot read it ({exc.strerror or exc})", path=path) from None
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise InputError("not a calibration: JSON nested too deeply", path=path) from None
     except ValueError as exc:
-        raise InputError(f"not JSON ({exc})", path=path) from None
+        raise InputError(f"not JSON ({exc})".split(";")[0], path=path) from None
     return Calibration.from_json(data, path)
 
 

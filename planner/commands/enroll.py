@@ -4,14 +4,17 @@
     hulk-planner enroll planner --role planner --db PATH --mqtt-passwd FILE --mqtt-acl FILE
     hulk-planner enroll --init-ca DIR --host planner.example.org [--host 203.0.113.7 ...]
     hulk-planner enroll NODE_ID --db PATH --signing-key DIR/placement-signing.key   (prints placement_key)
+    hulk-planner enroll --new-signing-key DIR    (a replacement placement-signing key beside DIR's)
     hulk-planner revoke NODE_ID --db PATH [--mqtt-passwd FILE --mqtt-acl FILE]
 
 A node gets a gRPC token bound to its id (stored hashed) and, with the broker files, a broker
 account that may only read its own placement topic. Secrets are printed once. ``--init-ca`` also
 makes the Ed25519 placement-signing key (DIR/placement-signing.key, 0600, and .pub); with
 ``--signing-key`` (HULK_SIGNING_KEY) ``enroll NODE`` prints ``placement_key``, the public key the
-agent pins (its ``placement_key`` setting). After changing the
-broker files reload mosquitto (``systemctl reload mosquitto``; it rereads them on SIGHUP).
+agent pins (its ``placement_key`` setting). ``--new-signing-key DIR`` makes a replacement key
+(DIR/placement-signing.key.new and .pub.new; the key in use is kept) and prints its public key:
+deploy/INSTALL.md, "Rotating the placement-signing key", says how agents and serve take it up.
+After changing the broker files reload mosquitto (``systemctl reload mosquitto``; it rereads them on SIGHUP).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ def register(sub: argparse._SubParsersAction, settings: PlannerSettings) -> None
                         help="create a CA and a server certificate for --host names in DIR")
     enroll.add_argument("--host", action="append", default=[],
                         help="DNS name or IP address for the server certificate (repeatable)")
+    enroll.add_argument("--new-signing-key", metavar="DIR", type=Path,
+                        help="make a replacement placement-signing key in DIR (the one there is "
+                             "kept) and print its public key for every agent's placement_key")
     enroll.add_argument("--signing-key", metavar="FILE", default=settings.signing_key,
                         help="the placement-signing key (HULK_SIGNING_KEY): print its public key "
                              "as placement_key for the agent to pin")
@@ -77,12 +83,14 @@ def _broker(args: argparse.Namespace, db: Path) -> BrokerAccounts | None:
 
 def run_enroll(args: argparse.Namespace) -> int:
     out: dict[str, str] = {}
+    if getattr(args, "new_signing_key", None):
+        return _new_signing_key(args)
     if args.init_ca:
         from planner.security.signing import PRIVATE_NAME, init_signing_key
         from planner.security.tls import init_pki  # cryptography is only needed here
         if (args.init_ca / PRIVATE_NAME).exists():  # refuse before making anything
-            raise ConfigError(f"{args.init_ca / PRIVATE_NAME} already exists: keeping it (move it "
-                              "away first to make a new placement-signing key)", field="--init-ca")
+            raise ConfigError(f"{args.init_ca / PRIVATE_NAME} already exists: keeping it (a "
+                              "replacement: --new-signing-key DIR)", field="--init-ca")
         paths = init_pki(args.init_ca, args.host)
         out.update({k: str(v) for k, v in paths.items()})
         out.update({k: str(v) for k, v in init_signing_key(args.init_ca).items()})
@@ -122,6 +130,22 @@ def run_enroll(args: argparse.Namespace) -> int:
               " and the broker account in its mqtt: URL; placement_key (if shown) goes in its"
               " placement_key setting; then `systemctl reload mosquitto`.",
               file=sys.stderr)
+    return 0
+
+
+def _new_signing_key(args: argparse.Namespace) -> int:
+    from planner.security.signing import new_signing_key
+
+    if args.node_id or args.init_ca:
+        raise InputError("--new-signing-key DIR makes a key only: give no NODE_ID or --init-ca",
+                         field="--new-signing-key")
+    made = new_signing_key(args.new_signing_key)
+    _print({k: str(v) for k, v in made.items()}, args.json)
+    if not args.json:
+        print("# Next: add placement_key to every agent's placement_key list (keep the old key "
+              "there too) and restart the agents; then restart serve with --signing-key "
+              f"{made['signing_key']} --previous-placement-key <the old .pub>; deploy/INSTALL.md, "
+              "'Rotating the placement-signing key'.", file=sys.stderr)
     return 0
 
 

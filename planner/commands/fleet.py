@@ -56,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
 
     plot = sub.add_parser("plot", help="draw the fleet on a map-like layout, links by RTT")
     source(plot)
-    plot.add_argument("--out", type=Path, required=True, help="PNG to write")
+    plot.add_argument("--out", type=Path, required=True,
+                      help="image to write; its suffix names the format (.png, .pdf, .svg...)")
     plot.add_argument("--imputed", action="store_true", help="also draw completed pairs (dotted)")
     plot.set_defaults(func=cmd_plot)
 
@@ -77,7 +78,7 @@ def _load(args: argparse.Namespace, *, keep_revoked: bool = False
     from planner.service.graph import fleet_from_store
     from planner.service.node_state import revoked_nodes
     from planner.service.store import Store
-    with Store(db) as store:
+    with Store(db, read_only=True) as store:   # reads only: works on a read-only copy
         # The fleet's name is the one serve and the MQTT topics use (HULK_FLEET), not the file's.
         fleet = fleet_from_store(store, args.window_days, name=args.fleet_name,
                                  keep_revoked=keep_revoked)
@@ -167,7 +168,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def _site_throughput(args: argparse.Namespace) -> list:
     """The store's throughput tests per directed site pair over the window."""
     from planner.service.store import Store
-    with Store(args.db) as store:
+    with Store(args.db, read_only=True) as store:
         return store.throughput.site_pairs(args.window_days)
 
 
@@ -338,6 +339,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from planner.plots.fleet import plot_fleet
+    from planner.plots.output import plot_path
+    plot_path(args.out)   # refused before the fleet is read and drawn
     fleet, _ = _load(args)
     out = plot_fleet(fleet, args.out, show_imputed=args.imputed)
     print(f"wrote {out}")

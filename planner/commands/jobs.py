@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hulk.errors import InputError, NotFoundError
+from hulk.validate import terminal_safe as _terminal_safe
 from planner.core.lifecycle import CANCELLED, FINAL, JobRecord
 from planner.service.job_progress import JobIteration, estimated_iteration_s, measured
 from planner.settings import PlannerSettings
@@ -57,13 +58,15 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
         q.set_defaults(func=func)
 
 
-def _store(args: argparse.Namespace, create: bool = False) -> Store:
+def _store(args: argparse.Namespace, create: bool = False, read_only: bool = False) -> Store:
+    """The store of --db: ``read_only`` for the commands that only read (they work on a
+    read-only copy and never change the file); ``create`` when a missing file may be made."""
     if not args.db:
         raise InputError("expected a store path", field="--db")
-    if not create and not Path(args.db).is_file():
+    if not create and not read_only and not Path(args.db).is_file():
         raise InputError("no such store (expected the SQLite file `serve --db` writes)", path=str(args.db))
     from planner.service.store import Store
-    return Store(args.db)
+    return Store(args.db, read_only=read_only)
 
 
 def _job(store: Store, name: str) -> JobRecord:
@@ -97,7 +100,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     if args.plan_only:   # the store, when there is one, only tells the fleet's memory
         if args.db and Path(args.db).is_file():
-            with _store(args) as store:
+            with _store(args, read_only=True) as store:
                 check(_fleet_gpu_bytes(store))
         else:
             check(None)
@@ -111,8 +114,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if taken:
             raise InputError(f"job {taken[0]!r} is already {active[taken[0]]}; cancel it or pick "
                              "another name", path=str(args.jobs), field="name")
-        for job in jobs:
-            store.submit_job(job.name, job_spec(job))
+        store.submit_jobs([(job.name, job_spec(job)) for job in jobs])   # all or none
     print(f"queued {len(jobs)} job(s): {', '.join(j.name for j in jobs)} "
           f"(`hulk-planner serve --mqtt` starts them on free nodes)")
     return 0
@@ -174,7 +176,7 @@ def _first_line(detail: str, limit: int | None = None) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    with _store(args) as store:
+    with _store(args, read_only=True) as store:
         records = store.job_records()
         cities = {n.id: n.city for n in store.node_records()}
         measured = {(j.job_name, j.plan_id): j for j in store.job_iterations()}
@@ -200,7 +202,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    with _store(args) as store:
+    with _store(args, read_only=True) as store:
         record = _job(store, args.name)
         cities = {n.id: n.city for n in store.node_records()}
         ranks = store.rank_progress(record.id, record.plan_id) if record.plan_id else []
@@ -248,12 +250,6 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def _terminal_safe(text: str) -> str:
-    """``text`` with control characters shown as '?': a log's escape sequences (colours, a
-    cleared screen, a window title) must not act on the operator's terminal."""
-    return "".join(c if c.isprintable() or c == "\t" else "?" for c in text)
-
-
 def _rank_header(state: str, exit_code: int, job_ended: bool) -> str:
     """What a rank's last report says, by state: only an ended rank has an exit code."""
     if state == "exited":
@@ -268,7 +264,7 @@ def _rank_header(state: str, exit_code: int, job_ended: bool) -> str:
 def cmd_logs(args: argparse.Namespace) -> int:
     from planner.service.job_ranks import RankReport, rank_reports
 
-    with _store(args) as store:
+    with _store(args, read_only=True) as store:
         record = _job(store, args.name)
         nodes_now = {n.id: n for n in store.node_records()}
         kept = {r.node_id: r for r in rank_reports(store, record.id)}

@@ -97,6 +97,12 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
                         "placements when a node of the current plan goes silent")
     p.add_argument("--signing-key", metavar="FILE", default=settings.signing_key,
                    help="Ed25519 key that signs placements (HULK_SIGNING_KEY; needed with --mqtt)")
+    p.add_argument("--previous-placement-key", metavar="KEY_OR_FILE", action="append",
+                   default=list(settings.previous_placement_key),
+                   help="a public key (ed25519:... or a .pub file) the signing key replaced: the "
+                        "retained plan it signed is trusted and re-signed with the new key "
+                        "(repeatable; added to HULK_PREVIOUS_PLACEMENT_KEY; see deploy/INSTALL.md, "
+                        "'Rotating the placement-signing key')")
     p.add_argument("--node-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="a node silent this long is down; its jobs are re-planned (default 30)")
     p.add_argument("--recovery-interval", type=float, default=None, metavar="SECONDS",
@@ -175,28 +181,34 @@ def _bounded(flag: str, bound: Bound, value: object) -> None:
         bound.check(value)
 
 
+# Every numeric flag and its bound (docs/BOUNDS.md is rendered from this table). The
+# --retrain- flags are checked only with --model-dir; --report-seconds and
+# --calibration-interval also take 0 (automatic, off), --recovery-interval may be left out.
+FLAG_BOUNDS: dict[str, Bound] = {
+    "--raw-days": DAYS, "--window-days": DAYS, "--rate-limit": RATE_LIMIT,
+    "--rate-burst": RATE_BURST, "--probe-peers": PROBE_PEERS,
+    "--probe-site-reps": PROBE_SITE_REPS, "--probe-epoch": PROBE_EPOCH,
+    "--rollup-seconds": PERIOD, "--node-timeout": NODE_TIMEOUT, "--jobs-interval": PERIOD,
+    "--throughput-period": THROUGHPUT_PERIOD, "--throughput-budget-gb": THROUGHPUT_BUDGET,
+    "--retrain-check-interval": PERIOD, "--retrain-teacher-budget": PERIOD,
+    "--retrain-job-sets": RETRAIN_JOB_SETS, "--retrain-epochs": RETRAIN_EPOCHS,
+    "--report-seconds": REPORT_SECONDS, "--recovery-interval": PERIOD,
+    "--calibration-interval": PERIOD,
+}
+_ZERO_OR_ABSENT = {"--report-seconds": 0, "--recovery-interval": None,
+                   "--calibration-interval": 0}
+_DEFAULTS = {"--jobs-interval": 2.0, "--throughput-period": 6 * 3600.0,
+             "--throughput-budget-gb": 200.0, "--calibration-interval": 0.0}
+
+
 def _check_numbers(args: argparse.Namespace) -> None:
-    for flag, bound, value in (
-            ("--raw-days", DAYS, args.raw_days), ("--window-days", DAYS, args.window_days),
-            ("--rate-limit", RATE_LIMIT, args.rate_limit),
-            ("--rate-burst", RATE_BURST, args.rate_burst),
-            ("--probe-peers", PROBE_PEERS, args.probe_peers),
-            ("--probe-site-reps", PROBE_SITE_REPS, args.probe_site_reps),
-            ("--probe-epoch", PROBE_EPOCH, args.probe_epoch),
-            ("--rollup-seconds", PERIOD, args.rollup_seconds),
-            ("--node-timeout", NODE_TIMEOUT, args.node_timeout),
-            ("--jobs-interval", PERIOD, getattr(args, "jobs_interval", 2.0)),
-            ("--throughput-period", THROUGHPUT_PERIOD,
-             getattr(args, "throughput_period", 6 * 3600.0)),
-            ("--throughput-budget-gb", THROUGHPUT_BUDGET,
-             getattr(args, "throughput_budget_gb", 200.0))):
+    for flag, bound in FLAG_BOUNDS.items():
+        if flag.startswith("--retrain-"):
+            continue   # _check_gnn's, only with --retrain-every
+        value = getattr(args, flag[2:].replace("-", "_"), _DEFAULTS.get(flag))
+        if flag in _ZERO_OR_ABSENT and value == _ZERO_OR_ABSENT[flag]:
+            continue
         _bounded(flag, bound, value)
-    if args.report_seconds != 0:
-        _bounded("--report-seconds", REPORT_SECONDS, args.report_seconds)
-    if args.recovery_interval is not None:
-        _bounded("--recovery-interval", PERIOD, args.recovery_interval)
-    if getattr(args, "calibration_interval", 0.0) != 0:
-        _bounded("--calibration-interval", PERIOD, args.calibration_interval)
 
 
 def _recovery_signer(args: argparse.Namespace) -> Signer | None:
@@ -205,7 +217,8 @@ def _recovery_signer(args: argparse.Namespace) -> Signer | None:
         return None
     parse_broker_url(args.mqtt, source="--mqtt")
     from planner.security.signing import load_signer
-    return load_signer(args.signing_key, "--signing-key")
+    return load_signer(args.signing_key, "--signing-key",
+                       previous=getattr(args, "previous_placement_key", None))
 
 
 def _check_gnn(args: argparse.Namespace) -> None:
@@ -216,10 +229,9 @@ def _check_gnn(args: argparse.Namespace) -> None:
         return
     if args.model_dir.exists() and not args.model_dir.is_dir():
         raise ConfigError(f"{args.model_dir}: expected a folder", field="--model-dir")
-    _bounded("--retrain-check-interval", PERIOD, args.retrain_check_interval)
-    _bounded("--retrain-teacher-budget", PERIOD, args.retrain_teacher_budget)
-    _bounded("--retrain-job-sets", RETRAIN_JOB_SETS, args.retrain_job_sets)
-    _bounded("--retrain-epochs", RETRAIN_EPOCHS, args.retrain_epochs)
+    for flag in ("--retrain-check-interval", "--retrain-teacher-budget", "--retrain-job-sets",
+                 "--retrain-epochs"):
+        _bounded(flag, FLAG_BOUNDS[flag], getattr(args, flag[2:].replace("-", "_")))
 
 
 def credentials_from_args(args: argparse.Namespace) -> grpc.ServerCredentials | None:

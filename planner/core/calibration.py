@@ -47,6 +47,8 @@ __all__ = ["FORMAT", "INTER_SITE", "INTRA_SITE", "BandwidthFit", "BandwidthObser
            "fit_bandwidth", "gpu_key", "link_class", "site_class"]
 
 FORMAT = "hulk-calibration/3"
+MAX_NAME_CHARS = 255        # a GPU, class or job name in a calibration file
+MAX_RUNS = 2 ** 31 - 1
 # Formats whose bandwidth factors multiplied the RTT formula: no Gbit/s figure follows from them.
 OLD_FORMATS = ("hulk-calibration/1",)
 LOG_BOUND = 5.0           # factors within exp(+-5): wider than any real GPU or link is off
@@ -149,11 +151,16 @@ class Calibration:
             value = data.get(group, {})
             if not isinstance(value, dict):
                 raise InputError("expected an object of factors", path=where, field=group)
+            if any(len(k) > MAX_NAME_CHARS for k in value):
+                raise InputError(f"expected names of at most {MAX_NAME_CHARS} characters",
+                                 path=where, field=group)
             groups[group] = {str(k): _factor_from(v, where, f"{group}.{k}", positive=True)
                              for k, v in value.items()}
         outliers = data.get("outliers", [])
-        if not isinstance(outliers, list) or not all(isinstance(o, str) for o in outliers):
-            raise InputError("expected a list of names", path=where, field="outliers")
+        if not isinstance(outliers, list) or not all(
+                isinstance(o, str) and len(o) <= MAX_NAME_CHARS for o in outliers):
+            raise InputError(f"expected a list of names of at most {MAX_NAME_CHARS} characters",
+                             path=where, field="outliers")
         # The micro-batch overhead may be absent: a file without it reads at its prior.
         single = {name: _factor_from(data.get(name, default), where, name, positive=positive)
                   for name, default, positive in (
@@ -187,9 +194,9 @@ def _factor_from(value: Any, where: str, name: str, *, positive: bool) -> Factor
     if not numbers["low"] <= numbers["value"] <= numbers["high"]:
         raise InputError("expected low <= value <= high", path=where, field=name)
     runs, fitted = value.get("runs"), value.get("fitted")
-    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 0:
-        raise InputError(f"expected a whole number >= 0, got {runs!r}", path=where,
-                         field=f"{name}.runs")
+    if isinstance(runs, bool) or not isinstance(runs, int) or not 0 <= runs <= MAX_RUNS:
+        raise InputError(f"expected a whole number of runs from 0 to {MAX_RUNS:,}, got "
+                         f"{str(runs)[:40]}", path=where, field=f"{name}.runs")
     if not isinstance(fitted, bool):
         raise InputError(f"expected true or false, got {fitted!r}", path=where,
                          field=f"{name}.fitted")

@@ -15,7 +15,8 @@ from functools import cached_property
 import numpy as np
 
 from hulk import geo
-from hulk.validate import Bound
+from hulk.errors import PlanningError
+from hulk.validate import Bound, Invalid, node_id
 from planner.core import gpus as gpu_catalog
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
@@ -35,6 +36,14 @@ FLEET_BOUNDS: dict[str, Bound] = {
     "loss": Bound(0, 1, "a loss fraction"),
     "samples": Bound(0, 10 ** 12, "samples", integer=True),
 }
+# Completion holds n x n matrices (RTT, bandwidth, imputed: about 14 bytes a pair at peak), so
+# a fleet's size is bounded where it is read and where it is completed: twice the 10,000 servers
+# the planner is built for, about 5.6 GB at the bound.
+MAX_FLEET_NODES = 20_000
+BYTES_PER_PAIR = 14
+# Free text a fleet file gives (fleet name, city, site, gpu_name) reaches terminals and the
+# dashboard: at most this many printable characters.
+FLEET_TEXT_CHARS = 128
 
 
 @dataclass(frozen=True)
@@ -270,10 +279,46 @@ class Network:
         return cls(tuple(nodes), rtt, bw, imputed)
 
 
+def node_problem(node: Node) -> str | None:
+    """``field: expected ...`` for the first field of ``node`` outside the fleet files' rules
+    (the node-id rule, FLEET_BOUNDS), or None: for nodes that did not come through a reader
+    (a store written before these rules)."""
+    return _problem([("id", node.id, node_id)] + [
+        (key, getattr(node, key), FLEET_BOUNDS[key])
+        for key in ("gpus", "memory_gb", "compute_capability")])
+
+
+def link_problem(link: Link) -> str | None:
+    """:func:`node_problem` for a link's figures."""
+    return _problem([(key, getattr(link, key), FLEET_BOUNDS[key])
+                     for key in ("rtt_ms", "bandwidth_gbps", "loss", "samples")])
+
+
+def _problem(checks) -> str | None:
+    for key, value, check in checks:
+        try:
+            if value is not None:
+                check(value)
+        except Invalid as bad:
+            return f"{key}: {bad}"
+    return None
+
+
+def check_fleet_size(count: int) -> None:
+    """PlanningError when ``count`` servers are more than completion can hold."""
+    if count > MAX_FLEET_NODES:
+        need = count * count * BYTES_PER_PAIR / 2 ** 30
+        raise PlanningError(f"the fleet has {count:,} servers; the planner completes at most "
+                            f"{MAX_FLEET_NODES:,} (its n x n matrices would need about "
+                            f"{need:,.0f} GiB)")
+
+
 def complete(fleet: Fleet) -> Network:
     """docs/COSTMODEL.md section 2: average duplicates, drop self-loops, give pairs between two
     sites with a site link that link's figures, fill same-site pairs with the site's median and
     everything else with the shortest path (planner/core/sites.py does the work)."""
     from planner.core.sites import complete_fleet
+
+    check_fleet_size(len(fleet.nodes))
 
     return complete_fleet(fleet)

@@ -5,7 +5,10 @@ into sites (a city, or a place given by coordinates) with their map coordinates,
 between sites coloured by RTT. ``jobs_json``: jobs with their nodes and state. ``plan_json``: the
 last plan and the methods' makespans for its jobs (``planner.dashboard.compare``).
 
-Every number is finite or null: the documents go through ``json.dumps(allow_nan=False)``.
+Every number is finite or null: the documents go through ``json.dumps(allow_nan=False)``. Every
+text an agent or a job sent (host and GPU names, launch states, a job's detail with its log's
+last lines) reaches the page with its control characters shown as '?', as `hulk-planner jobs`
+prints them (:func:`hulk.validate.terminal_safe`): an escape sequence is never part of the page.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hulk import geo
+from hulk.validate import terminal_safe
 from planner.core.fleet import Link
 from planner.core.lifecycle import LIVE, JobRecord
 
@@ -53,6 +57,12 @@ def number(x: Any, digits: int = 3) -> float | None:
     except (TypeError, ValueError):
         return None
     return round(x, digits) if math.isfinite(x) else None
+
+
+def text(value: Any) -> str:
+    """A text for the page: '' for none, control characters shown as '?' line by line (its lines
+    kept: a log's last lines)."""
+    return "\n".join(terminal_safe(line) for line in str(value).splitlines()) if value else ""
 
 
 def rtt_colour(rtt_ms: float | None) -> str:
@@ -102,10 +112,10 @@ def site_of(row: Mapping[str, Any], location: tuple[float, float] | None) -> str
     """The site a node is drawn at: the store's site (the one it declared, else its city), else
     its city (the gazetteer's name when known), else its coordinates rounded to about a
     kilometre; None when it has none of these."""
-    site = (row.get("site") or "").strip()
+    site = text(row.get("site")).strip()
     if site:
         return site
-    city = (row.get("city") or "").strip()
+    city = text(row.get("city")).strip()
     if city:
         return geo.canonical_city(city) or city
     if location is not None:
@@ -124,15 +134,15 @@ def node_json(row: Mapping[str, Any], now_ms: int, silent_after_ms: float) -> di
     seen = row.get("last_seen_ms")
     launch = None
     if row.get("launch_state"):
-        launch = {"state": row["launch_state"], "job": row.get("launch_job") or "",
+        launch = {"state": text(row["launch_state"]), "job": text(row.get("launch_job")),
                   "exit_code": row.get("launch_exit_code")}
     return {
-        "id": row["id"], "hostname": row.get("hostname") or "", "city": row.get("city") or "",
+        "id": row["id"], "hostname": text(row.get("hostname")), "city": text(row.get("city")),
         "site": site_of(row, location),
         "lat": location[0] if location else None, "lon": location[1] if location else None,
-        "gpus": int(row.get("gpu_count") or 0), "gpu_name": row.get("gpu_name") or "",
+        "gpus": int(row.get("gpu_count") or 0), "gpu_name": text(row.get("gpu_name")),
         "memory_gb": number(row.get("memory_gb"), 1) or 0.0,
-        "gpu_unavailable": row.get("gpu_unavailable_reason") or "",
+        "gpu_unavailable": text(row.get("gpu_unavailable_reason")),
         "state": node_state(row, now_ms, silent_after_ms),
         "last_seen_ms": seen, "silent_for_s": None if seen is None else number((now_ms - seen) / 1000, 1),
         "spool_depth": row.get("spool_depth"), "spool_dropped": row.get("spool_dropped"),
@@ -235,14 +245,14 @@ def job_json(record: JobRecord, cities: Mapping[str, str], now_ms: int,
     end = record.finished_ms or now_ms
     spec = record.spec or {}
     return {
-        "name": record.name, "state": record.state, "model": str(spec.get("model") or "custom"),
+        "name": text(record.name), "state": record.state, "model": text(spec.get("model") or "custom"),
         "nodes": list(record.nodes),
-        "cities": sorted({cities[n] for n in record.nodes if cities.get(n)}),
+        "cities": sorted({text(cities[n]) for n in record.nodes if cities.get(n)}),
         "plan_id": record.plan_id, "submitted_ms": record.submitted_ms,
         "started_ms": record.started_ms, "finished_ms": record.finished_ms,
         "elapsed_s": None if record.started_ms is None else number((end - record.started_ms) / 1000, 1),
         "estimate_s": number(record.estimate_s, 1), "restarts": record.restarts,
-        "detail": record.detail, "retired": record.retired_ms is not None,
+        "detail": text(record.detail), "retired": record.retired_ms is not None,
         "iteration_s": number(iteration[0], 4) if iteration else None,
         "iteration_estimate_s": number(iteration[1], 4) if iteration else None,
     }

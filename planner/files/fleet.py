@@ -27,14 +27,17 @@ import msgspec
 
 from hulk.atomic import write_output
 from hulk.errors import InputError
+from hulk.userfile import read_user_file
+from hulk.validate import NAME_EXPECTED, is_name
 from planner.core import gpus as gpu_catalog
-from planner.core.fleet import FLEET_BOUNDS, Fleet, LinkTable, Node
+from planner.core.fleet import (FLEET_BOUNDS, FLEET_TEXT_CHARS, MAX_FLEET_NODES, Fleet,
+                                LinkTable, Node)
 from planner.core.gcpause import gc_paused
 from planner.files.fleet_links import (CarefulReadNeeded, LinkRecord, read_links,
                                        read_site_links, read_sites)
 from planner.files.jsonfields import Fields, LineFinder, json_type
-from planner.files.paper import (PAPER_EDGES, PAPER_NODES, ImportIssue, read_paper,
-                                 read_paper_zip, utf8_text)
+from planner.files.paper import (FLEET_FILE, MAX_FLEET_FILE_BYTES, PAPER_EDGES, PAPER_NODES,
+                                 ImportIssue, read_paper, read_paper_zip, utf8_text)
 
 NODE_KEYS = {"id", "city", "site", "gpus", "gpu_name", "compute_capability", "memory_gb",
              "latitude", "longitude"}
@@ -62,12 +65,11 @@ def load_fleet_with_report(path: str | os.PathLike) -> tuple[Fleet, list[ImportI
             if not needed.is_file():
                 raise InputError(f"folder has no {needed.name} (the paper's fleet format needs "
                                  f"{PAPER_NODES} and {PAPER_EDGES})", path=str(p))
-        return read_paper(nodes_path.read_bytes(), str(nodes_path),
-                           edges_path.read_bytes(), str(edges_path), name=p.name)
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", path=str(p)) from exc
+        return read_paper(read_user_file(nodes_path, FLEET_FILE, MAX_FLEET_FILE_BYTES),
+                          str(nodes_path),
+                          read_user_file(edges_path, FLEET_FILE, MAX_FLEET_FILE_BYTES),
+                          str(edges_path), name=p.name)
+    data = read_user_file(p, FLEET_FILE, MAX_FLEET_FILE_BYTES)
     if data[:4] == b"PK\x03\x04" or zipfile.is_zipfile(io.BytesIO(data)):
         return read_paper_zip(data, str(p))
     # A full mesh is half a million small dicts, none of them in a cycle (a tenth of the read).
@@ -191,12 +193,17 @@ def _read_doc(doc: dict[str, Any], data: bytes, text: str | None, path: str,
 
     note_unknown(doc, TOP_KEYS, "fleet")
     name = doc.get("name", default_name)
-    if not isinstance(name, str) or not name:
-        raise InputError(f"expected a non-empty string, got {json.dumps(name)[:80]}", path=path,
+    if not isinstance(name, str) or not name or ("name" in doc and (
+            len(name) > FLEET_TEXT_CHARS or not name.isprintable())):
+        raise InputError(f"expected a non-empty string of at most {FLEET_TEXT_CHARS} printable "
+                         f"characters, got {json.dumps(name)[:80]}", path=path,
                          line=lines.line(), field="name")
     raw_nodes = doc.get("nodes")
     if not isinstance(raw_nodes, list):
         raise InputError(f"expected an array of node objects, got {json_type(raw_nodes)}",
+                         path=path, line=lines.line(), field="nodes")
+    if len(raw_nodes) > MAX_FLEET_NODES:
+        raise InputError(f"expected at most {MAX_FLEET_NODES:,} nodes, got {len(raw_nodes):,}",
                          path=path, line=lines.line(), field="nodes")
     raw_links = doc.get("links", [])
     if not isinstance(raw_links, list):
@@ -226,6 +233,8 @@ def _read_nodes(raw_nodes: list, declared: set[str], path: str, lines: LineFinde
             note_unknown(obj, NODE_KEYS, "nodes[]", "nodes", i)
         f = Fields(obj, path, where, lambda i=i: lines.line("nodes", i))
         node_id = f.string("id", required=True)
+        if not is_name(node_id):
+            raise f.fail("id", f"a node id of {NAME_EXPECTED}")
         if node_id in seen:
             raise InputError(f"node id {node_id!r} is used twice (first on line "
                              f"{lines.line('nodes', seen[node_id])})",
@@ -239,19 +248,19 @@ def _read_nodes(raw_nodes: list, declared: set[str], path: str, lines: LineFinde
 
 
 def _read_node(f: Fields, node_id: str, declared: set[str], issues: list[ImportIssue]) -> Node:
-    raw_city = f.string("city")
+    raw_city = f.text("city", FLEET_TEXT_CHARS)
     city = raw_city.strip() if raw_city else None
     if raw_city is not None and raw_city != city:
         issues.append(ImportIssue(f.path, f.line(), f"city {raw_city!r} has surrounding "
                                   f"spaces; read as {city!r}"))
-    site = f.string("site")
+    site = f.text("site", FLEET_TEXT_CHARS)
     site = site.strip() if site and site.strip() else None
     if site is not None and declared and site not in declared:
         raise InputError(f"unknown site {site!r} (not in sites)", path=f.path, line=f.line(),
                          field=f"{f.where}.site")
     count = int(f.number("gpus", default=gpu_catalog.DEFAULT_GPUS_PER_NODE,
                          bound=FLEET_BOUNDS["gpus"]))
-    gpu_name = f.string("gpu_name")
+    gpu_name = f.text("gpu_name", FLEET_TEXT_CHARS)
     cc = f.number("compute_capability", bound=FLEET_BOUNDS["compute_capability"])
     memory = f.number("memory_gb", bound=FLEET_BOUNDS["memory_gb"])
     if memory is None:

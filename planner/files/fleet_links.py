@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 
 from hulk.errors import InputError
-from planner.core.fleet import FLEET_BOUNDS, Link, LinkTable, Site, SiteLink
+from planner.core.fleet import FLEET_BOUNDS, FLEET_TEXT_CHARS, Link, LinkTable, Site, SiteLink
 from planner.files.jsonfields import MAX_JSON_INT, Fields, LineFinder, json_type
 from planner.files.paper import ImportIssue
 
@@ -194,7 +194,7 @@ def read_sites(raw: Any, path: str, lines: LineFinder,
                              line=lines.line(), field=where)
         note_unknown(obj, SITE_KEYS, "sites[]", "sites", i)
         f = Fields(obj, path, where, lambda i=i: lines.line("sites", i))
-        site_id = f.string("id", required=True).strip()
+        site_id = f.text("id", FLEET_TEXT_CHARS, required=True).strip()
         if site_id in first:
             raise InputError(f"site id {site_id!r} is used twice (first on line "
                              f"{lines.line('sites', first[site_id])})", path=path,

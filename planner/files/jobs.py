@@ -8,7 +8,8 @@ from pathlib import Path
 import yaml
 
 from hulk.errors import InputError
-from hulk.wire.placement import MAX_PATH, valid_job_name
+from hulk.userfile import read_user_file
+from hulk.wire.placement import MAX_COMMAND_WORDS, MAX_PATH, valid_job_name
 from hulk.validate import Invalid
 from planner.core.jobs import MODEL_CATALOG, Job, check_job_field
 
@@ -19,6 +20,10 @@ NUMBER_FIELDS = ("params",) + INT_FIELDS
 REQUIRED_WITHOUT_CATALOG = ("params", "layers", "hidden", "seq_len", "global_batch")
 JOB_KEYS = frozenset({"name", "model", "command", "checkpoint_dir", *NUMBER_FIELDS})
 TOP_KEYS = frozenset({"jobs"})
+MAX_MODEL_CHARS = 128
+MAX_JOBS_FILE_BYTES = 16 << 20    # thousands of jobs; a larger file is no jobs.yaml
+# A command's words, all together: with JSON's escapes it still fits a placement message.
+MAX_COMMAND_CHARS = 16_384
 
 
 class _Mapping(dict):
@@ -102,17 +107,11 @@ def parse_jobs(text: str, path: str = "<jobs>") -> list[Job]:
 
 def load_jobs(path: str | Path) -> list[Job]:
     """Read and validate a jobs.yaml file."""
-    p = Path(path)
+    data = read_user_file(path, "a jobs.yaml file", MAX_JOBS_FILE_BYTES)
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("no such file", path=str(path)) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, expected a jobs.yaml file", path=str(path)) from None
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError("not a text file (expected UTF-8 YAML)", path=str(path)) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", path=str(path)) from None
     return parse_jobs(text, str(path))
 
 
@@ -167,6 +166,9 @@ def _model_fields(model, entry, fail) -> tuple[str | None, dict]:
     if model is not None:
         if not isinstance(model, str) or not model.strip():
             raise fail("model", "must be a model name")
+        if len(model) > MAX_MODEL_CHARS or not model.isprintable():
+            raise fail("model", f"must be a model name of at most {MAX_MODEL_CHARS} printable "
+                                "characters")
         model = model.strip()
     if model is not None and model.casefold() in MODEL_CATALOG:
         return model.casefold(), dict(MODEL_CATALOG[model.casefold()])
@@ -221,4 +223,8 @@ def _command(value, fail) -> tuple[str, ...] | None:
         raise fail("command", "must be a string or a list of strings (the argv agents launch)")
     if not argv or not argv[0] or any("\0" in a for a in argv):
         raise fail("command", "must name a program")
+    if len(argv) > MAX_COMMAND_WORDS or sum(map(len, argv)) > MAX_COMMAND_CHARS:
+        raise fail("command", f"must have at most {MAX_COMMAND_WORDS} words and "
+                              f"{MAX_COMMAND_CHARS:,} characters (agents refuse longer ones), "
+                              f"got {len(argv)} words")
     return tuple(argv)

@@ -112,6 +112,15 @@ class Fields:
             raise self.fail(key, "valid Unicode text (no lone surrogate escapes)")
         return value
 
+    def text(self, key: str, max_chars: int, *, required: bool = False) -> str | None:
+        """A string of at most ``max_chars`` printable characters (what reaches a terminal or
+        the dashboard: no control or format characters, no escape sequences)."""
+        value = self.string(key, required=required)
+        if value is not None and (len(value) > max_chars or not value.isprintable()):
+            raise self.fail(key, f"at most {max_chars} printable characters (no control "
+                            "characters)")
+        return value
+
     def number(self, key: str, *, required: bool = False, default: float | None = None,
                low: float | None = None, high: float | None = None,
                integer: bool = False, bound: Bound | None = None) -> float | None:

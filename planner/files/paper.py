@@ -5,7 +5,7 @@ in GB; the GPU count is unknown, so 8); ``edge.txt`` has ``src dst weight`` (RTT
 separated, one undirected pair per line. The paper's own files are flawed (self-loops, duplicates,
 trailing spaces): each flaw is reported once as an :class:`ImportIssue` with its file and line,
 and repaired. What cannot be read as a fleet raises ``InputError`` naming file, line and field.
-Archive members are read up to ``MAX_MEMBER_BYTES`` (zip bombs).
+Files and archive members are read up to ``MAX_FLEET_FILE_BYTES`` (zip bombs, ``/dev/zero``).
 """
 
 from __future__ import annotations
@@ -19,14 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hulk.errors import InputError
-from hulk.validate import Bound, Invalid
+from hulk.validate import NAME_EXPECTED, Bound, Invalid, is_name, shown
 from planner.core import gpus as gpu_catalog
-from planner.core.fleet import FLEET_BOUNDS, Fleet, Link, Node
+from planner.core.fleet import FLEET_BOUNDS, FLEET_TEXT_CHARS, MAX_FLEET_NODES, Fleet, Link, Node
 
 PAPER_NODES = "node_feature.csv"
 PAPER_EDGES = "edge.txt"
 PAPER_COLUMNS = ("node", "city", "capability", "memory")
-MAX_MEMBER_BYTES = 256 << 20   # an archive member larger than this is no fleet (zip bombs)
+# A fleet file (or archive member) larger than this is no fleet: a full mesh of 1,000 servers
+# in fleet JSON is 70 MB, a 10,000-server fleet with site links 5 MB.
+MAX_FLEET_FILE_BYTES = 256 << 20
+MAX_MEMBER_BYTES = MAX_FLEET_FILE_BYTES
+FLEET_FILE = (f"a fleet file (fleet JSON, or the paper's {PAPER_NODES} and {PAPER_EDGES}, "
+              "in a folder or .zip)")
 
 
 @dataclass(frozen=True)
@@ -51,10 +56,14 @@ def read_paper_zip(data: bytes, path: str) -> tuple[Fleet, list[ImportIssue]]:
         if PAPER_NODES not in members or PAPER_EDGES not in members:
             raise InputError(f"archive has no {PAPER_NODES} and {PAPER_EDGES} "
                              "(the paper's fleet format)", path=path)
+        encrypted = [m.filename for m in archive.infolist() if m.flag_bits & 0x1]
+        if encrypted:
+            raise InputError(f"{encrypted[0]} is encrypted; expected an archive without a "
+                             "password", path=path)
         nodes_bytes = _read_member(archive, members[PAPER_NODES], path)
         edges_bytes = _read_member(archive, members[PAPER_EDGES], path)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError, EOFError,
-            ValueError) as exc:
+            ValueError, RuntimeError) as exc:
         raise InputError(f"not a readable zip archive ({exc})", path=path) from exc
     return read_paper(nodes_bytes, f"{path}!{members[PAPER_NODES]}",
                        edges_bytes, f"{path}!{members[PAPER_EDGES]}", name=Path(path).stem)
@@ -88,12 +97,21 @@ def _number(text: str, path: str, line: int, field: str, *, integer: bool = Fals
         number = int(value) if integer else float(value)
     except ValueError:
         kind = "an integer" if integer else "a number"
-        raise InputError(f"expected {kind}, got {value!r}", path=path, line=line,
+        raise InputError(f"expected {kind}, got {shown(value)}", path=path, line=line,
                          field=field) from None
     if not integer and not math.isfinite(number):
-        raise InputError(f"expected a finite number, got {value!r}", path=path, line=line,
+        raise InputError(f"expected a finite number, got {shown(value)}", path=path, line=line,
                          field=field)
     return number
+
+
+def _node_id(text: str, path: str, line: int, field: str) -> str:
+    """The paper's node ids are integers; as text they follow the node-id rule too."""
+    node_id = str(int(_number(text, path, line, field, integer=True)))
+    if not is_name(node_id):
+        raise InputError(f"expected a node id of {NAME_EXPECTED}, got {node_id[:40]!r}",
+                         path=path, line=line, field=field)
+    return node_id
 
 
 def _bounded(text: str, bound: Bound, path: str, line: int, field: str) -> float:
@@ -141,18 +159,25 @@ def _read_paper_nodes(text: str, path: str, issues: list[ImportIssue]) -> list[N
         if len(row) < len(header):
             raise InputError(f"expected {len(header)} columns, got {len(row)}",
                              path=path, line=line, field=_missing_field(header, len(row)))
-        node_id = str(int(_number(row[col["node"]], path, line, "node", integer=True)))
+        node_id = _node_id(row[col["node"]], path, line, "node")
         if node_id in seen:
             raise InputError(f"node {node_id} is listed twice (first on line {seen[node_id]})",
                              path=path, line=line, field="node")
         seen[node_id] = line
         raw_city = row[col["city"]]
         city = raw_city.strip()
+        if len(city) > FLEET_TEXT_CHARS or not city.isprintable():
+            raise InputError(f"expected at most {FLEET_TEXT_CHARS} printable characters (no "
+                             f"control characters), got {city[:40]!r}", path=path, line=line,
+                             field="City")
         if raw_city != city:
             untrimmed[raw_city].append(line)
         capability = _bounded(row[col["capability"]], FLEET_BOUNDS["compute_capability"], path,
                               line, "Capability")
         memory = _bounded(row[col["memory"]], FLEET_BOUNDS["memory_gb"], path, line, "Memory")
+        if len(nodes) == MAX_FLEET_NODES:
+            raise InputError(f"expected at most {MAX_FLEET_NODES:,} nodes", path=path, line=line,
+                             field="node")
         nodes.append(Node(id=node_id, city=city or None, gpus=gpu_catalog.DEFAULT_GPUS_PER_NODE,
                           compute_capability=capability, memory_gb=memory))
     for raw_city, lines in untrimmed.items():
@@ -182,8 +207,8 @@ def _read_paper_edges(text: str, path: str, known: set[str],
         if len(fields) != 3:
             raise InputError(f"expected 3 fields 'src dst weight', got {len(fields)}",
                              path=path, line=line, field="line")
-        src = str(int(_number(fields[0], path, line, "src", integer=True)))
-        dst = str(int(_number(fields[1], path, line, "dst", integer=True)))
+        src = _node_id(fields[0], path, line, "src")
+        dst = _node_id(fields[1], path, line, "dst")
         weight = _bounded(fields[2], FLEET_BOUNDS["rtt_ms"], path, line, "weight")
         for field, node in (("src", src), ("dst", dst)):
             if node not in known:

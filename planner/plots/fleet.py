@@ -19,6 +19,7 @@ from matplotlib.text import Annotation  # noqa: E402
 
 from hulk.errors import InputError  # noqa: E402
 from planner.core.fleet import Fleet, Network, complete  # noqa: E402
+from planner.plots.output import plot_path  # noqa: E402
 
 MARKER_NODES = 300        # past this many nodes the dots shrink (by the square root)
 CIRCLE_NODES = 12         # a place with more nodes draws them as a disc, not a larger circle
@@ -248,12 +249,17 @@ def draw_fleet(fleet: Fleet, *, title: str | None = None, show_imputed: bool = F
 
 def plot_fleet(fleet: Fleet, out: str | Path, *, title: str | None = None,
                show_imputed: bool = False, dpi: int = 150) -> Path:
-    """Write a PNG of the fleet (``draw_fleet``); returns the path written."""
-    out = Path(out)
+    """Write the fleet's figure (``draw_fleet``) in the format ``out``'s suffix names
+    (:func:`plot_path`); returns the path written."""
+    out = plot_path(out)
     if not fleet.nodes:
         raise InputError("the fleet has no nodes to draw", path=str(out))
     fig = draw_fleet(fleet, title=title, show_imputed=show_imputed, dpi=dpi)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out)
+    except OSError as exc:
+        raise InputError(f"cannot write plot: {exc.strerror or exc}", path=str(out)) from None
+    finally:
+        plt.close(fig)
     return out

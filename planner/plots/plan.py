@@ -36,6 +36,9 @@ def plot_reports(reports: dict, path: str | Path, *, title: str = "",
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from planner.plots.output import plot_path
+
+    out = plot_path(path)
     if not reports:
         raise InputError("nothing to plot", field="--plot")
     names = list(reports)
@@ -96,7 +99,6 @@ def plot_reports(reports: dict, path: str | Path, *, title: str = "",
     ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16),
               ncol=min(4, len(handles)), frameon=False)
     fig.tight_layout()
-    out = Path(path)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hulk.errors import InputError, NotFoundError, StoreError, UnauthenticatedError
+from hulk.validate import NAME_EXPECTED, is_name, shown
 from planner.service.database import private_file
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,6 @@ INVALID_TOKEN = "invalid token (not issued by this planner, or a wrong secret)"
 TAG_BYTES = 16
 KEY_BYTES = 32
 TOKEN_RE = re.compile(r"^hulk1\.([0-9a-f]{16})\.([A-Za-z0-9_-]{43})$")
-NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # the agent's rule (agent/config.py)
 # scrypt cost: ~30 ms and 16 MiB per check; only rows without a current tag need it.
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2 ** 14, 8, 1
 SCHEMA = """
@@ -77,9 +77,8 @@ class CredentialInfo:
 
 
 def check_node_id(node_id: str) -> str:
-    if not isinstance(node_id, str) or not NODE_ID_RE.fullmatch(node_id):
-        raise InputError("expected 1-128 letters, digits, '.', '_' or '-' starting with a letter "
-                         f"or digit, got {node_id!r}", field="node id")
+    if not is_name(node_id):
+        raise InputError(f"expected {NAME_EXPECTED}, got {shown(node_id)}", field="node id")
     return node_id
 
 

@@ -25,13 +25,12 @@ import re
 from dataclasses import replace
 
 from hulk.errors import InputError
-from hulk.validate import Bound, Invalid, shown
+from hulk.validate import NAME_EXPECTED, Bound, Invalid, is_name, shown
 from hulk.wire.histogram import OVERFLOW, bucket_index
 from hulk.wire.placement import MAX_COMMAND_WORDS
 from hulk.wire.records import (SITE_MAX_CHARS, LaunchStatus, PeerSummary, ProbeKind,
                                ProbeSample, RegisterRequest)
 
-NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 HOST_NAME_RE = re.compile(r"(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
                           r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?")
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -88,10 +87,8 @@ def check_site(site: str, field: str = "location.site") -> str:
 
 
 def check_node_id(node_id: str, field: str = "node_id") -> str:
-    if not NODE_ID_RE.fullmatch(node_id or ""):
-        shown = node_id if len(node_id or "") <= 40 else node_id[:37] + "..."
-        raise InputError("expected 1-128 letters, digits, '.', '_' or '-' starting with a letter "
-                         f"or digit, got {shown!r}", field=field)
+    if not is_name(node_id):
+        raise InputError(f"expected {NAME_EXPECTED}, got {shown(node_id)}", field=field)
     return node_id
 
 

@@ -37,6 +37,10 @@ Tables:
 
 ``planner.service.store.Store`` holds one and hands it to the parts that read and write the
 tables (nodes, job records, rollup reads); sqlite errors become ``hulk.errors.StoreError``.
+
+Opened ``read_only`` (the commands that only read), the file is opened with SQLite's mode=ro:
+nothing is created, migrated or chmod-ed, every read sees one snapshot, and a file that is not a
+store is a one-line InputError that leaves it as it was.
 """
 
 from __future__ import annotations
@@ -52,31 +56,32 @@ from typing import Any, Self
 
 import sqlite_utils
 
-from hulk.errors import StoreError
+from hulk.errors import InputError, StoreError
 from hulk.wire import histogram
 from planner.core.probe_plan import site_key
 from planner.core.site_pairs import PER_PAIR_UP_TO
 from planner.service.job_ranks import JOB_RANKS
+from planner.service.read_only import EXPECTED, columns, connect_read_only, read_uri, schema_gap
 
 log = logging.getLogger(__name__)
 
-# 2: histograms inside rollups (was rollup_buckets), summaries, day-first keys;
+# 2: histograms inside rollups (not a rollup_buckets table), summaries, day-first keys;
 # 3: sites, nodes.site_idx and site_rollups (pairs between sites folded at rollup time)
 SCHEMA_VERSION = 3
 
-_ROLLUP_COLUMNS = """(
+ROLLUP_COLUMNS = """(
     day INTEGER NOT NULL, src INTEGER NOT NULL, dst INTEGER NOT NULL,
     count INTEGER NOT NULL, lost INTEGER NOT NULL, sum REAL NOT NULL,
     sumsq REAL NOT NULL, min_us INTEGER, max_us INTEGER, hist BLOB,
     PRIMARY KEY (day, src, dst)) WITHOUT ROWID"""
-ROLLUPS_V2 = "CREATE TABLE rollups " + _ROLLUP_COLUMNS
+ROLLUPS_V2 = "CREATE TABLE rollups " + ROLLUP_COLUMNS
 JOB_PROGRESS = """CREATE TABLE job_progress (
     job_id INTEGER NOT NULL, node_idx INTEGER NOT NULL, plan_id TEXT NOT NULL, rank INTEGER,
     steps INTEGER NOT NULL, total_steps INTEGER NOT NULL, iteration_s REAL NOT NULL,
     iteration_p90_s REAL NOT NULL, compute_s REAL NOT NULL, communication_s REAL NOT NULL,
     samples INTEGER NOT NULL, updated_ms INTEGER NOT NULL, received_ms INTEGER NOT NULL,
     PRIMARY KEY (job_id, node_idx)) WITHOUT ROWID"""
-SITE_ROLLUPS = "CREATE TABLE site_rollups " + _ROLLUP_COLUMNS
+SITE_ROLLUPS = "CREATE TABLE site_rollups " + ROLLUP_COLUMNS
 
 # Adds a day's figures into its rollup row; "excluded" is the row being inserted.
 ROLLUP_UPSERT = """ON CONFLICT(day, src, dst) DO UPDATE SET
@@ -150,38 +155,83 @@ def private_file(path: str | os.PathLike) -> None:
 
 
 class Database:
-    """One connection to the planner's SQLite file, its schema created when missing. One
-    instance per thread of use (sqlite connections are not shared)."""
+    """One connection to the planner's SQLite file, its schema created when missing (or, with
+    ``read_only``, checked and never changed). One instance per thread of use (sqlite
+    connections are not shared)."""
 
     def __init__(self, path: str | Path, *, synchronous: str = "NORMAL",
-                 busy_timeout_s: float = 30.0, per_pair_up_to: int = PER_PAIR_UP_TO):
+                 busy_timeout_s: float = 30.0, per_pair_up_to: int = PER_PAIR_UP_TO,
+                 read_only: bool = False):
         self.path = str(path)
         # Fleets of at most this many nodes keep every pair's rollups; larger ones fold pairs
         # between two sites into site pairs.
         self.per_pair_up_to = per_pair_up_to
+        self.read_only = read_only
+        # How other connections open the file to read beside this one.
+        self.read_uri = read_uri(self.path)
+        # True once this connection reads TEMP views other connections cannot see.
+        self.overlaid = False
+        # What a read-only file lacks of this planner's schema (None: nothing).
+        self.behind: str | None = None
         self._lock = threading.RLock()
+        if read_only:
+            self._open_read_only(busy_timeout_s)
+            return
         with self._errors("open"):
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                    timeout=busy_timeout_s)
-            private_file(self.path)
-            add_histogram_functions(conn)
-            self.conn = conn
-            self.db = sqlite_utils.Database(conn)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            # NORMAL in WAL mode survives a crash of the process (not of the OS) and is much faster.
-            self.db.execute(f"PRAGMA synchronous={synchronous}")
-            self.db.execute("PRAGMA foreign_keys=OFF")
-            self._create_schema()
+            try:
+                private_file(self.path)
+                add_histogram_functions(conn)
+                self.conn = conn
+                self.db = sqlite_utils.Database(conn)
+                self.db.execute("PRAGMA journal_mode=WAL")
+                # NORMAL in WAL mode survives a crash of the process (not of the OS), and is fast.
+                self.db.execute(f"PRAGMA synchronous={synchronous}")
+                self.db.execute("PRAGMA foreign_keys=OFF")
+                self._create_schema()
+            except BaseException:
+                conn.close()   # a failed opening keeps no file open
+                raise
 
     # ------------------------------------------------------------------------------ plumbing
+
+    def _open_read_only(self, busy_timeout_s: float) -> None:
+        self.conn, self.read_uri = connect_read_only(self.path, busy_timeout_s)
+        try:
+            with self._errors("open"):
+                add_histogram_functions(self.conn)
+                self.db = sqlite_utils.Database(self.conn)
+                self.conn.execute("BEGIN")   # every read of this opening sees one snapshot
+                tables = columns(self.conn)
+                version = self.meta("schema_version") if "meta" in tables else None
+                if version is None:
+                    raise InputError(f"not a Hulk store: an SQLite file without the planner's "
+                                     f"tables ({EXPECTED})", path=self.path)
+                if not version.isdigit() or int(version) > SCHEMA_VERSION:
+                    raise StoreError(f"{self.path}: schema version {version}, this planner "
+                                     f"reads {SCHEMA_VERSION}")
+                if int(version) < SCHEMA_VERSION:
+                    self.behind = f"schema version {version}, this planner reads {SCHEMA_VERSION}"
+                else:
+                    with Database(":memory:") as fresh:
+                        self.behind = schema_gap(tables, columns(fresh.conn))
+        except BaseException:
+            self.conn.close()
+            raise
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
         try:
             yield
         except sqlite3.Error as exc:
+            if self.behind and "no such" in str(exc):
+                raise StoreError(
+                    f"{self.path}: a store of an older planner ({self.behind}); this command "
+                    f"only reads and never migrates: start `hulk-planner serve --db {self.path}` "
+                    f"of this version once (it migrates the store), then retry") from exc
             raise StoreError(f"{self.path}: store failed during {what}: {exc}") from exc
 
     @contextlib.contextmanager
@@ -193,15 +243,18 @@ class Database:
     @contextlib.contextmanager
     def transaction(self, what: str) -> Iterator[sqlite3.Connection]:
         """One IMMEDIATE transaction: all or nothing."""
+        if self.read_only:
+            raise StoreError(f"{self.path}: opened read-only, cannot {what}")
         with self._lock, self._errors(what):
             self.conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self.conn
-            except BaseException:
-                self.conn.execute("ROLLBACK")
-                raise
-            else:
                 self.conn.execute("COMMIT")
+            except BaseException:
+                # A full disk can end the transaction itself, or leave a failed COMMIT's open.
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+                raise
 
     def close(self) -> None:
         with self._lock, self._errors("close"):
@@ -232,9 +285,10 @@ class Database:
                     "launch_exit_code": int, "launch_detail": str, "launch_changed_ms": int,
                 }, pk="idx", not_null={"id"})
                 db["nodes"].create_index(["id"], unique=True)
-            if "clock_skew_ms" not in db["nodes"].columns_dict:  # added after schema version 1
+            # Columns and tables added to a schema version later are added where missing.
+            if "clock_skew_ms" not in db["nodes"].columns_dict:
                 db.execute("ALTER TABLE nodes ADD COLUMN clock_skew_ms INTEGER")
-            if "gpus_declared" not in db["nodes"].columns_dict:  # 1: GPUs from an agent's declared_gpus setting
+            if "gpus_declared" not in db["nodes"].columns_dict:  # 1: from declared_gpus
                 db.execute("ALTER TABLE nodes ADD COLUMN gpus_declared INTEGER NOT NULL DEFAULT 0")
             if "batches" not in db.table_names():
                 db.execute("""CREATE TABLE batches (
@@ -263,7 +317,7 @@ class Database:
                 # arrival instead: each batch row records the last sample id it stored.
             if "rollups" not in db.table_names():
                 db.execute(ROLLUPS_V2)
-            if "sites" not in db.table_names():  # schema 3
+            if "sites" not in db.table_names():
                 db.execute("CREATE TABLE sites (idx INTEGER PRIMARY KEY, name TEXT NOT NULL "
                            "UNIQUE)")
             if "site_rollups" not in db.table_names():
@@ -279,7 +333,7 @@ class Database:
                     src INTEGER NOT NULL, dst INTEGER NOT NULL, rtt_ms REAL NOT NULL,
                     bandwidth_gbps REAL, loss REAL NOT NULL, samples INTEGER NOT NULL,
                     imported_ms INTEGER NOT NULL, PRIMARY KEY (src, dst)) WITHOUT ROWID""")
-            if "jobs" not in db.table_names():  # added after schema version 1 (additive)
+            if "jobs" not in db.table_names():
                 db.execute("""CREATE TABLE jobs (
                     id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL,
                     state TEXT NOT NULL, spec_json TEXT NOT NULL, submitted_ms INTEGER NOT NULL,

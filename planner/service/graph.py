@@ -13,6 +13,7 @@ their GPU features and computed throughput, edges the window statistics, and pai
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import replace
@@ -20,7 +21,9 @@ from dataclasses import replace
 import networkx as nx
 import numpy as np
 
-from planner.core.fleet import Fleet, Link, Network, Node, Site, SiteLink, complete
+from hulk.validate import shown
+from planner.core.fleet import (Fleet, Link, Network, Node, Site, SiteLink, complete,
+                                link_problem, node_problem)
 from planner.core.gcpause import gc_paused
 from planner.core.rollup import DailyRollup, WindowStats
 from planner.core.probe_plan import site_key
@@ -28,13 +31,17 @@ from planner.core.site_pairs import PER_PAIR_UP_TO, site_locations
 from planner.service.node_state import revoked_nodes
 from planner.service.store import PairRollup, Store
 
+log = logging.getLogger(__name__)
+
 
 def nodes_from_store(store: Store) -> list[Node]:
+    """The store's nodes; one outside the fleet files' rules (a store written before them) is
+    left out with a warning, so it cannot break every plan."""
     nodes = []
     for row in store.nodes():
         city = row.get("city")
         site = row.get("site")
-        nodes.append(Node(
+        nodes.append(node := Node(
             id=row["id"], city=city,
             gpus=int(row["gpu_count"] if row.get("gpu_count") is not None else 0),
             gpu_name=row.get("gpu_name"), compute_capability=row.get("compute_capability"),
@@ -42,6 +49,9 @@ def nodes_from_store(store: Store) -> list[Node]:
             latitude=row.get("latitude"), longitude=row.get("longitude"),
             # A site named after the city is the default one: the node names no site of its own.
             site=None if site == site_key(city) else site))
+        if problem := node_problem(node):
+            log.warning("node %s in the store left out: %s", shown(node.id), problem)
+            nodes.pop()
     return nodes
 
 
@@ -137,9 +147,13 @@ def _fleet_from_store(store: Store, window_days: int, name: str,
         if frozenset((row["src"], row["dst"])) in measured \
                 or row["src"] in revoked or row["dst"] in revoked:
             continue
-        links.append(Link(row["src"], row["dst"], rtt_ms=row["rtt_ms"],
-                          bandwidth_gbps=row["bandwidth_gbps"], loss=row["loss"] or 0.0,
-                          samples=row["samples"] or 0))
+        links.append(link := Link(row["src"], row["dst"], rtt_ms=row["rtt_ms"],
+                                  bandwidth_gbps=row["bandwidth_gbps"], loss=row["loss"] or 0.0,
+                                  samples=row["samples"] or 0))
+        if problem := link_problem(link):
+            log.warning("imported link %s -> %s in the store left out: %s", shown(link.src),
+                        shown(link.dst), problem)
+            links.pop()
     links = _with_measured(links, {n.id: n.site_key for n in nodes}, measured_bw)
     if not fold and not site_sums:
         return Fleet(tuple(nodes), tuple(links), name=name)

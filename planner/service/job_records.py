@@ -41,18 +41,26 @@ class JobRecords:
 
     def submit_job(self, name: str, spec: Mapping[str, Any]) -> JobRecord:
         """Store a job as queued; InputError when a job of that name is still active."""
+        return self.submit_jobs([(name, spec)])[0]
+
+    def submit_jobs(self, jobs: Iterable[tuple[str, Mapping[str, Any]]]) -> list[JobRecord]:
+        """Store jobs (name, spec) as queued in one transaction: all of them or, on any error
+        (a name still active, a full disk), none; InputError when a name is still active."""
         t = self.clock()
-        with self.database.transaction("submit job") as conn:
-            for row in conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE name = ?", (name,)):
-                if _record(row).active:
-                    raise InputError(f"a job named {name!r} is already {row[2]}; cancel it or "
-                                     "pick another name", field="name")
-            cur = conn.execute("INSERT INTO jobs (name, state, spec_json, submitted_ms, changed_ms) "
-                               "VALUES (?, ?, ?, ?, ?)", (name, QUEUED, json.dumps(dict(spec)), t, t))
-            conn.execute("INSERT INTO job_events (job_id, at_ms, state, detail) VALUES (?, ?, ?, ?)",
-                         (cur.lastrowid, t, QUEUED, "submitted"))
-            job_id = cur.lastrowid
-        return self.job_record(job_id)
+        ids = []
+        with self.database.transaction("submit jobs") as conn:
+            for name, spec in jobs:
+                for row in conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE name = ?", (name,)):
+                    if _record(row).active:
+                        raise InputError(f"a job named {name!r} is already {row[2]}; cancel it "
+                                         "or pick another name", field="name")
+                cur = conn.execute("INSERT INTO jobs (name, state, spec_json, submitted_ms, "
+                                   "changed_ms) VALUES (?, ?, ?, ?, ?)",
+                                   (name, QUEUED, json.dumps(dict(spec)), t, t))
+                conn.execute("INSERT INTO job_events (job_id, at_ms, state, detail) VALUES "
+                             "(?, ?, ?, ?)", (cur.lastrowid, t, QUEUED, "submitted"))
+                ids.append(cur.lastrowid)
+        return [self.job_record(job_id) for job_id in ids]
 
     def job_record(self, job_id: int) -> JobRecord:
         with self.database.reading("read job") as conn:

@@ -35,7 +35,7 @@ from planner.core.jobs import Job
 from planner.core.recovery import down_nodes
 from planner.service.metrics import NO_EVENTS, ServeEvents, plan_makespan_s
 from planner.service.node_rows import NodeRecord
-from planner.service.publisher import new_plan_id
+from planner.service.publisher import UntrustedSummary, new_plan_id
 from planner.service.recovery import Replanner, default_planner, now_ms
 from planner.service.runtime import BackgroundTask
 from planner.service.seams import CurrentPlan, JobStore, NodeDirectory, ServeOptions
@@ -145,6 +145,8 @@ class JobLifecycle:
         now = self.clock_ms()
         try:
             summary = await self.plan.summary()
+        except UntrustedSummary:     # logged once where it was read
+            return {}
         except InputError as exc:
             log.error("jobs: not restarting %s, the retained summary does not verify: %s",
                       ", ".join(r.name for r, _ in due), exc)
@@ -194,6 +196,8 @@ class JobLifecycle:
         now = self.clock_ms()
         try:
             summary = await self.plan.summary()
+        except UntrustedSummary:     # logged once where it was read
+            return
         except InputError as exc:
             log.error("jobs: leaving the plan alone, its retained summary does not verify: %s", exc)
             return

@@ -19,6 +19,11 @@ retained placement always finds it valid while the planner runs (planner/service
 Each placement signed gets its node's next sequence number (``planner.service.placement_seq``),
 so agents can refuse a replayed one.
 
+After the signing key is replaced, serve is given the old public key (the signer's ``previous``):
+:class:`RetainedPlan` trusts a retained plan that key signed and re-signs it, summary and
+placements, with the new key (the roles unchanged, so no job restarts). A summary no key serve
+holds signed is logged once, with what to do, and nothing is planned from it.
+
 :class:`InMemoryPublisher` is a broker in memory, shipped beside :class:`MqttPublisher` for tests
 and tools that want the planner's pushes without a broker. :class:`RetainedPlan` is the current
 plan (``planner.service.seams.CurrentPlan``) as the broker retains it, signed and verified.
@@ -27,10 +32,12 @@ plan (``planner.service.seams.CurrentPlan``) as the broker retains it, signed an
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import random
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
@@ -39,7 +46,7 @@ from hulk.wire.broker import BrokerAddress, client_tls_kwargs, placement_topic, 
 from hulk.wire.placement import (BROKER_MAX_PACKET_BYTES, MAX_PLACEMENT_BYTES, MAX_SUMMARY_BYTES,
                                  VALIDITY_MS, NodePlacement, PlanSummary, parse_placement,
                                  parse_summary, publish_packet_bytes, summary_bytes)
-from hulk.wire.signing import Signer
+from hulk.wire.signing import SIGNATURE_FIELD, Signer
 from planner.core.placements import build_node_placements, build_summary
 from planner.service.placement_seq import ClockSequence, PlacementSequence
 from planner.service.store import Store
@@ -282,22 +289,71 @@ async def push_new_plan(publisher: Publisher, plan: Any, net: Any, *, fleet: str
     return {node: signed[node] for node in placements}
 
 
+class UntrustedSummary(InputError):
+    """The retained summary is signed by no key serve holds (already logged, once)."""
+
+
 class RetainedPlan:
     """The current plan as ``publisher`` retains it for ``fleet``: read back and verified with
-    ``signer``'s key (retained messages are waited for up to ``read_wait_s``), replaced signed,
-    each placement with its node's next number from ``sequence`` (None: a ClockSequence)."""
+    ``signer``'s key or one it replaced (``signer.previous``; what they signed is re-signed on
+    reading, with times from ``clock_ms``), retained messages waited for up to ``read_wait_s``;
+    replaced signed, each placement with its node's next number from ``sequence`` (None: a
+    ClockSequence)."""
 
     def __init__(self, publisher: Publisher, *, fleet: str, signer: Signer,
-                 read_wait_s: float = 0.3, sequence: PlacementSequence | None = None):
+                 read_wait_s: float = 0.3, sequence: PlacementSequence | None = None,
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)):
         self.publisher, self.fleet, self.signer = publisher, fleet, signer
-        self.verifier = signer.verifier()
+        self.own, self.verifier = signer.verifier(), signer.trusted()
         self.read_wait_s = read_wait_s
         self.sequence = sequence if sequence is not None else ClockSequence()
+        self.clock_ms = clock_ms
+        self._untrusted: str | None = None       # digest of the untrusted summary logged last
 
     async def summary(self) -> PlanSummary | None:
+        """The verified summary (None: there is none). One signed by a previous key is re-signed
+        with the current key first, with every placement of it; one that verifies with no key
+        raises :class:`UntrustedSummary`, logged once per message."""
         topic = plan_topic(self.fleet)
         raw = await self.publisher.read_retained(topic, self.read_wait_s)
-        return parse_summary(raw, source=topic, verifier=self.verifier) if raw else None
+        if not raw:
+            return None
+        try:
+            return parse_summary(raw, source=topic, verifier=self.own)
+        except InputError as exc:
+            own_error = exc
+        try:
+            if self.signer.previous is None:
+                raise own_error
+            summary = parse_summary(raw, source=topic, verifier=self.signer.previous)
+        except InputError as exc:
+            self._report_untrusted(raw, exc)
+            raise UntrustedSummary(str(exc)) from None
+        await self._adopt(summary)
+        return summary
+
+    def _report_untrusted(self, raw: bytes, exc: InputError) -> None:
+        digest = hashlib.sha256(raw).hexdigest()
+        if digest == self._untrusted:
+            return
+        self._untrusted = digest
+        known = "its key or a previous one" if self.signer.previous is not None else "its key"
+        log.error("the retained plan summary does not verify with %s (%s): serve places, "
+                  "restarts and retires no job until it does; nodes and running jobs are left "
+                  "as they are. If the placement-signing key was replaced, restart serve with "
+                  "--previous-placement-key OLD.pub (deploy/INSTALL.md, \"Rotating the "
+                  "placement-signing key\")", known, exc)
+
+    async def _adopt(self, summary: PlanSummary) -> None:
+        """Re-sign a summary a previous key signed, and every placement of its nodes that
+        verifies, with the current key: same roles, so agents keep their processes."""
+        nodes = sorted({n for job in summary.jobs for n in job.node_ids})
+        placements = await self.placements(nodes)
+        body = {k: v for k, v in summary.document.items() if k != SIGNATURE_FIELD}
+        count = await self.replace(placements, body, issued_at_ms=self.clock_ms())
+        log.warning("plan %s was signed by a previous placement-signing key: re-signed its "
+                    "summary and %d placement(s) with the current key (%d message(s))",
+                    summary.plan_id, len(placements), count)
 
     async def placements(self, nodes: Iterable[str]) -> dict[str, NodePlacement]:
         out: dict[str, NodePlacement] = {}

@@ -30,7 +30,7 @@ from planner.core.reconcile import UNPLANNED, Resend, as_sent, expected_by_node,
 from planner.core.reconcile import grace_s as default_grace_s
 from planner.core.recovery import down_nodes
 from planner.service.metrics import NO_EVENTS, ServeEvents
-from planner.service.publisher import CLEARED_PLAN_ID
+from planner.service.publisher import CLEARED_PLAN_ID, UntrustedSummary
 from planner.service.recovery import now_ms
 from planner.service.runtime import BackgroundTask
 from planner.service.seams import CurrentPlan, JobStore, NodeDirectory, ServeOptions
@@ -78,6 +78,8 @@ class Reconciler:
     async def round(self) -> list[Resend]:
         try:
             summary = await self.plan.summary()
+        except UntrustedSummary:     # logged once where it was read
+            return []
         except InputError as exc:
             log.error("reconcile: leaving every node alone, the retained summary does not "
                       "verify: %s", exc)

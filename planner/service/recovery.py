@@ -11,8 +11,9 @@ second at 1,000 servers); a job that cannot be repaired, or whose placement is u
 re-planned in full by the planner (serve's default: ``planner.methods.serve_planner``). With job
 records (``JobStore``), finished jobs are never re-planned and each re-plan counts a restart.
 
-Only what is signed by the planner's own key is acted on: a summary that fails verification is
-logged and left alone (never re-planned from, never re-signed), and re-signing reads back each
+Only what is signed by the planner's own key (or one it replaced, ``--previous-placement-key``:
+the current plan re-signs that) is acted on: a summary that fails verification is logged once
+and left alone (never re-planned from, never re-signed), and re-signing reads back each
 node's retained placement and re-signs only those that verify. While nodes are healthy, a
 summary with less than ``RESIGN_BEFORE_MS`` of validity left is re-signed together with its
 placements (same roles, fresh times), so retained placements never expire under a running serve.
@@ -42,7 +43,7 @@ from planner.search.repair import repair_jobs
 from planner.service.metrics import NO_EVENTS, ServeEvents, plan_makespan_s
 from planner.service.placement_seq import StoreSequence
 from planner.service.publisher import (RESIGN_BEFORE_MS, VALIDITY_MS, MqttPublisher, RetainedPlan,
-                                       new_plan_id)
+                                       UntrustedSummary, new_plan_id)
 from planner.service.runtime import BackgroundTask
 from planner.service.seams import CurrentPlan, JobStore, NodeDirectory, ServeOptions, StoreDirectory
 
@@ -116,6 +117,8 @@ class Replanner:
         """One round; None when nothing had to change."""
         try:
             summary = await self.plan.summary()
+        except UntrustedSummary:     # logged once where it was read
+            return None
         except InputError as exc:
             log.error("recovery: ignoring the retained plan summary, it does not verify: %s", exc)
             return None

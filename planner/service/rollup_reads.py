@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import sqlite3
-import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -89,7 +88,8 @@ class RollupReads:
         first_day = self.clock() // DAY_MS - window_days + 1
         with self.database.reading(f"read {table}") as conn:
             label = dict(conn.execute(f"SELECT idx, {name} FROM {names}").fetchall())
-            if self.database.path == ":memory:" or window_days < 2 * READ_THREADS:
+            if (self.database.path == ":memory:" or self.database.overlaid
+                    or window_days < 2 * READ_THREADS):
                 rows = conn.execute(_TOTALS.format(table=table),
                                          (first_day, MAX_DAY)).fetchall()
             else:
@@ -102,7 +102,7 @@ class RollupReads:
         here. At 10,000 servers the window holds tens of millions of rows."""
         step = window_days // READ_THREADS
         bounds = [first_day + i * step for i in range(READ_THREADS)] + [MAX_DAY]
-        uri = f"file:{urllib.parse.quote(self.database.path)}?mode=ro"
+        uri = self.database.read_uri
 
         def part(lo: int, hi: int) -> list[tuple]:
             conn = sqlite3.connect(uri, uri=True, check_same_thread=False)

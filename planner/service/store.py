@@ -7,6 +7,10 @@ spooled one from yesterday lands in yesterday). Window statistics call it first,
 include everything stored. Folded summaries leave after ``summary_minutes`` (a 10,000-server
 fleet sends about 10,000 a second); rollups stay ``rollup_days``.
 
+Opened ``read_only`` (the commands that only read) nothing is written: what serve has not yet
+folded is folded into TEMP tables of the connection, under TEMP views that stand in for the
+rollup tables, so reads still include everything stored.
+
 Methods take and return values (the wire records where they mean the same thing, frozen
 records for nodes and jobs); the file, its tables and transactions are
 ``planner.service.database``; sqlite errors become ``hulk.errors.StoreError``.
@@ -23,7 +27,8 @@ from typing import Any, Self
 
 from hulk.wire import histogram
 from planner.core.site_pairs import PER_PAIR_UP_TO
-from planner.service.database import BETWEEN_SITES, ROLLUP_UPSERT as _UPSERT, Database
+from planner.service.database import (BETWEEN_SITES, ROLLUP_COLUMNS, ROLLUP_UPSERT as _UPSERT,
+                                      Database)
 from planner.service.job_progress import JobProgress
 from planner.service.job_records import JobRecords
 from planner.service.node_rows import NodeRef, NodeRows
@@ -69,18 +74,19 @@ class Store:
     measured step times), ``rollups`` (window reads) and ``throughput`` (throughput tests and
     their results), each given what it needs; ingest's writes and the rollup fold are here. The
     parts' methods are offered here under their own names. One instance per thread of use
-    (sqlite connections are not shared)."""
+    (sqlite connections are not shared). ``read_only``: see the module's docstring."""
 
     def __init__(self, path: str | Path, *, raw_days: int = 7, rollup_days: int = MIN_ROLLUP_DAYS,
                  synchronous: str = "NORMAL", busy_timeout_s: float = 30.0,
                  clock: Callable[[], int] = now_ms, summary_minutes: float = 10.0,
-                 per_pair_up_to: int = PER_PAIR_UP_TO):
+                 per_pair_up_to: int = PER_PAIR_UP_TO, read_only: bool = False):
         self.raw_days = raw_days
         self.summary_minutes = summary_minutes
         self.rollup_days = max(rollup_days, MIN_ROLLUP_DAYS)
         self.clock = clock
         self.database = Database(path, synchronous=synchronous, busy_timeout_s=busy_timeout_s,
-                                 per_pair_up_to=per_pair_up_to)
+                                 per_pair_up_to=per_pair_up_to, read_only=read_only)
+        self._read_fold_done = False
         self.node_rows = NodeRows(self.database, clock)
         self.jobs = JobRecords(self.database, clock)
         self.rollups = RollupReads(self.database, clock, self.rollup_pending)
@@ -98,6 +104,7 @@ class Store:
         self.probe_members = nodes.probe_members
         self.clock_skews = nodes.clock_skews
         self.submit_job = jobs.submit_job
+        self.submit_jobs = jobs.submit_jobs
         self.update_job = jobs.update_job
         self.job_record = jobs.job_record
         self.job_by_name = jobs.job_by_name
@@ -147,7 +154,7 @@ class Store:
         accepted = len(rows) + len(summaries) + throughput
         text_id, batch_id = batch_id, batch_key(batch_id)
         with self.database.transaction("store batch") as conn:
-            if batch_id is not text_id:  # stored by a planner before compact ids?
+            if batch_id is not text_id:  # the same id may be kept as its text
                 first = conn.execute("SELECT accepted, rejected FROM batches WHERE node_idx = ? "
                                      "AND batch_id = ?", (node.idx, text_id)).fetchone()
                 if first is not None:
@@ -228,6 +235,8 @@ class Store:
     def rollup_pending(self) -> int:
         """Fold every raw sample and summary not yet rolled up into the daily rollups, and drop
         summaries folded more than ``summary_minutes`` ago; returns how many were folded."""
+        if self.database.read_only:
+            return self._fold_for_reading()
         with self.database.transaction("rollup") as conn:
             n = self._fold_samples(conn) + self._fold_summaries(conn)
             self._drop_old_summaries(conn)
@@ -254,24 +263,59 @@ class Store:
         return conn.execute("SELECT count(*) FROM summaries WHERE id > ? AND id <= ?",
                             (mark, top)).fetchone()[0]
 
+    def _fold_for_reading(self) -> int:
+        """The fold of a read-only opening, into TEMP tables pending_rollups and
+        pending_site_rollups (each row merged with the file's row of its key), under TEMP views
+        named rollups and site_rollups that shadow the file's tables. Its reads see one
+        snapshot, so this is done once."""
+        if self._read_fold_done:
+            return 0
+        self._read_fold_done = True
+        meta = self.database.meta
+        with self.database.reading("fold for reading") as conn:
+            parts = [(table, column, figures, int(meta(mark, "0")),
+                      conn.execute(f"SELECT max(id) FROM {table}").fetchone()[0])
+                     for table, column, figures, mark in (
+                         ("samples", "sent_ms", _SAMPLE_FIGURES, "rolled_through"),
+                         ("summaries", "round_ms", _SUMMARY_FIGURES, "summaries_rolled_through"))]
+            parts = [p for p in parts if p[4] is not None and p[4] > p[3]]
+            if not parts:
+                return 0
+            for name in ("rollups", "site_rollups"):
+                conn.execute(f"CREATE TEMP TABLE pending_{name} {ROLLUP_COLUMNS}")
+            for table, column, figures, mark, top in parts:
+                self._fold(conn, table, column, figures, mark, top, into="temp.pending_")
+            for name in ("rollups", "site_rollups"):
+                conn.execute(f"""INSERT INTO temp.pending_{name} SELECT m.* FROM
+                    temp.pending_{name} p JOIN main.{name} m USING (day, src, dst) WHERE true
+                    {_UPSERT}""")
+                conn.execute(f"""CREATE TEMP VIEW {name} AS SELECT * FROM main.{name} r
+                    WHERE NOT EXISTS (SELECT 1 FROM temp.pending_{name} p WHERE p.day = r.day
+                                      AND p.src = r.src AND p.dst = r.dst)
+                    UNION ALL SELECT * FROM temp.pending_{name}""")
+            self.database.overlaid = True
+            return sum(conn.execute(f"SELECT count(*) FROM {table} WHERE id > ? AND id <= ?",
+                                    (mark, top)).fetchone()[0] for table, _, _, mark, top in parts)
+
     def _fold(self, conn, table: str, time_column: str, figures: str, mark: int,
-              top: int) -> None:
+              top: int, into: str = "") -> None:
         """Add the rows of ``table`` with ids in (mark, top] into the day's rollups: per node
-        pair, or (a large fleet, two different sites) per site pair."""
+        pair, or (a large fleet, two different sites) per site pair; ``into``: a prefix of the
+        rollup tables' names."""
         day = f"s.{time_column} / {DAY_MS}"
         columns = "(day, src, dst, count, lost, sum, sumsq, min_us, max_us, hist)"
         if not self.database.folds_sites(conn):
-            conn.execute(f"""INSERT INTO rollups{columns}
+            conn.execute(f"""INSERT INTO {into}rollups{columns}
                 SELECT {day}, s.src, s.dst, {figures} FROM {table} s
                 WHERE s.id > ? AND s.id <= ? GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 {_UPSERT}""",
                          (mark, top))
             return
         rows = f"""FROM {table} s JOIN nodes a ON a.idx = s.src JOIN nodes b ON b.idx = s.dst
                    WHERE s.id > ? AND s.id <= ?"""
-        conn.execute(f"""INSERT INTO rollups{columns}
+        conn.execute(f"""INSERT INTO {into}rollups{columns}
             SELECT {day}, s.src, s.dst, {figures} {rows} AND NOT ({BETWEEN_SITES})
             GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 {_UPSERT}""", (mark, top))
-        conn.execute(f"""INSERT INTO site_rollups{columns}
+        conn.execute(f"""INSERT INTO {into}site_rollups{columns}
             SELECT {day}, a.site_idx, b.site_idx, {figures} {rows} AND {BETWEEN_SITES}
             GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 {_UPSERT}""", (mark, top))
 

@@ -17,8 +17,8 @@ from hulk.v1 import hulk_pb2
 
 from tests.helpers.paths import REPO
 from tests.helpers.planner_double import PlannerDouble, start_server
-from tests.helpers.processes import agent_command
-from tests.helpers.waits import wait_until_async
+from tests.helpers.processes import agent_command, stop_process
+from tests.helpers.waits import wait_until, wait_until_async
 
 pytestmark = pytest.mark.process   # every test starts hulk-agent or a fresh interpreter
 
@@ -45,14 +45,27 @@ def test_bad_input_is_one_line_and_exit_2(args, env, message):
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 
-def test_unusable_state_dir_is_one_line(tmp_path: Path):
+def test_an_unusable_state_dir_keeps_the_agent_running_with_its_spool_in_memory(tmp_path):
+    """Exiting would only have systemd restart it every 5 s, the node out of the fleet."""
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    result = run_agent("--planner", "127.0.0.1:9", "--node-id", "n", "--insecure",
-                       "--address", "127.0.0.1", "--state-dir", str(blocker / "state"))
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith("hulk-agent: ")
-    assert "cannot open the spool" in result.stderr and "Traceback" not in result.stderr
+    log = tmp_path / "agent.log"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HULK_")}
+    with open(log, "w") as out:
+        agent = subprocess.Popen([*AGENT, "--planner", "127.0.0.1:9", "--node-id", "n",
+                                  "--insecure", "--address", "127.0.0.1", "--state-dir",
+                                  str(blocker / "state")], cwd=REPO, stderr=out, env=clean)
+    try:
+        wait_until(lambda: "in memory" in log.read_text() or agent.poll() is not None, 30,
+                   "the agent to say its spool is in memory", detail=log.read_text)
+        assert agent.poll() is None, log.read_text()[-2000:]
+    finally:
+        code = stop_process(agent)
+    text = log.read_text()
+    assert code == 0, text[-2000:]
+    [error] = [line for line in text.splitlines() if " ERROR " in line]
+    assert str(blocker / "state" / "spool.sqlite") in error and "Not a directory" in error
+    assert "Traceback" not in text
 
 
 def test_version():

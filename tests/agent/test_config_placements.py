@@ -5,15 +5,21 @@ from __future__ import annotations
 import pytest
 
 from agent.config import load_config
-from hulk.errors import ConfigError
-from tests.helpers.signing import PUBLIC_KEY, SIGNER
+from agent.placement import PlacementSubscriber
+from hulk.errors import ConfigError, InputError
+from hulk.wire.broker import parse_broker_url
+from hulk.wire.placement import NodePlacement
+from hulk.wire.signing import Signer, Verifier
+from tests.helpers.signing import PUBLIC_KEY, SIGNER, T0
+
+BROKER = parse_broker_url("mqtt://127.0.0.1:1883", source="test")
 
 BASE = {"planner": "p:1", "node_id": "n1"}
 
 
 def test_defaults_allow_nothing_and_pin_no_key():
     config = load_config(BASE, env_reader=lambda name: None)
-    assert (config.placement_key, config.allowed_commands, config.pass_env, config.torchrun) == ("", (), (), "")
+    assert (config.placement_key, config.allowed_commands, config.pass_env, config.torchrun) == ((), (), (), "")
 
 
 def test_file_and_variables(tmp_path):
@@ -28,12 +34,43 @@ def test_file_and_variables(tmp_path):
     env = {"HULK_PLACEMENT_KEY": PUBLIC_KEY, "HULK_ALLOWED_COMMANDS": "python a.py; python b.py --x",
            "HULK_PASS_ENV": "A, B"}
     config = load_config(BASE, env_reader=env.get)
-    assert config.placement_key == PUBLIC_KEY and config.pass_env == ("A", "B")
+    assert config.placement_key == (PUBLIC_KEY,) and config.pass_env == ("A", "B")
     assert config.allowed_commands == (("python", "a.py"), ("python", "b.py", "--x"))
+
+
+def signed_by(signer: Signer) -> NodePlacement:
+    return NodePlacement(fleet="lab", node="n1", plan_id="p", roles=()).signed(
+        signer, issued_at_ms=T0, expires_at_ms=T0 + 3_600_000, seq=T0)
+
+
+def test_several_keys_are_pinned_and_a_placement_signed_by_any_of_them_is_accepted(tmp_path):
+    """While the planner's key is rotated an agent lists both: a YAML list or, in the variable,
+    keys separated by commas; one key (the old form) is still one key."""
+    new, other = Signer.generate(), Signer.generate()
+    (tmp_path / "old.pub").write_bytes(SIGNER.public_pem())
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"placement_key:\n  - {tmp_path / 'old.pub'}\n  - {new.public_text()}\n")
+    from_file = load_config({**BASE, "config": str(path)}, env_reader=lambda name: None)
+    assert from_file.placement_key == (str(tmp_path / "old.pub"), new.public_text())
+    env = {"HULK_PLACEMENT_KEY": f"{PUBLIC_KEY}, {new.public_text()}"}
+    from_env = load_config(BASE, env_reader=env.get)
+    assert from_env.placement_key == (PUBLIC_KEY, new.public_text())
+    for config in (from_file, from_env):
+        sub = PlacementSubscriber(BROKER, fleet="lab", node_id="n1", state_dir=tmp_path,
+                                  verifier=Verifier.from_text(config.placement_key))
+        for signer in (SIGNER, new):
+            sub.check(signed_by(signer), "t")
+        with pytest.raises(InputError, match="any of the 2 pinned placement keys"):
+            sub.check(signed_by(other), "t")
+    only_new = PlacementSubscriber(BROKER, fleet="lab", node_id="n1", state_dir=tmp_path,
+                                   verifier=Verifier.from_text(new.public_text()))
+    with pytest.raises(InputError, match="not signed by the pinned placement key"):
+        only_new.check(signed_by(SIGNER), "t")       # the old key removed: refused
 
 
 @pytest.mark.parametrize("env, field", [
     ({"HULK_PLACEMENT_KEY": "ed25519:nope"}, "placement_key"),
+    ({"HULK_PLACEMENT_KEY": f"{PUBLIC_KEY},ed25519:nope"}, "placement_key"),
     ({"HULK_PLACEMENT_KEY": "/no/such.pub"}, "placement_key"),
     ({"HULK_PASS_ENV": "A B"}, "pass_env"),
 ])

@@ -16,6 +16,7 @@ from agent.runtime import AgentRuntime
 from agent.spool import Spool
 from hulk.wire.broker import parse_broker_url
 from hulk.wire.records import GpuInfo, Inventory
+from hulk.wire.signing import Verifier
 from tests.helpers.signing import VERIFIER
 
 A100 = GpuInfo(name="NVIDIA A100-SXM4-40GB", uuid="", compute_capability=8.0, memory_bytes=40 * 10**9)
@@ -28,11 +29,13 @@ def sleeper(role):
 
 class Agent:
     def __init__(self, node_id: str, target: str, broker_url: str, state_dir: Path,
-                 command=sleeper):
+                 command=sleeper, placement_key: list[str] | None = None):
+        """``placement_key``: the keys it pins, as its setting (default: the session's key)."""
         config = load_config({"planner": target, "node_id": node_id, "address": "127.0.0.1",
                               "city": "Beijing", "state_dir": str(state_dir), "insecure": True,
                               "mqtt": broker_url, "interval_s": 60,
-                              "allowed_commands": [["python", "train.py"]]},
+                              "allowed_commands": [["python", "train.py"]],
+                              "placement_key": placement_key},
                              env_reader=lambda name: None)
         self.changes: list = []
         self.jobs_dir = Path(state_dir) / "jobs"
@@ -42,7 +45,8 @@ class Agent:
                                                         jobs_dir=self.jobs_dir,
                                                         grace_s=2, on_status=on_status,
                                                         allowed_commands=config.allowed_commands),
-            subscriber_kwargs={"backoff_initial_s": 0.1, "verifier": VERIFIER})
+            subscriber_kwargs={"backoff_initial_s": 0.1, "verifier": VERIFIER if placement_key is None
+                               else Verifier.from_text(config.placement_key)})
         self.runtime = AgentRuntime(
             config, client=GrpcPlannerClient.connect(target, insecure=True),
             spool=Spool(config.spool_path, 10_000), pinger=None,

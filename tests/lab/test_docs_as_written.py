@@ -91,6 +91,9 @@ NOT_RUN = {
     "The fleet dashboard (optional)": "optional; journalctl has no shim here. The dashboard behind "
                                       "serve with TLS and a token is tested in tests/planner/dashboard "
                                       "(real serve, headless Chromium)",
+    "Rotating the placement-signing key": "it edits both hosts' files in turn; "
+                                          "tests/planner/service/test_key_rotation_e2e.py runs its "
+                                          "steps (real serve, broker, agent, a job running across)",
     "Metrics (Prometheus)": "optional; needs Debian's prometheus, which the project does not install. "
                             "tests/planner/service/test_metrics_scrape.py (real serve and agents) and "
                             "tests/deploy/test_monitoring_files.py cover the endpoints and shipped files",

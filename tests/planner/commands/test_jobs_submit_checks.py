@@ -36,7 +36,7 @@ def queued(db) -> list[str]:
 @pytest.mark.parametrize("entry, field, words", [
     ("{name: bad, model: gpt2-xl}", "command", "missing"),
     ("{name: bad, model: gpt2-xl, command: [%s]}" % ", ".join(["x"] * 257), "command",
-     "257 words, agents accept at most 256"),
+     "at most 256 words"),
     ("{name: bad, model: gpt2-xl, params: 1e-300, command: x}", "params", "parameter count"),
     ("{name: bad, model: gpt2-xl, params: 1.0e15, command: x}", "params", "parameter count"),
 ])

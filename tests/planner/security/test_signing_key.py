@@ -46,3 +46,35 @@ def test_enroll_node_prints_the_public_key_the_agent_pins(tmp_path):
     out = json.loads(done.stdout)
     assert out["placement_key"] == Signer.from_file(key).public_text()
     assert out["placement_key"].startswith("ed25519:") and "PRIVATE" not in done.stdout
+
+
+def test_new_signing_key_is_made_beside_the_old_one_which_is_kept(tmp_path):
+    assert enroll("--init-ca", str(tmp_path), "--host", "127.0.0.1").returncode == 0
+    old = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    names = []
+    for _ in range(2):                       # a second one never replaces the first either
+        done = enroll("--new-signing-key", str(tmp_path), "--json")
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout)
+        key = tmp_path / out["signing_key"]
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
+        assert out["placement_key"] == Signer.from_file(key).public_text()
+        assert Verifier.from_text(out["signing_pub"])
+        names.append(key.name)
+    assert names[0] == "placement-signing.key.new" and names[1].startswith("placement-signing.key.new-")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name in old} == old
+    plain = enroll("--new-signing-key", str(tmp_path / "other"))
+    assert plain.returncode == 0 and "placement_key: ed25519:" in plain.stdout
+    assert "Rotating the placement-signing key" in plain.stderr
+
+
+def test_serve_refuses_a_bad_previous_placement_key_in_one_line(tmp_path):
+    assert enroll("--init-ca", str(tmp_path), "--host", "127.0.0.1").returncode == 0
+    for bad in ("ed25519:nope", str(tmp_path / "missing.pub")):
+        done = subprocess.run([sys.executable, "-m", "planner.cli", "serve", "--db",
+                               str(tmp_path / "p.db"), "--mqtt", "mqtt://127.0.0.1:1",
+                               "--signing-key", str(tmp_path / "placement-signing.key"),
+                               "--previous-placement-key", bad],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "--previous-placement-key" in done.stderr and not (tmp_path / "p.db").exists()

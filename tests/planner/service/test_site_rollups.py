@@ -6,66 +6,22 @@ pushed to agents grows with the fleet."""
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hulk.wire import histogram
 from hulk.wire.records import NodeLocation, ProbeSettings, RegisterRequest
-from planner.core.rollup import DailyRollup, bucket_index
 from planner.core.site_pairs import fold_site_pairs
 from planner.service.graph import fleet_from_store
 from planner.service.ingest import IngestService, auto_report_interval_s
 from planner.service.store import DAY_MS, Store
-
-T0 = 20_000 * DAY_MS + 3_600_000
-NODES = [("par-1", "Paris"), ("par-2", "Paris"), ("rom-1", "Rome"), ("rom-2", "Rome"),
-         ("tok-1", "Tokyo"), ("nowhere", "")]
-SITE_OF = {"par-1": "Paris", "par-2": "Paris", "rom-1": "Rome", "rom-2": "Rome",
-           "tok-1": "Tokyo", "nowhere": None}
+from tests.helpers.site_rollups import (SITE_OF, T0, assert_same_rollup,
+                                        downgrade_to_schema_2, fill, make_store)
 
 rtts = st.lists(st.one_of(st.none(), st.floats(0.05, 400.0)), min_size=1, max_size=6)
 measurements = st.lists(
     st.tuples(st.integers(0, 5), st.integers(0, 5), st.integers(0, 2), st.booleans(), rtts)
     .filter(lambda m: m[0] != m[1]), min_size=1, max_size=25)
-
-
-def make_store(path, per_pair_up_to: int) -> tuple[Store, dict]:
-    store = Store(path, clock=lambda: T0 + 2 * DAY_MS, per_pair_up_to=per_pair_up_to)
-    refs = {}
-    for node_id, city in NODES:
-        refs[node_id], _ = store.register(RegisterRequest(node_id, location=NodeLocation(city)))
-    return store, refs
-
-
-def fill(store: Store, refs: dict, batch: list) -> None:
-    """Store each measurement as raw samples (summary False) or one per-round summary."""
-    for k, (i, j, day, summary, values) in enumerate(batch):
-        a, b = refs[NODES[i][0]], refs[NODES[j][0]]
-        t = T0 + day * DAY_MS + k
-        if summary:
-            r = DailyRollup.from_values(values)
-            received = r.count > r.lost
-            row = (a.idx, b.idx, t, 1, r.count, r.lost, r.sum, r.sumsq,
-                   round(r.min * 1000) if received else None,
-                   round(r.max * 1000) if received else None,
-                   histogram.encode(r.buckets) if r.buckets else None)
-            store.store_batch(a, f"b{k}", [], None, 0, [row])
-        else:
-            rows = [(a.idx, b.idx, t + n, 1, 56, int(v is None), v,
-                     None if v is None else bucket_index(v)) for n, v in enumerate(values)]
-            store.store_batch(a, f"b{k}", rows)
-
-
-def assert_same_rollup(got: DailyRollup, want: DailyRollup) -> None:
-    assert (got.count, got.lost, got.buckets) == (want.count, want.lost, want.buckets)
-    assert got.sum == pytest.approx(want.sum, rel=1e-9, abs=1e-9)
-    assert got.sumsq == pytest.approx(want.sumsq, rel=1e-9, abs=1e-9)
-    # min and max are kept in whole microseconds by both
-    assert (got.min, got.max) == (want.min, want.max)
 
 
 @settings(max_examples=40, deadline=None)
@@ -120,15 +76,6 @@ def test_a_fleet_read_from_site_pair_rollups_has_the_site_links_of_read_time_fol
     assert ("Paris", "Tokyo", 2, 2, 0.0) in folded.site_window_totals(3)
     folded.close()
     per_pair.close()
-
-
-def downgrade_to_schema_2(path: Path) -> None:
-    with sqlite3.connect(path) as conn:
-        conn.executescript("""
-            DROP TABLE site_rollups; DROP TABLE sites;
-            ALTER TABLE nodes DROP COLUMN site_idx;
-            UPDATE meta SET value = '2' WHERE key = 'schema_version';""")
-    conn.close()
 
 
 def test_a_schema_2_store_migrates_in_place_and_folds_pairs_between_sites(tmp_path):
