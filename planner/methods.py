@@ -6,6 +6,9 @@ else); :func:`planner_for` turns one into a :class:`Planner`, a function
 (:func:`serve_planner`), the dashboard's comparison, the plots and the benchmarks all go through
 it. A method's module is imported when it is first used, so only the GNN methods load torch.
 
+The default method (``portfolio``) also takes ``baselines``: the baselines' plans a caller has
+made anyway (`plan` passes those of its comparison), judged with its own instead of made again.
+
 ``--method gnn`` is the GNN's grouping refined by the plain search (the GNN is its only start);
 ``gnn-raw`` is that grouping without refinement. serve instead adds the GNN's scores as one more
 start of the default portfolio (:func:`serve_planner`), so the GNN can only improve its plan.
@@ -74,7 +77,7 @@ def _methods(*methods: Method) -> dict[str, Method]:
 
 METHODS: dict[str, Method] = _methods(
     Method("portfolio", "Hulk (portfolio)", "planner.search.portfolio", "plan_portfolio",
-           seeded=True, options=PLAN_OPTIONS, views=True),
+           seeded=True, options=PLAN_OPTIONS | {"baselines"}, views=True),
     Method("search", "Hulk (search)", "planner.search", "plan_search", views=True),
     Method("system-a", "System A (data parallel)", "planner.baselines.systems", "plan_system_a",
            compared=True),
@@ -108,16 +111,21 @@ def compared_methods(chosen: str, n_nodes: int, limit: int) -> tuple[list[str], 
 
 def _call(method: Method, fn: Callable[..., Plan], jobs, net, seed: int, progress,
           options: Mapping[str, Any]) -> Plan:
-    from planner.search.scale import SEARCH_VIEWS, plan_at_scale
+    from planner.search import exact
+    from planner.search.scale import SCALE_NODE_LIMIT, SEARCH_VIEWS, plan_at_scale
 
     kwargs = dict(method.fixed)
     if method.seeded:
         kwargs["seed"] = seed
     kwargs.update({k: v for k, v in options.items() if v is not None and k in method.options})
+    if net.n > SCALE_NODE_LIMIT:   # given baseline plans index the whole fleet, not a view
+        kwargs.pop("baselines", None)
     # Above the scale limit every method plans on the best sites (a note says so); the search
     # methods also on larger views, up to the whole fleet, and keep the best.
     views = SEARCH_VIEWS if method.views else 1
-    return plan_at_scale(fn, jobs, net, progress=progress, views=views, **kwargs)
+    plan = plan_at_scale(fn, jobs, net, progress=progress, views=views, **kwargs)
+    # Small fleets: the exact search (planner.search.exact) improves or certifies the default.
+    return exact.improve(jobs, net, plan) if method.name == DEFAULT_METHOD else plan
 
 
 def planner_for(name: str) -> Planner:

@@ -181,7 +181,7 @@ def load_network(args):
         from planner.service.graph import fleet_from_store
         from planner.service.store import Store
 
-        with Store(args.db) as store:
+        with Store(args.db, read_only=True) as store:   # only --push writes (its own opening)
             fleet, issues = fleet_from_store(store, name=Path(args.db).stem), []
         if not fleet.nodes:
             raise PlanningError(f"{args.db}: the store knows no nodes yet (no agent has registered)")
@@ -230,6 +230,10 @@ def run(args) -> int:
     if args.out and args.method == "system-c":
         raise InputError("System C (tensor parallel) cannot be written as pipeline stages; "
                          "drop --out or choose another method", field="--out")
+    if args.plot:
+        from planner.plots.output import plot_path
+
+        plot_path(args.plot)   # refused before planning, not after
     jobs = load_jobs(args.jobs)
     fleet, net, issues = load_network(args)
     check_plannable(jobs, net)
@@ -244,16 +248,19 @@ def run(args) -> int:
         if options[key] is not None and key not in METHODS[args.method].options:
             raise InputError(f"only --method portfolio takes it, not --method {args.method}",
                              field=flag)
-    chosen = run_method(args.method, jobs, net, args.seed, progress, required=True,
-                        options=options)
-    results = {args.method: chosen}
+    others: dict[str, MethodResult] = {}
     skipped = []
     if args.compare:
         from planner.search.scale import SCALE_NODE_LIMIT
         compared, skipped = compared_methods(args.method, net.n, SCALE_NODE_LIMIT)
         for method in compared:
-            if method not in results:
-                results[method] = run_method(method, jobs, net, args.seed, progress, required=False)
+            if method != args.method:
+                others[method] = run_method(method, jobs, net, args.seed, progress, required=False)
+    if "baselines" in METHODS[args.method].options and others:   # judged, not made again
+        options["baselines"] = [(m, r.plan) for m, r in others.items() if r.plan is not None]
+    chosen = run_method(args.method, jobs, net, args.seed, progress, required=True,
+                        options=options)
+    results = {args.method: chosen, **others}
 
     from planner.core.costmodel import compute_bound_s
 
@@ -263,6 +270,8 @@ def run(args) -> int:
                       f"(first: {issues[0]})[/yellow]", highlight=False)
     console.print(f"cost model: {model}", highlight=False)
     print_plan(console, chosen, net)
+    print_optimality(console, chosen.plan)
+    lower = print_lower_bound(console, jobs, net, chosen)
     if args.compare:
         print_comparison(console, args.method, results, bound, model,
                          None if net is reference else reference)
@@ -276,7 +285,7 @@ def run(args) -> int:
     if args.out:
         from planner.files.plan import write_plan
 
-        write_plan(chosen.plan, net, args.out, chosen.report, cost_model=model)
+        write_plan(chosen.plan, net, args.out, chosen.report, cost_model=model, lower_bound=lower)
         console.print(f"plan written to {args.out}")
     if args.push:
         console.print(push(args, chosen.plan, net, jobs))
@@ -406,10 +415,43 @@ def print_plan(console, result: MethodResult, net) -> None:
         console.print(table)
     for u in report.unplaced:
         console.print(f"[red]not placed[/red] {u.name}: {u.reason}", highlight=False)
+    from planner.search.exact import NOTE_PREFIX
+
     for note in getattr(result.plan, "notes", []):
-        console.print(f"[dim]note: {note}[/dim]", highlight=False)
+        if not note.startswith(NOTE_PREFIX):   # print_optimality prints it
+            console.print(f"[dim]note: {note}[/dim]", highlight=False)
     console.print(f"makespan {fmt_s(report.makespan_s)}, sum of job completion times "
                   f"{fmt_s(report.sum_jct_s)}", highlight=False)
+
+
+def print_optimality(console, plan) -> None:
+    """The exact search's verdict on a small fleet's plan (planner.search.exact): optimal under
+    the cost model, or its gap; nothing for plans it did not judge."""
+    from planner.search.exact import NOTE_PREFIX
+
+    for note in getattr(plan, "notes", []):
+        if note.startswith(NOTE_PREFIX):
+            console.print(f"[bold]optimality[/bold]:{note[len(NOTE_PREFIX):]}", highlight=False)
+
+
+def print_lower_bound(console, jobs, net, result: MethodResult):
+    """The plan's makespan against planner.core.lower_bound (which part binds); returns it."""
+    from planner.core.lower_bound import lower_bound
+    from planner.search.exact import NOTE_PREFIX
+
+    bound, report = lower_bound(jobs, net), result.report
+    gap = bound.gap(report.makespan_s) if report.complete else None
+    proved = any(note.startswith(f"{NOTE_PREFIX} optimal")
+                 for note in getattr(result.plan, "notes", []))
+    if gap is None or getattr(result.plan, "job_s_override", None):
+        verdict = "no gap: a job is not placed or has no stages"
+    elif proved:    # the exact search's proof is tighter than this bound
+        verdict = f"the plan is {gap:.0%} above it and optimal (see optimality)"
+    else:
+        verdict = f"this plan is at most {gap:.0%} above the optimum under the cost model"
+    console.print(f"lower bound: {fmt_s(bound.seconds)} ({bound.binding}); {verdict}",
+                  highlight=False)
+    return bound
 
 
 def print_comparison(console, chosen: str, results: dict[str, MethodResult], bound: float,

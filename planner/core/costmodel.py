@@ -152,12 +152,17 @@ def problems(placement: Placement, net: Network) -> list[str]:
 
 def transfer_s(net: Network, src, dst, act: float):
     """Seconds of one pipeline hop from ``src`` to ``dst`` (node indices or arrays of them):
-    2 (a + A / bw) + h, a = RTT / 2, for activations of ``act`` bytes (section 4), h the
-    network's ``hop_overhead_s`` (0 in the reference model, where it is not even added, so
-    every number stays bit for bit). Between components bw is 0 and RTT inf: inf, with numpy's
+    :func:`hop_s` over their link. Between components bw is 0 and RTT inf: inf, with numpy's
     divide warning unless the caller silences it. Every planner's hop goes through here."""
-    hop = 2.0 * (net.rtt_ms[src, dst] / 2000.0 + act / net.bw[src, dst])
-    return hop + net.hop_overhead_s if net.hop_overhead_s else hop
+    return hop_s(net.rtt_ms[src, dst], net.bw[src, dst], act, net.hop_overhead_s)
+
+
+def hop_s(rtt_ms, bw, act: float, overhead_s: float = 0.0):
+    """2 (a + A / bw) + h, a = RTT / 2, for activations of ``act`` bytes over a link of ``rtt_ms``
+    and ``bw`` bytes/s (section 4), h the network's ``hop_overhead_s`` (0 in the reference model,
+    where it is not even added, so every number stays bit for bit)."""
+    hop = 2.0 * (rtt_ms / 2000.0 + act / bw)
+    return hop + overhead_s if overhead_s else hop
 
 
 def stage_compute_s(flops_per_layer: float, layers, thr, net: Network):

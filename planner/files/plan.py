@@ -15,11 +15,13 @@ from typing import Any
 
 from hulk.atomic import write_output
 from hulk.errors import InputError
+from hulk.userfile import read_user_file
 from hulk.validate import Invalid, shown
+from hulk.wire.placement import MAX_TEXT_CHARS, valid_job_name
 from planner.core.costmodel import Placement, Stage
 from planner.core.evaluate import PlanReport, evaluate
 from planner.core.fleet import Network
-from planner.core.jobs import Job
+from planner.core.jobs import JOB_BOUNDS, Job
 from planner.core.plan import Plan, Unplaced
 
 FORMAT = "hulk-plan/1"
@@ -27,6 +29,12 @@ TOP_KEYS = ("format", "method", "fleet", "jobs", "totals", "unplaced")
 JOB_KEYS = ("name", "phase", "micro_batch", "stages", "estimate")
 ESTIMATE_KEYS = ("iteration_s", "compute_s", "communication_s", "job_s")
 TOTAL_KEYS = ("makespan_s", "sum_jct_s")
+LOWER_BOUND_KEYS = ("seconds", "binding", "gap")   # optional: planner.core.lower_bound's verdict
+# Whole numbers a plan holds: phases and node counts as placements carry them (int32), micro-
+# batches and layers as jobs.yaml bounds them; texts as placements bound them.
+MAX_COUNT = 2 ** 31 - 1
+MAX_REASON_CHARS = 4096
+MAX_PLAN_FILE_BYTES = 256 << 20   # a plan grows with the fleet: as large as a fleet file
 
 
 def _num(x: float) -> float | None:
@@ -36,9 +44,10 @@ def _num(x: float) -> float | None:
 
 
 def plan_to_json(plan: Plan, net: Network, report: PlanReport | None = None,
-                 cost_model: str | None = None) -> dict[str, Any]:
+                 cost_model: str | None = None, lower_bound=None) -> dict[str, Any]:
     """The ``hulk-plan/1`` document. Jobs without stages (System C) cannot be written.
-    ``cost_model``: which model made the estimates ("reference", "calibrated (FILE)")."""
+    ``cost_model``: which model made the estimates ("reference", "calibrated (FILE)");
+    ``lower_bound``: a planner.core.lower_bound.LowerBound, written with the plan's gap."""
     if plan.job_s_override:
         raise InputError(f"method {plan.method}: tensor-parallel jobs cannot be written as "
                          "pipeline stages (hulk-plan/1)", field="--out")
@@ -63,12 +72,17 @@ def plan_to_json(plan: Plan, net: Network, report: PlanReport | None = None,
         "totals": {"makespan_s": _num(report.makespan_s), "sum_jct_s": _num(report.sum_jct_s)},
         "unplaced": [{"name": u.name, "reason": u.reason} for u in plan.unplaced],
         **({"cost_model": cost_model} if cost_model else {}),
+        **({"lower_bound": {"seconds": _num(lower_bound.seconds),
+                            "binding": lower_bound.binding[:MAX_TEXT_CHARS],
+                            "gap": _num(g) if (g := lower_bound.gap(report.makespan_s))
+                            is not None and report.complete else None}}
+           if lower_bound is not None else {}),
     }
 
 
 def write_plan(plan: Plan, net: Network, path: str | Path, report: PlanReport | None = None,
-               cost_model: str | None = None) -> dict:
-    doc = plan_to_json(plan, net, report, cost_model)
+               cost_model: str | None = None, lower_bound=None) -> dict:
+    doc = plan_to_json(plan, net, report, cost_model, lower_bound)
     write_output(path, json.dumps(doc, indent=2) + "\n", "plan")
     return doc
 
@@ -98,6 +112,7 @@ class PlanDoc:
     jobs: tuple[JobDoc, ...]
     totals: dict[str, float | None]
     unplaced: tuple[Unplaced, ...]
+    lower_bound: dict[str, Any] | None = None   # LOWER_BOUND_KEYS, where the file has them
 
     def placements(self, jobs: list[Job], net: Network) -> list[Placement]:
         """Rebuild Placements (node indices) to re-estimate the document with the cost model."""
@@ -112,16 +127,19 @@ class PlanDoc:
 
 
 def read_plan(path: str | Path, node_ids: list[str] | None = None) -> PlanDoc:
+    raw = read_user_file(path, "a plan JSON", MAX_PLAN_FILE_BYTES)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("no such file", path=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise InputError(f"cannot read: {exc}", path=str(path)) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"not valid JSON: {exc.msg}", path=str(path), line=exc.lineno) from None
+    except RecursionError:
+        raise InputError("not a plan: JSON nested too deeply", path=str(path)) from None
+    except ValueError as exc:   # an integer of thousands of digits
+        raise InputError(f"not valid JSON: {exc}".split(";")[0][:120], path=str(path)) from None
     return parse_plan(data, str(path), node_ids)
 
 
@@ -138,11 +156,15 @@ def _plan_doc(data: Any, known: set[str] | None) -> PlanDoc:
         if not isinstance(data["cost_model"], str):
             raise Invalid("expected the cost model's name", field="cost_model")
         data = {k: v for k, v in data.items() if k != "cost_model"}
+    lower = None
+    if isinstance(data, dict) and "lower_bound" in data:   # optional: no plan can beat it
+        lower = _lower_bound(data["lower_bound"])
+        data = {k: v for k, v in data.items() if k != "lower_bound"}
     _object(data, TOP_KEYS, "", "expected a JSON object")
     if data["format"] != FORMAT:
         raise Invalid(f"expected {FORMAT!r}, got {shown(data['format'])}", field="format")
-    if not isinstance(data["method"], str) or not data["method"]:
-        raise Invalid("expected a method name", field="method")
+    if not isinstance(data["method"], str) or not 1 <= len(data["method"]) <= MAX_TEXT_CHARS:
+        raise Invalid(f"expected a method name of 1-{MAX_TEXT_CHARS} characters", field="method")
     fleet_nodes = _fleet_nodes(data["fleet"], known)
     names: set[str] = set()
     used_by_phase: dict[int, dict[str, str]] = {}
@@ -151,7 +173,17 @@ def _plan_doc(data: Any, known: set[str] | None) -> PlanDoc:
     totals = _numbers(data["totals"], TOTAL_KEYS, "totals")
     unplaced = tuple(_unplaced(u, f"unplaced[{n}]")
                      for n, u in enumerate(_list(data["unplaced"], "unplaced")))
-    return PlanDoc(data["method"], fleet_nodes, jobs, totals, unplaced)
+    return PlanDoc(data["method"], fleet_nodes, jobs, totals, unplaced, lower)
+
+
+def _lower_bound(value: Any) -> dict[str, Any]:
+    _object(value, LOWER_BOUND_KEYS, "lower_bound", "expected {\"seconds\", \"binding\", \"gap\"}")
+    if not isinstance(value["binding"], str) or not 1 <= len(value["binding"]) <= MAX_TEXT_CHARS:
+        raise Invalid(f"expected the binding part's name of 1-{MAX_TEXT_CHARS} characters",
+                      field="lower_bound.binding")
+    return {"seconds": _number(value["seconds"], "lower_bound.seconds", nullable=True),
+            "binding": value["binding"],
+            "gap": _number(value["gap"], "lower_bound.gap", nullable=True)}
 
 
 def _object(value: Any, keys: tuple[str, ...], where: str, expected: str) -> None:
@@ -174,13 +206,15 @@ def _list(value: Any, where: str) -> list:
 
 
 def _number(value: Any, where: str, *, integer: bool = False, minimum: int = 0,
-            nullable: bool = False) -> float | None:
+            maximum: float = math.inf, nullable: bool = False) -> float | None:
     if value is None and nullable:
         return None
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or not minimum <= value < math.inf:   # also NaN
+    if (isinstance(value, bool) or not ok or not minimum <= value < math.inf   # also NaN
+            or value > maximum):
         kind = "an integer" if integer else "a number"
-        raise Invalid(f"expected {kind} >= {minimum}, got {shown(value)}", field=where)
+        top = f" and <= {maximum:,}" if maximum < math.inf else ""
+        raise Invalid(f"expected {kind} >= {minimum}{top}, got {shown(value)}", field=where)
     return value
 
 
@@ -194,7 +228,7 @@ def _numbers(value: Any, keys: tuple[str, ...], where: str) -> dict[str, float |
 def _fleet_nodes(fleet: Any, known: set[str] | None) -> int:
     if not isinstance(fleet, dict) or "nodes" not in fleet:
         raise Invalid("expected {\"nodes\": N}", field="fleet")
-    count = _number(fleet["nodes"], "fleet.nodes", integer=True)
+    count = _number(fleet["nodes"], "fleet.nodes", integer=True, maximum=MAX_COUNT)
     if known is not None and count != len(known):
         raise Invalid(f"plan is for {count} nodes, the fleet has {len(known)}", field="fleet.nodes")
     return count
@@ -205,13 +239,15 @@ def _job(job: Any, where: str, known: set[str] | None, names: set[str],
     """One job; ``names`` and ``used_by_phase`` gather what later jobs may not repeat."""
     _object(job, JOB_KEYS, where, "expected an object")
     name = job["name"]
-    if not isinstance(name, str) or not name:
-        raise Invalid("expected a job name", field=f"{where}.name")
+    if not valid_job_name(name):
+        raise Invalid(f"expected a job name of 1-64 letters, digits, '.', '_' or '-', got "
+                      f"{shown(name)}", field=f"{where}.name")
     if name in names:
         raise Invalid(f"duplicate job {name!r}", field=f"{where}.name")
     names.add(name)
-    phase = _number(job["phase"], f"{where}.phase", integer=True)
-    micro = _number(job["micro_batch"], f"{where}.micro_batch", integer=True, minimum=1)
+    phase = _number(job["phase"], f"{where}.phase", integer=True, maximum=MAX_COUNT)
+    micro = _number(job["micro_batch"], f"{where}.micro_batch", integer=True, minimum=1,
+                    maximum=JOB_BOUNDS["micro_batch"].high)
     stages = _stages(job["stages"], f"{where}.stages")
     _claim_nodes(stages, f"{where}.stages", name, known, used_by_phase.setdefault(phase, {}))
     estimate = _numbers(job["estimate"], ESTIMATE_KEYS, f"{where}.estimate")
@@ -237,12 +273,17 @@ def _stage(stage: Any, where: str, expected_lo: int, width: int | None) -> Stage
             or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)):
         raise Invalid("expected [lo, hi] integers", field=f"{where}.layers")
     lo, hi = layers
+    if hi > JOB_BOUNDS["layers"].high:
+        raise Invalid(f"expected at most {JOB_BOUNDS['layers'].high:,} layers, got {shown(hi)}",
+                      field=f"{where}.layers")
     if lo != expected_lo or hi <= lo:
         raise Invalid(f"expected [{expected_lo}, hi) with hi > {expected_lo}, got [{lo}, {hi}] "
                       "(ranges must be contiguous)", field=f"{where}.layers")
     nodes = stage["nodes"]
-    if not isinstance(nodes, list) or not nodes or not all(isinstance(x, str) for x in nodes):
-        raise Invalid("expected a non-empty list of node ids", field=f"{where}.nodes")
+    if not isinstance(nodes, list) or not nodes or not all(
+            isinstance(x, str) and 0 < len(x) <= MAX_TEXT_CHARS for x in nodes):
+        raise Invalid(f"expected a non-empty list of node ids of 1-{MAX_TEXT_CHARS} characters",
+                      field=f"{where}.nodes")
     if width is not None and len(nodes) != width:
         raise Invalid(f"every stage must list {width} nodes (one per replica), got {len(nodes)}",
                       field=f"{where}.nodes")
@@ -265,6 +306,8 @@ def _claim_nodes(stages: tuple[StageDoc, ...], where: str, name: str, known: set
 
 def _unplaced(value: Any, where: str) -> Unplaced:
     if (not isinstance(value, dict) or set(value) != {"name", "reason"}
-            or not all(isinstance(value[k], str) for k in ("name", "reason"))):
-        raise Invalid("expected {\"name\": ..., \"reason\": ...}", field=where)
+            or not all(isinstance(value[k], str) for k in ("name", "reason"))
+            or len(value["name"]) > MAX_TEXT_CHARS or len(value["reason"]) > MAX_REASON_CHARS):
+        raise Invalid(f"expected {{\"name\": ..., \"reason\": ...}} of at most "
+                      f"{MAX_TEXT_CHARS} and {MAX_REASON_CHARS} characters", field=where)
     return Unplaced(value["name"], value["reason"])

@@ -43,8 +43,9 @@ Pipeline of the planner, one module per step, every step judged by the reference
    the default of ``plan``): the refinement (steps 5-7) from several groupings: the heuristic
    one (the plain search, never stopped), groupings built job by job on the solver's best spots
    (:mod:`.starts`), Algorithm 1 on uniform, seeded random and a caller's (the GNN's) scores,
-   the others refined in worker processes until the plain search ends (or a time budget); the
-   lowest makespan wins, so it is never worse than ``plan_search``.
+   the others refined in worker processes within a work budget (or a time budget), and the
+   baselines' plans judged with them; the lowest makespan wins, so it is never worse than
+   ``plan_search`` or a baseline.
 
 :mod:`.state` holds what the steps 5 to 7 share: each job's current solution and the run's
 context. The DT-FM-style peer (planner.baselines.dtfm) and the GNN (planner.gnn) reuse the

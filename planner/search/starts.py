@@ -14,6 +14,10 @@ close to its end (it takes less time than from the heuristic grouping). Two orde
 A job that fits on none of the nodes left waits for the next phase, which starts with the whole
 fleet free again. Deterministic: the order breaks ties by the job's place in the list and the
 solver is deterministic.
+
+The built-in baselines (:func:`baseline_names`, :func:`baseline_plan`: Systems A/B/C and the
+DT-FM-style peer, as `plan --compare` runs them) are the portfolio's finished candidates, so its
+plan is never one of theirs beats under the same cost model.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from typing import Callable
 
 import numpy as np
 
-from hulk.errors import PlanningError
+from hulk.errors import HulkError, PlanningError
 from planner.core.fleet import Network
 from planner.core.jobs import Job
+from planner.core.plan import Plan
 from planner.search import algorithm1 as alg1
 from planner.search.groups import GridCache
 from planner.search.options import Effort, SearchOptions
@@ -89,3 +94,24 @@ def greedy_grouping(jobs: list[Job], net: Network, order: str, *,
                                 "of the fleet")
         pending, phase = waiting, phase + 1
     return alg1.Grouping(groups, phase_of, [])
+
+
+def baseline_names(n_nodes: int) -> list[str]:
+    """The baselines `plan --compare` runs on a fleet of ``n_nodes`` servers (planner.methods)."""
+    from planner.methods import compared_methods
+    from planner.search.scale import SCALE_NODE_LIMIT
+
+    return compared_methods("portfolio", n_nodes, SCALE_NODE_LIMIT)[0]
+
+
+def baseline_plan(name: str, jobs: list[Job], net: Network, seed: int) -> Plan | None:
+    """Baseline ``name``'s plan of ``jobs`` on ``net`` (with ``seed`` where it takes one), as
+    `plan --compare` makes it on a fleet within the scale limit; None where it plans nothing."""
+    from planner.methods import METHODS
+
+    method = METHODS[name]
+    kwargs = dict(method.fixed, **({"seed": seed} if method.seeded else {}))
+    try:
+        return method.load()(list(jobs), net, **kwargs)
+    except HulkError:
+        return None

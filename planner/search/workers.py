@@ -1,23 +1,26 @@
 """Worker processes of the portfolio (planner.search.portfolio): forked children that take starts
 from a queue and stream what they find back to the planner process as they find it.
 
-Why not multiprocessing.Pool: the portfolio's default stop is the end of the plain search, a few
-tenths of a second on most fleets, and a Pool costs about 10 ms to create and tear down, and its
-results come back only when a start returns, so the planner had to wait for a stopped start to
-notice the stop and hand its plan back (up to tens of milliseconds on a busy machine). Here:
+Why not multiprocessing.Pool: a Pool costs about 10 ms to create and tear down, a start takes a
+few tenths of a second on most fleets, and a Pool's results come back only when a start returns,
+so a stopped start (the anytime mode) could not hand back its best plan so far. Here:
 
 - :class:`StartWorkers` forks ``count`` children (``os.fork``: they inherit the fleet and the
   starts without copying them and import nothing); each takes the next start index from a pipe
   (4-byte records written before the fork, so a read takes exactly one) until the pipe is
-  empty or the stop time (a double in shared memory, ``time.monotonic``) has passed;
+  empty or the stop time (a double in shared memory, ``time.monotonic``) has passed; the
+  planner may take indices from the same queue (:meth:`StartWorkers.take`) and run them itself;
+- a :class:`Notice` made before the fork is a number the planner publishes and the children
+  read as it grows (the portfolio's work budget);
 - a child sends every result through its own pipe as a length-prefixed pickle: the snapshots of
   a start still being refined (its best plan so far) and its final result;
 - the planner reads whatever has arrived (:meth:`StartWorkers.poll`) and, when it is done,
   kills the children (SIGKILL: nothing to wait for) and reaps them in a background thread.
 
-A child runs at the lowest CPU priority (nice :data:`WORKER_NICE`, and SCHED_IDLE where Linux
-has it: it runs only on a core nothing else wants), dies with the planner (PR_SET_PDEATHSIG on
-Linux; elsewhere it notices that its parent changed) and never returns into the caller's code.
+With ``low_priority`` a child runs at the lowest CPU priority (nice :data:`WORKER_NICE`, and
+SCHED_IDLE where Linux has it: it runs only on a core nothing else wants): for work the planner
+stops rather than waits for. A child dies with the planner (PR_SET_PDEATHSIG on Linux; elsewhere
+it notices that its parent changed) and never returns into the caller's code.
 """
 
 from __future__ import annotations
@@ -36,23 +39,40 @@ WORKER_NICE = 19   # worker processes run at the lowest CPU priority
 _INDEX = struct.Struct("<i")    # one queued start index
 _FRAME = struct.Struct("<Q")    # length of one pickled result
 _STOP = struct.Struct("<d")     # the stop time, time.monotonic
-
-
-def idle_cores(cores: int) -> int:
-    """How many of ``cores`` nothing else wants right now: ``cores`` minus the tasks runnable
-    at this instant, this process included (Linux /proc/loadavg); ``cores - 1`` where that is
-    unknown. A worker at SCHED_IDLE gets no CPU time where there is none."""
-    try:
-        with open("/proc/loadavg", "rb") as fh:
-            running = int(fh.read().split()[3].split(b"/")[0])
-    except (OSError, ValueError, IndexError):
-        return max(0, cores - 1)
-    return max(0, cores - max(1, running))
+_NOTICE = struct.Struct("<Qdd")  # a sequence number (odd while being written), value, final
+_SEQ = struct.Struct("<Q")
 
 
 def can_fork() -> bool:
     """True where worker processes can be forked (POSIX)."""
     return hasattr(os, "fork")
+
+
+class Notice:
+    """A number one process publishes and the processes forked after this was made read: shared
+    memory, with a sequence number that is odd while it is written, so a reader retries then
+    and never sees half of a value."""
+
+    def __init__(self):
+        self._mem = mmap.mmap(-1, _NOTICE.size)
+        _NOTICE.pack_into(self._mem, 0, 0, 0.0, 0.0)
+
+    def publish(self, value: float, final: bool = False) -> None:
+        """Publish ``value`` (``final``: it will not change again)."""
+        seq = _SEQ.unpack_from(self._mem, 0)[0]
+        _SEQ.pack_into(self._mem, 0, seq + 1)
+        _NOTICE.pack_into(self._mem, 0, seq + 1, value, 1.0 if final else 0.0)
+        _SEQ.pack_into(self._mem, 0, seq + 2)
+
+    def read(self) -> tuple[float, bool]:
+        """The value published last, and whether it is final."""
+        while True:
+            seq, value, final = _NOTICE.unpack_from(self._mem, 0)
+            if seq % 2 == 0 and _SEQ.unpack_from(self._mem, 0)[0] == seq:
+                return value, final > 0
+
+    def close(self) -> None:
+        self._mem.close()
 
 
 def _lower_priority() -> None:
@@ -82,16 +102,19 @@ def _die_with_parent() -> None:
 class StartWorkers:
     """``count`` forked children running ``run_one(index, send, should_stop)`` for each queued
     start index (module docstring). ``send(obj)`` streams ``obj`` to the planner;
-    ``should_stop()`` turns true once the stop time has passed or the planner is gone."""
+    ``should_stop()`` turns true once the stop time has passed or the planner is gone;
+    ``low_priority``: the children run at the lowest CPU priority (module docstring)."""
 
     def __init__(self, count: int, indices: list[int],
                  run_one: Callable[[int, Callable[[object], None], Callable[[], bool]], None],
-                 stop_at: float):
+                 stop_at: float, *, low_priority: bool = True):
         self._stop = mmap.mmap(-1, _STOP.size)
         _STOP.pack_into(self._stop, 0, stop_at)
         task_r, task_w = os.pipe()
         os.write(task_w, b"".join(_INDEX.pack(i) for i in indices))
         os.close(task_w)   # an empty queue then reads as end of file
+        self._tasks = task_r   # the planner's end of the queue (take)
+        self._low_priority = low_priority
         self.pids: list[int] = []
         self._buffers: dict[int, bytearray] = {}
         self._selector = selectors.DefaultSelector()
@@ -110,8 +133,6 @@ class StartWorkers:
         except BaseException:   # no fork (out of processes or memory): none left running
             self.close()
             raise
-        finally:
-            os.close(task_r)
 
     # ------------------------------------------------------------------------ in the child
 
@@ -122,7 +143,8 @@ class StartWorkers:
         code = 0
         try:
             _die_with_parent()
-            _lower_priority()
+            if self._low_priority:
+                _lower_priority()
             for fd in list(self._buffers):   # the other children's result pipes
                 os.close(fd)
 
@@ -146,6 +168,13 @@ class StartWorkers:
             os._exit(code)
 
     # ---------------------------------------------------------------------- in the planner
+
+    def take(self) -> int | None:
+        """The next queued index for the planner to run itself; None when the queue is empty."""
+        if self._tasks < 0:
+            return None
+        record = os.read(self._tasks, _INDEX.size)
+        return _INDEX.unpack(record)[0] if len(record) == _INDEX.size else None
 
     def set_stop(self, stop_at: float) -> None:
         """Move the stop time (time.monotonic) the children obey."""
@@ -192,6 +221,9 @@ class StartWorkers:
             os.close(fd)
         self._buffers.clear()
         self._selector.close()
+        if self._tasks >= 0:
+            os.close(self._tasks)
+            self._tasks = -1
         pids, self.pids = self.pids, []
         for pid in pids:
             try:

@@ -59,20 +59,17 @@ def test_start_count_grows_with_the_budget_within_bounds():
     assert start_count(2000, 20, 30.0) < start_count(50, 4, 30.0)
 
 
-def test_default_starts_follow_the_cores_only_and_the_default_has_no_budget():
-    # A pure function of its inputs: the same fleet size, jobs and cores give the same answer.
-    for cores in (1, 2, 3, 16, 64):
-        first = resolve_defaults(300, 10, cores=cores)
-        assert first == resolve_defaults(300, 10, cores=cores)
-        count, budget = first
-        assert budget is None    # the default stop: when the heuristic start finishes
-        assert count == min(MAX_STARTS, max(DEFAULT_STARTS, cores))
-        assert resolve_defaults(300, 10, cores=cores, extra=1)[0] == count + 1
-    assert resolve_defaults(300, 10, cores=2)[0] == DEFAULT_STARTS
-    assert resolve_defaults(300, 10, cores=64)[0] == MAX_STARTS
+def test_default_starts_are_fixed_whatever_the_machine_and_the_default_has_no_budget(monkeypatch):
+    import planner.search.portfolio as portfolio
+
+    # A pure function of its inputs: how many cores this machine has does not enter.
+    for cores in (1, 2, 64):
+        monkeypatch.setattr(portfolio, "default_workers", lambda: cores)
+        assert resolve_defaults(300, 10) == (DEFAULT_STARTS, None)
+        assert resolve_defaults(300, 10, extra=1) == (DEFAULT_STARTS + 1, None)
     # Given values win: --starts fixes the count, --time-budget sets it from the budget.
-    assert resolve_defaults(300, 10, starts=5, cores=2) == (5, None)
-    assert resolve_defaults(300, 10, budget_s=1e6, cores=2) == (MAX_STARTS, 1e6)
+    assert resolve_defaults(300, 10, starts=5) == (5, None)
+    assert resolve_defaults(300, 10, budget_s=1e6) == (MAX_STARTS, 1e6)
     with pytest.raises(PlanningError, match="positive"):
         resolve_defaults(300, 10, budget_s=0.0)
 
@@ -185,16 +182,17 @@ def test_a_greedy_start_wins_where_the_heuristic_grouping_does_not():
     assert any("'greedy-flops'" in note for note in plan.notes)
 
 
-def test_the_default_on_one_worker_is_the_plain_search(small):
-    # By default the other starts stop when the heuristic start (the plain search) finishes:
-    # with no second process none of them begins, and the plan is the plain search's.
+def test_the_default_on_one_worker_runs_every_start_to_its_end_and_judges_the_baselines(small):
     jobs, net = small
     run = refine_starts(jobs, net, workers=1)
-    assert run.budget_s is None and run.total == DEFAULT_STARTS
-    assert [r.name for r in run.results] == ["heuristic"] and run.dropped == DEFAULT_STARTS - 1
+    names = [r.name for r in run.results]
+    assert run.budget_s is None and run.dropped == 0 and run.baselines == 4
+    assert names == ["heuristic", "greedy-flops", "system-a", "system-b", "system-c", "dtfm"]
+    assert not any(r.cut_short for r in run.results)
     plan = plan_portfolio(jobs, net, workers=1)
-    assert same_plan(plan, plan_search(jobs, net))
-    assert any(f"1 of {DEFAULT_STARTS} starts finished" in note for note in plan.notes)
+    assert plan.facts.winner == run.best().name and not plan.facts.cut_short
+    assert makespan(plan, net) == run.best().makespan_s
+    assert not any("differ" in note for note in plan.notes)
 
 
 def _children(pid: int) -> list[int]:
@@ -217,8 +215,8 @@ def _running(pid: int) -> bool:
 @pytest.mark.process   # a planner process and its worker
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux /proc")
 def test_workers_stop_when_the_planner_is_killed():
-    # The default stop comes only when the heuristic start ends; a planner killed before that
-    # must not leave its worker refining on.
+    # The default waits for every start to end; a planner killed before that must not leave
+    # its worker refining on.
     code = ("from planner.core.generate import generate_jobs, generate_network\n"
             "from planner.search.portfolio import plan_portfolio\n"
             "net = generate_network(400, seed=3); jobs = generate_jobs(12, seed=3)\n"

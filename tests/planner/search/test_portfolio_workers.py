@@ -12,10 +12,10 @@ import pytest
 from planner.core.costmodel import estimate_plan
 from planner.core.generate import generate_jobs, generate_network
 from planner.search import plan_search
-from planner.search.portfolio import Start, _run_start, plan_portfolio, refine_starts
+from planner.search.portfolio import Start, _run_start, refine_starts
 from planner.search.options import SearchOptions
 from planner.search.starts import greedy_grouping
-from planner.search.workers import StartWorkers, can_fork, idle_cores, wait_reaped
+from planner.search.workers import StartWorkers, can_fork, wait_reaped
 from tests.helpers.plan_checks import assert_valid, same_plan
 
 pytestmark = pytest.mark.skipif(not can_fork(), reason="needs os.fork")
@@ -115,22 +115,38 @@ def test_snapshots_are_valid_plans_that_only_improve_and_change_nothing():
     assert same_plan(result.plan, plan_search(jobs, net, initial=grouping))
 
 
-def test_idle_cores_leaves_this_process_its_core():
-    for cores in (1, 2, 8):
-        assert 0 <= idle_cores(cores) <= cores - 1
+@pytest.mark.process   # forked children
+def test_the_planner_takes_queued_work_too():
+    def run_one(index, send, should_stop):
+        send(index)
+
+    pool = StartWorkers(1, list(range(1, 40)), run_one, math.inf, low_priority=False)
+    try:
+        mine = []
+        while (index := pool.take()) is not None:
+            mine.append(index)
+        theirs = _drain(pool)
+    finally:
+        pool.close()
+    assert sorted(mine + theirs) == list(range(1, 40))   # each index once, by one side
 
 
-def test_by_default_no_worker_is_forked_where_no_core_is_idle(monkeypatch):
+def test_by_default_workers_are_forked_whatever_the_load(monkeypatch):
     import planner.search.portfolio as portfolio
+    import planner.search.portfolio_run as portfolio_run
 
     net = generate_network(24, seed=21)
     jobs = generate_jobs(2, seed=21)
-    monkeypatch.setattr(portfolio, "idle_cores", lambda cores: 0)
+    monkeypatch.setattr(portfolio, "default_workers", lambda: 2)
     forked = []
-    monkeypatch.setattr(portfolio, "StartWorkers", lambda *a, **k: forked.append(a))
-    run = refine_starts(jobs, net)
-    assert not forked and run.workers == 1
-    assert [r.name for r in run.results] == ["heuristic"]
-    plan = plan_portfolio(jobs, net)
-    assert same_plan(plan, plan_search(jobs, net))
-    assert any("no idle core" in note for note in plan.notes)
+
+    def no_fork(count, indices, run_one, stop_at, *, low_priority):
+        forked.append((count, indices, low_priority))
+        raise OSError("no fork in this test")
+
+    monkeypatch.setattr(portfolio_run, "StartWorkers", no_fork)
+    with pytest.raises(OSError):
+        refine_starts(jobs, net)
+    # One worker beside this process, at normal priority (the planner waits for it), for
+    # every baseline, then every start but the heuristic.
+    assert forked == [(1, [2, 3, 4, 5, 1], False)]
