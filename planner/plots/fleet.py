@@ -19,7 +19,7 @@ from matplotlib.text import Annotation  # noqa: E402
 
 from hulk.errors import InputError  # noqa: E402
 from planner.core.fleet import Fleet, Network, complete  # noqa: E402
-from planner.plots.output import plot_path  # noqa: E402
+from planner.plots.output import plot_path, save_figure  # noqa: E402
 
 MARKER_NODES = 300        # past this many nodes the dots shrink (by the square root)
 CIRCLE_NODES = 12         # a place with more nodes draws them as a disc, not a larger circle
@@ -255,11 +255,5 @@ def plot_fleet(fleet: Fleet, out: str | Path, *, title: str | None = None,
     if not fleet.nodes:
         raise InputError("the fleet has no nodes to draw", path=str(out))
     fig = draw_fleet(fleet, title=title, show_imputed=show_imputed, dpi=dpi)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out)
-    except OSError as exc:
-        raise InputError(f"cannot write plot: {exc.strerror or exc}", path=str(out)) from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, out)
     return out

@@ -26,3 +26,17 @@ def plot_path(out: str | Path) -> Path:
         got = f"'{path.suffix}'" if path.suffix else "no suffix"
         raise InputError(f"{expected}, got {got}", path=str(path))
     return path
+
+
+def save_figure(fig, out: Path) -> None:
+    """Write ``fig`` to ``out`` (folders made as needed) and close it; a one-line InputError
+    when it cannot be written."""
+    import matplotlib.pyplot as plt
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out)
+    except OSError as exc:
+        raise InputError(f"cannot write plot: {exc.strerror or exc}", path=str(out)) from None
+    finally:
+        plt.close(fig)

@@ -36,7 +36,7 @@ def plot_reports(reports: dict, path: str | Path, *, title: str = "",
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from planner.plots.output import plot_path
+    from planner.plots.output import plot_path, save_figure
 
     out = plot_path(path)
     if not reports:
@@ -99,11 +99,5 @@ def plot_reports(reports: dict, path: str | Path, *, title: str = "",
     ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16),
               ncol=min(4, len(handles)), frameon=False)
     fig.tight_layout()
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out)
-    except OSError as exc:
-        raise InputError(f"cannot write plot: {exc.strerror}", path=str(path)) from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, out)
     return labels

@@ -14,7 +14,6 @@ import logging
 import os
 import random
 import signal
-import subprocess
 from pathlib import Path
 
 import grpc
@@ -27,6 +26,7 @@ from agent.runtime import AgentRuntime
 from agent.spool import Spool
 from hulk.v1 import hulk_pb2
 from hulk.wire.records import Inventory, ProbeKind, ProbeSample
+from tests.helpers.mounts import tmpfs_mounts
 from tests.helpers.planner_double import PlannerDouble, start_server
 from tests.helpers.waits import wait_until_async
 
@@ -36,23 +36,8 @@ pytestmark = [pytest.mark.root, pytest.mark.process]   # tmpfs mounts, a real ag
 @pytest.fixture
 def tiny_fs(tmp_path: Path):
     """Mounts a tmpfs of the size asked for; unmounted (and its files gone) afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mounted: list[Path] = []
-
-    def mount(size: str) -> Path:
-        where = tmp_path / f"fs{len(mounted)}"
-        where.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                       check=True, capture_output=True)
-        mounted.append(where)
-        return where
-
-    try:
-        yield mount
-    finally:
-        for where in mounted:
-            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+    with tmpfs_mounts(tmp_path) as mounts:
+        yield mounts.mount
 
 
 def samples(n: int, start: int = 0) -> list[ProbeSample]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from agent.spool import Spool, SpoolCorruptError
 from agent.spool_store import KEEP_ASIDE, MemorySpool, SpoolStore
 from hulk.errors import StoreError
 from hulk.wire.records import ProbeKind, ProbeSample
+from tests.helpers.mounts import tmpfs_mounts
 
 T0 = 1_700_000_000_000
 
@@ -267,27 +267,8 @@ def test_the_metrics_say_in_memory_and_count_restarts(tmp_path):
 @pytest.fixture
 def tmpfs(tmp_path: Path):
     """mount(size) -> a fresh tmpfs; remount(where, 'ro' or 'rw'); all unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mounted: list[Path] = []
-
-    def mount(size: str) -> Path:
-        where = tmp_path / f"fs{len(mounted)}"
-        where.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                       check=True, capture_output=True)
-        mounted.append(where)
-        return where
-
-    def remount(where: Path, mode: str) -> None:
-        subprocess.run(["mount", "-o", f"remount,{mode}", str(where)], check=True,
-                       capture_output=True)
-
-    try:
-        yield mount, remount
-    finally:
-        for where in mounted:
-            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+    with tmpfs_mounts(tmp_path) as mounts:
+        yield mounts.mount, mounts.remount
 
 
 def fill(directory: Path) -> Path:

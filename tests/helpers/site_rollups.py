@@ -62,3 +62,20 @@ def downgrade_to_schema_2(path: Path) -> None:
             ALTER TABLE nodes DROP COLUMN site_idx;
             UPDATE meta SET value = '2' WHERE key = 'schema_version';""")
     conn.close()
+
+
+NOT_A_STORE = [(None, "no such store"), (b"", "an empty file"),
+               (b"hello\n", "not an SQLite file"), ("foreign", "without the planner's tables")]
+
+
+def write_not_a_store(path: Path, content: bytes | str | None) -> None:
+    """Leave at ``path`` what a read-only opening must refuse: nothing (None), bytes, or another
+    program's SQLite file ("foreign"); readable by all, so a changed mode shows."""
+    if content == "foreign":
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE notes (text)")
+        conn.close()
+    elif content is not None:
+        path.write_bytes(content)
+    if path.exists():
+        path.chmod(0o644)

@@ -22,6 +22,7 @@ import pytest
 from hulk.wire.records import GpuInfo, Inventory, NodeLocation, RegisterRequest
 from planner import cli
 from planner.service.store import Store
+from tests.helpers.site_rollups import NOT_A_STORE, write_not_a_store
 
 A100 = GpuInfo("NVIDIA A100-SXM4-40GB", "", 8.0, 40 * 10**9)
 JOBS = "jobs:\n  - {name: bert, model: bert-large, steps: 10, command: 'python train.py'}\n"
@@ -80,21 +81,12 @@ READ_COMMANDS = {
 
 
 @pytest.mark.parametrize("command", READ_COMMANDS)
-@pytest.mark.parametrize("content, words", [
-    (None, "no such store"), (b"", "an empty file"), (b"not sqlite\n" * 20, "not an SQLite file"),
-    ("foreign", "without the planner's tables")])
+@pytest.mark.parametrize("content, words", NOT_A_STORE)
 def test_a_file_that_is_not_a_store_is_one_line_exit_2_and_left_byte_for_byte(
         tmp_path, capsys, command, content, words):
     (tmp_path / "jobs.yaml").write_text(JOBS)
     db = tmp_path / "planner.sqlite"
-    if content == "foreign":
-        with sqlite3.connect(db) as conn:
-            conn.execute("CREATE TABLE notes (text)")
-        conn.close()
-    elif content is not None:
-        db.write_bytes(content)
-    if db.exists():
-        db.chmod(0o644)   # a read-only command must not make it 0600
+    write_not_a_store(db, content)   # 0644: a read-only command must not make it 0600
     before = snapshot(tmp_path)
     code, out, err = run(capsys, *READ_COMMANDS[command](db, tmp_path))
     if content is None and command == "jobs submit --plan-only":   # checked without a store

@@ -15,8 +15,9 @@ import pytest
 from hulk.errors import InputError, StoreError
 from planner.service.graph import fleet_from_store
 from planner.service.store import DAY_MS, Store
-from tests.helpers.site_rollups import (NODES, T0, assert_same_rollup, downgrade_to_schema_2,
-                                        fill, make_store)
+from tests.helpers.site_rollups import (NODES, NOT_A_STORE, T0, assert_same_rollup,
+                                        downgrade_to_schema_2, fill, make_store,
+                                        write_not_a_store)
 
 
 def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
@@ -84,19 +85,10 @@ def test_a_read_only_opening_reads_what_serve_has_not_folded_and_writes_nothing(
     unchanged_but_empty_sidecars(before, snapshot(tmp_path))
 
 
-@pytest.mark.parametrize("content, words", [
-    (None, "no such store"), (b"", "an empty file"), (b"hello\n", "not an SQLite file"),
-    ("foreign", "without the planner's tables")])
+@pytest.mark.parametrize("content, words", NOT_A_STORE)
 def test_a_file_that_is_not_a_store_is_one_line_and_left_as_it_was(tmp_path, content, words):
     path = tmp_path / "planner.db"
-    if content == "foreign":
-        with sqlite3.connect(path) as conn:
-            conn.execute("CREATE TABLE notes (text)")
-        conn.close()
-    elif content is not None:
-        path.write_bytes(content)
-    if path.exists():
-        path.chmod(0o644)
+    write_not_a_store(path, content)
     before = snapshot(tmp_path)
     with pytest.raises(InputError) as exc:
         Store(path, read_only=True)
