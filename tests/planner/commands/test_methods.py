@@ -23,13 +23,17 @@ def fake_planner(jobs, net, **kwargs):
     return Plan("fake", [])
 
 
-def small_net():
+def small_fleet() -> Fleet:
     nodes = tuple(Node(f"n{i}", city=city, gpus=8, gpu_name="NVIDIA A100-SXM4-40GB",
                        compute_capability=8.0, memory_gb=320.0)
                   for i, city in enumerate(["Beijing", "Beijing", "Tokyo"]))
     links = (Link("n0", "n1", rtt_ms=1.0), Link("n0", "n2", rtt_ms=40.0),
              Link("n1", "n2", rtt_ms=41.0))
-    return complete(Fleet(nodes, links))
+    return Fleet(nodes, links)
+
+
+def small_net():
+    return complete(small_fleet())
 
 
 def plan_parser() -> argparse.ArgumentParser:
@@ -61,6 +65,18 @@ def test_the_dashboard_compares_the_registrys_methods_under_their_labels():
     assert "dtfm" in compared and "dtfm" not in compare.dashboard_methods(10**6)
     outcome = compare.run_method("system-b", [catalog_job("gpt2-xl", "a")], small_net(), 0)
     assert outcome.label == METHODS["system-b"].label and outcome.makespan_s > 0
+
+
+def test_the_dashboards_default_takes_the_baselines_plans_it_made_and_is_never_longer():
+    import planner.dashboard.compare as compare
+
+    jobs = [catalog_job("gpt2-xl", "a"), catalog_job("gpt2-xl", "b")]
+    result = compare.compare_methods(jobs, small_fleet())
+    default, *others = result.methods
+    assert default.method == DEFAULT_METHOD and [o.method for o in others] == \
+        compare.dashboard_methods(3)[1:]
+    made = [o.makespan_s for o in others if o.makespan_s is not None]
+    assert made and default.makespan_s <= min(made)
 
 
 @pytest.mark.process   # matplotlib may run fc-list to build its font cache
