@@ -20,6 +20,7 @@ from planner.core.jobs import Job
 from planner.core import lower_bound as lower_bound_module
 from planner.core.lower_bound import LowerBound, area_bound_s, lower_bound
 from planner.methods import planner_for
+from tests.helpers.brute_force import set_partitions
 
 REL = 1e-9   # the bound and the model sum the same terms in other orders
 GPUS = ("NVIDIA A100-SXM4-40GB", "Tesla V100-SXM2-32GB", "NVIDIA GeForce RTX 3090")
@@ -70,17 +71,6 @@ def job_options(job: Job, net: Network) -> dict[frozenset, float]:
                             key = frozenset(order)
                             best[key] = min(best.get(key, math.inf), e.job_s)
     return best
-
-
-def set_partitions(items: list[int]):
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for part in set_partitions(rest):
-        for i in range(len(part)):
-            yield part[:i] + [[first] + part[i]] + part[i + 1:]
-        yield [[first]] + part
 
 
 def phase_time(block: list[int], options: list[dict[frozenset, float]], used=frozenset()) -> float:

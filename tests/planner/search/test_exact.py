@@ -21,6 +21,7 @@ from planner.search.clusters import network_clusters
 from planner.search.groups import solve_group
 from planner.search.options import Effort
 from planner.search.refine import plan_search
+from tests.helpers.brute_force import set_partitions
 from tests.helpers.plan_checks import assert_valid
 
 # (servers, jobs, seed); in all but the last, pruning with bounds 1.5 times too high misses
@@ -34,17 +35,6 @@ def makespan(placements, net) -> float:
 
 def instance(n: int, n_jobs: int, seed: int):
     return generate_jobs(n_jobs, seed=seed, max_params=15e9), generate_network(n, seed=seed)
-
-
-def _set_partitions(items: list[int]):
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for part in _set_partitions(rest):
-        for i in range(len(part)):
-            yield part[:i] + [[first] + part[i]] + part[i + 1:]
-        yield [[first]] + part
 
 
 def brute_force(jobs, net) -> float:
@@ -63,7 +53,7 @@ def brute_force(jobs, net) -> float:
         return times[j, servers]
 
     best = math.inf
-    for split in _set_partitions(list(range(len(jobs)))):
+    for split in set_partitions(list(range(len(jobs)))):
         total = 0.0
         for block in split:
             phase = math.inf
