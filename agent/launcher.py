@@ -173,6 +173,18 @@ def role_env(role: Role) -> dict[str, str]:
         # Empty when the job names none: the job keeps no checkpoints. A relative path resolves
         # against the job's working directory, state_dir/jobs/<job>/.
         "HULK_CHECKPOINT_DIR": role.checkpoint_dir or "",
+        **sync_env(role),
+    }
+
+
+def sync_env(role: Role) -> dict[str, str]:
+    """How the job synchronises (docs/PLACEMENTS.md): every step, or DiLoCo islands with an outer
+    sync every HULK_INNER_STEPS steps."""
+    return {
+        "HULK_SYNC": role.sync, "HULK_INNER_STEPS": str(role.inner_steps),
+        "HULK_OUTER_COMPRESSION": role.outer_compression,
+        "HULK_STREAMING_FRAGMENTS": str(role.streaming_fragments),
+        "HULK_ISLAND": str(role.island), "HULK_NUM_ISLANDS": str(role.num_islands),
     }
 
 

@@ -1,6 +1,6 @@
 """GNN ablation: is the GNN's start better than the starts that need no learning?
 
-    .venv/bin/python -m bench.gnn_ablation --shared ../shared [--quick]
+    .venv/bin/python -m bench.gnn_ablation --shared ../shared [--quick] [--cached]
 
 On held-out fleets (generated ones with seeds the training never used, of varied size, city count,
 missing links and job count; one fleet built from Azure's published inter-region latencies,
@@ -9,15 +9,25 @@ every start is measured three ways: *raw*, Algorithm 1 on its scores with each g
 placement (exactly the grouping the search's refinement starts from); *refined*, the search
 refined from it (``plan_search(initial=scores)``); *decoded*, the same scores through
 ``gnn-raw``'s decoder (planner.gnn.starts.decode: cluster-coherent groups). Starts: the GNN's
-probabilities, uniform scores, three seeded random groupings, the hand heuristic. Makespans are
+probabilities, uniform scores, three seeded random groupings, the hand heuristic and the cluster
+rule ("same locality cluster, same job", bench.gnn_ablation_controls). The controls the GNN has
+to beat: the cluster rule's pair accuracy next to the GNN's, and the uniform scores' decoded plan
+next to the GNN's (``gnn-raw``); the run counts the fleets where the two decoded plans are the
+same plan. Makespans are
 the cost model's (planner.core.costmodel, the reference implementation of docs/COSTMODEL.md;
 /work/shared holds no second implementation), times are wall seconds on this machine. The
 GNN's balanced same-group pair accuracy against the best refined plan is reported next to
 always-idle's (0.5 by construction).
 
-Writes bench/results/gnn_ablation.json and bench/results/gnn_ablation.png. Results of the
-non-learned starts are cached (~/.cache/hulk/gnn-ablation, keyed by fleet, start and a digest of
-the code they depend on, :func:`code_key`) because they do not depend on the model.
+Every start is timed alike: before each one the per-process memos it could inherit from the
+start before it are cleared and the fleet is built afresh (bench.gnn_ablation_controls.
+reset_run_caches), and an untimed warm-up pays the imports first. ``--quick``: the first
+:data:`QUICK_FLEETS` held-out fleets, the Azure fleet and the paper's 4-job set. ``--cached``
+reuses the non-learned starts' results of an earlier run (~/.cache/hulk/gnn-ablation, keyed by
+fleet, start and a digest of the code they depend on, :func:`code_key`); their times are then
+that run's, not this one's.
+
+Writes bench/results/gnn_ablation.json and bench/results/gnn_ablation.png.
 """
 
 from __future__ import annotations
@@ -40,7 +50,8 @@ CACHE_VERSION = 3           # 3: the solver orders stage groups (2: raw = Algori
                             # by code_key()
 HELD_OUT_BASE_SEED = 910_000      # generated fleets: seeds 910000 + i (training: data seed 7)
 RANDOM_SEEDS = (1, 2, 3)
-NON_LEARNED = ("uniform", "random-1", "random-2", "random-3", "heuristic")
+NON_LEARNED = ("uniform", "random-1", "random-2", "random-3", "heuristic", "cluster-rule")
+QUICK_FLEETS = 6
 
 
 def load_azure_rtt(path: Path = AZURE_CSV) -> tuple[list[str], np.ndarray]:
@@ -141,6 +152,10 @@ def start_scores(name: str, jobs, net, model):
         return uniform_scores(jobs, net)
     if name == "heuristic":
         return heuristic_scores(jobs, net)
+    if name == "cluster-rule":
+        from bench.gnn_ablation_controls import cluster_rule_scores
+
+        return cluster_rule_scores(jobs, net)
     return random_scores(jobs, net, int(name.split("-")[1]))
 
 
@@ -149,6 +164,7 @@ def run_start(name: str, jobs, net, model) -> dict:
     search's refinement starts from), *refined* is the search refined from it; *decoded* is the
     same scores through ``gnn-raw``'s decoder (cluster-coherent groups)."""
     from planner.core.costmodel import estimate_plan
+    from bench.gnn_ablation_controls import plan_digest
     from planner.gnn.infer import grouping_plan
     from planner.gnn.starts import decode
     from planner.search import plan_search
@@ -167,6 +183,7 @@ def run_start(name: str, jobs, net, model) -> dict:
     plan, _ = decode(jobs, net, scores)
     out["decoded_s"] = time.perf_counter() - t
     out["decoded_h"] = float(estimate_plan(plan.placements, net).makespan_s) / 3600
+    out["decoded_digest"] = plan_digest(plan)
     out["scores"], out["refined_plan"] = scores, refined
     return out
 
@@ -180,7 +197,8 @@ def code_key(root: Path = REPO) -> str:
     for folder in ("planner/search", "planner/core"):
         for path in sorted((root / folder).glob("*.py")):
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    for path in ("planner/gnn/starts.py", "bench/gnn_ablation.py"):
+    for path in ("planner/gnn/starts.py", "bench/gnn_ablation.py",
+                 "bench/gnn_ablation_controls.py"):
         digest.update((root / path).read_bytes())
     return digest.hexdigest()[:12]
 
@@ -195,13 +213,26 @@ def _cache_file(key: str, start: str, version: int = CACHE_VERSION) -> Path:
     return _cache_dir(version) / f"{key}-{start}.json"
 
 
-def fleet_row(spec: dict, shared: Path, model, log=print) -> dict:
+ENTRY_KEYS = ("raw_h", "refined_h", "raw_s", "refine_s", "decoded_h", "decoded_s",
+              "decoded_digest")
+
+
+def fresh_start(spec: dict, shared: Path):
+    """(jobs, net) built afresh with every per-process memo cleared: what each start gets."""
+    from bench.gnn_ablation_controls import reset_run_caches
+
+    reset_run_caches()
+    return build(spec, shared)
+
+
+def fleet_row(spec: dict, shared: Path, model, log=print, cached: bool = False) -> dict:
+    from bench.gnn_ablation_controls import cluster_rule_accuracy
     from planner.core.costmodel import estimate_plan
     from planner.gnn.data import labels_from_plan
     from planner.gnn.train import pair_accuracy
-    from planner.search import plan_search
+    from planner.search import network_clusters, plan_search
 
-    jobs, net = build(spec, shared)
+    jobs, net = fresh_start(spec, shared)
     row = {**{k: v for k, v in spec.items()}, "nodes": net.n, "jobs": len(jobs), "starts": {}}
     t = time.perf_counter()
     search = plan_search(jobs, net)
@@ -210,27 +241,33 @@ def fleet_row(spec: dict, shared: Path, model, log=print) -> dict:
     best_plan, best_h = search, row["search"]["makespan_h"]
     gnn_scores = None
     for start in ("gnn",) + NON_LEARNED:
-        cached = _cache_file(spec["key"], start)
-        if start != "gnn" and cached.is_file():
-            row["starts"][start] = json.loads(cached.read_text())
-            continue
+        cache_file = _cache_file(spec["key"], start)
+        if cached and start != "gnn" and cache_file.is_file():
+            entry = json.loads(cache_file.read_text())
+            if all(k in entry for k in ENTRY_KEYS):
+                row["starts"][start] = entry
+                continue
+        jobs, net = fresh_start(spec, shared)   # nothing memoised by the start before
         result = run_start(start, jobs, net, model)
         if start == "gnn":
             gnn_scores = result["scores"]
         if result["refined_h"] < best_h:
             best_h, best_plan = result["refined_h"], result["refined_plan"]
-        entry = {k: result[k] for k in ("raw_h", "refined_h", "raw_s", "refine_s", "decoded_h",
-                                         "decoded_s")}
+        entry = {k: result[k] for k in ENTRY_KEYS}
         row["starts"][start] = entry
         if start != "gnn":
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            cached.write_text(json.dumps(entry))
-    # Accuracy of the GNN against the best refined plan found here (same-group pairs).
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            cache_file.write_text(json.dumps(entry))
+    # Accuracy of the GNN and of the cluster rule against the best refined plan found here
+    # (same-group pairs).
     groups, _ = labels_from_plan(best_plan, jobs, net)
     row["gnn_pair_accuracy"] = pair_accuracy(gnn_scores[:, :-1], gnn_scores[:, -1], groups)
+    row["cluster_rule_pair_accuracy"] = cluster_rule_accuracy(network_clusters(net), groups)
     row["always_idle_pair_accuracy"] = pair_accuracy(np.zeros((net.n, len(jobs))),
                                                      np.ones(net.n), groups)
     s = row["starts"]
+    row["gnn_decoded_is_uniform_decoded"] = (s["gnn"]["decoded_digest"]
+                                             == s["uniform"]["decoded_digest"])
     best_nl = min(NON_LEARNED, key=lambda k: s[k]["raw_h"])
     row["best_non_learned_raw"] = best_nl
     row["gnn_raw_beats_best_non_learned"] = s["gnn"]["raw_h"] < s[best_nl]["raw_h"] * (1 - 1e-9)
@@ -267,7 +304,18 @@ def summarize_rows(rows: list[dict]) -> dict:
                                   for k in ("raw_s", "refine_s", "decoded_s")}
     out["mean_seconds"]["search"] = float(np.mean([r["search"]["seconds"] for r in rows]))
     out["gnn_pair_accuracy_mean"] = float(np.mean([r["gnn_pair_accuracy"] for r in rows]))
+    out["cluster_rule_pair_accuracy_mean"] = float(np.mean([r["cluster_rule_pair_accuracy"]
+                                                            for r in rows]))
     out["always_idle_pair_accuracy"] = 0.5
+    out["fleets"] = len(rows)
+    out["gnn_decoded_is_uniform_decoded"] = int(sum(r["gnn_decoded_is_uniform_decoded"]
+                                                    for r in rows))
+    out["gnn_decoded_ties_uniform_decoded"] = int(sum(
+        abs(r["starts"]["gnn"]["decoded_h"] - r["starts"]["uniform"]["decoded_h"])
+        <= 1e-9 * r["starts"]["uniform"]["decoded_h"] for r in rows))
+    out["gnn_decoded_beats_uniform_decoded"] = int(sum(
+        r["starts"]["gnn"]["decoded_h"] < r["starts"]["uniform"]["decoded_h"] * (1 - 1e-9)
+        for r in rows))
     frac = out["gnn_raw_beats_best_non_learned_raw"] / max(len(held), 1)
     out["target_gnn_raw_beats_best_non_learned_on_80pct"] = {"fraction": frac, "met": frac >= 0.8}
     return out
@@ -285,7 +333,7 @@ def plot(rows: list[dict], path: Path) -> None:
     for ax, kind in zip(axes, ("raw_h", "refined_h")):
         for k, s in enumerate(starts):
             y = [r["starts"][s][kind] / r["search"]["makespan_h"] for r in rows]
-            ax.scatter(x + (k - 2.5) * 0.1, y, s=14 if s != "gnn" else 30,
+            ax.scatter(x + (k - 3) * 0.1, y, s=14 if s != "gnn" else 30,
                        marker="o" if s != "gnn" else "*", label=s)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xticks(x, [r["key"] for r in rows], rotation=90, fontsize=7)
@@ -298,21 +346,44 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def run(out_dir: Path, shared: Path, quick: bool = False, log=print) -> dict:
+def specs_for(quick: bool) -> list[dict]:
+    held = held_out_fleets(20)[:QUICK_FLEETS] if quick else held_out_fleets(20)
+    paper = ["paper-4-jobs"] if quick else ["paper-4-jobs", "paper-6-jobs"]
+    return (held + [{"key": "azure-25-regions", "seed": 0, "jobs": 8}]
+            + [{"key": key} for key in paper])
+
+
+def warm_up(model) -> None:
+    """One untimed start on a small fleet: the imports and first calls are paid here, not by
+    whichever start is timed first."""
+    from planner.core.fleet import complete
+    from planner.core.generate import generate_fleet, generate_jobs
+
+    net = complete(generate_fleet(8, seed=1, n_cities=2))
+    run_start("gnn", generate_jobs(2, seed=1, max_params=float(net.mem.sum()) / 48), net, model)
+
+
+def run(out_dir: Path, shared: Path, quick: bool = False, log=print,
+        cached: bool = False) -> dict:
     import torch
 
     from planner.gnn import checkpoint as ckpt
 
     torch.set_num_threads(1)
     model = ckpt.load()
-    specs = held_out_fleets(20) + [{"key": "azure-25-regions", "seed": 0, "jobs": 8}]
-    specs += [{"key": "paper-4-jobs"}, {"key": "paper-6-jobs"}]
+    specs = specs_for(quick)
+    warm_up(model)
     started = time.perf_counter()
-    rows = [fleet_row(spec, Path(shared), model, log) for spec in specs]
+    rows = [fleet_row(spec, Path(shared), model, log, cached) for spec in specs]
     result = {"model": str(model.path), "model_metrics": model.metrics,
               "cost_model": "planner.core.costmodel (docs/COSTMODEL.md)",
               "decoder": "planner.gnn.starts.decode (gnn-raw's decoder) for every start",
               "azure_data": str(AZURE_CSV.relative_to(REPO)),
+              "mode": "quick" if quick else "full",
+              "timing": ("each start on a freshly built fleet with the per-process memos "
+                         "cleared (bench.gnn_ablation_controls.reset_run_caches), after an "
+                         "untimed warm-up" + ("; non-learned starts from an earlier run's "
+                                              "cache where present" if cached else "")),
               "summary": summarize_rows(rows), "fleets": rows,
               "seconds": round(time.perf_counter() - started, 1),
               "load_average": os.getloadavg()}
@@ -336,7 +407,11 @@ def summarize(result: dict) -> str:
     lines.append(f"\n`gnn-raw` beats the best non-learned start (raw) on "
                  f"{s['gnn_raw_beats_best_non_learned_raw']}/{s['held_out_fleets']} held-out fleets "
                  f"(target 80%: {'met' if t['met'] else 'NOT met'}); GNN balanced pair accuracy "
-                 f"{s['gnn_pair_accuracy_mean']:.3f} (always-idle 0.5).")
+                 f"{s['gnn_pair_accuracy_mean']:.3f}, the cluster rule's "
+                 f"{s['cluster_rule_pair_accuracy_mean']:.3f} (always-idle 0.5); the GNN's "
+                 f"decoded plan is the uniform scores' on {s['gnn_decoded_is_uniform_decoded']}"
+                 f"/{s['fleets']} fleets, as long on {s['gnn_decoded_ties_uniform_decoded']} and "
+                 f"shorter on {s['gnn_decoded_beats_uniform_decoded']}.")
     return "\n".join(lines) + "\n"
 
 
@@ -393,7 +468,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", default=str(REPO / ".." / "shared"))
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"the first {QUICK_FLEETS} held-out fleets, Azure, paper 4 jobs")
+    parser.add_argument("--cached", action="store_true",
+                        help="reuse an earlier run's non-learned starts (their times too)")
     parser.add_argument("--scale", type=int, default=None,
                         help="only the scale comparison at this many servers "
                              "(writes gnn_ablation_scale.json)")
@@ -404,29 +482,10 @@ def main() -> None:
         (Path(args.out) / "gnn_ablation_scale.json").write_text(json.dumps(row, indent=2) + "\n")
         print(json.dumps(row, indent=2))
         return
-    result = run(Path(args.out), Path(args.shared), quick=args.quick)
+    result = run(Path(args.out), Path(args.shared), quick=args.quick, cached=args.cached)
     print(summarize(result))
 
 
 if __name__ == "__main__":
     main()
 
-
-def warm_cache(shared: Path, log=print, part: int = 0, parts: int = 1) -> None:
-    """Compute and cache the non-learned starts' results (they do not depend on the model);
-    ``part`` of ``parts`` interleaved shares of the fleets."""
-    specs = held_out_fleets(20) + [{"key": "azure-25-regions", "seed": 0, "jobs": 8},
-                                   {"key": "paper-4-jobs"}, {"key": "paper-6-jobs"}]
-    for spec in specs[::-1][part::parts]:     # from the end: bench.run goes from the start
-        jobs, net = build(spec, Path(shared))
-        for start in NON_LEARNED:
-            cached = _cache_file(spec["key"], start)
-            if cached.is_file():
-                continue
-            result = run_start(start, jobs, net, None)
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            cached.write_text(json.dumps({k: result[k] for k in ("raw_h", "refined_h", "raw_s",
-                                                                  "refine_s", "decoded_h",
-                                                                  "decoded_s")}))
-            log(f"[gnn_ablation] cached {spec['key']} {start}: raw {result['raw_h']:.3f} h, "
-                f"refined {result['refined_h']:.3f} h")

@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # In the order they run; each writes bench/results/<its name>.json.
 MODULES = ["plan_bench", "portfolio_bench", "lower_bound_bench",
-           "exact_bench", "gnn_bench", "gnn_ablation", "ingest", "agent_cost",
+           "exact_bench", "diloco_bench", "gnn_bench", "gnn_ablation", "ingest", "agent_cost",
            "flood_bench", "lab_bench", "lab_jobs_bench", "calibration_lab_bench", "ingest_fleet",
            "store_size", "agent_cost_fleet", "scale_bench", "probe_plan_bench", "replan_bench",
            "serve_planner_bench", "skyplane_bench", "throughput_bench"]

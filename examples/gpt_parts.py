@@ -92,6 +92,11 @@ class Role:
     micro_batches: int = 4
     checkpoint_dir: str = ""
     restart_count: int = 0
+    sync: str = "step"               # or "diloco" (examples/diloco.py)
+    inner_steps: int = 1             # diloco: steps between outer syncs (H)
+    outer_compression: str = "none"  # diloco: none, bf16 or int8
+    island: int = 0                  # diloco: this replica's island
+    num_islands: int = 1
 
 
 def _int(name: str, value: str | None) -> int:
@@ -112,7 +117,8 @@ def role_from_env(layers: int, default_micro_batch: int, default_micro_batches: 
                            _hulk_env("HULK_MICRO_BATCHES", str(default_micro_batches))),
         checkpoint_dir=_hulk_env("HULK_CHECKPOINT_DIR", default_checkpoint_dir) or "",
         restart_count=_int("HULK_RESTART_COUNT", _hulk_env("HULK_RESTART_COUNT", "0")),
-        job=_hulk_env("HULK_JOB", "train-gpt") or "", plan_id=_hulk_env("HULK_PLAN_ID", "") or "")
+        job=_hulk_env("HULK_JOB", "train-gpt") or "", plan_id=_hulk_env("HULK_PLAN_ID", "") or "",
+        **_sync_from_env())
     if _hulk_env("HULK_STAGE") is None:
         lo, hi = layers * rank // world, layers * (rank + 1) // world
         return Role(rank=rank, world_size=world, stage=rank, num_stages=world, layer_lo=lo,
@@ -125,6 +131,26 @@ def role_from_env(layers: int, default_micro_batch: int, default_micro_batches: 
         layer_lo=values["HULK_LAYER_LO"], layer_hi=values["HULK_LAYER_HI"],
         replica=_int("HULK_REPLICA", _hulk_env("HULK_REPLICA", "0")),
         num_replicas=_int("HULK_NUM_REPLICAS", _hulk_env("HULK_NUM_REPLICAS", "1")), **common)
+
+
+def _sync_from_env() -> dict:
+    """The HULK_SYNC family (default: every step, one island)."""
+    sync = _hulk_env("HULK_SYNC", "step") or "step"
+    if sync not in ("step", "diloco"):
+        raise RoleError(f"HULK_SYNC must be step or diloco, got {sync!r}")
+    compression = _hulk_env("HULK_OUTER_COMPRESSION", "none") or "none"
+    if compression not in ("none", "bf16", "int8"):
+        raise RoleError(f"HULK_OUTER_COMPRESSION must be none, bf16 or int8, got {compression!r}")
+    inner = _int("HULK_INNER_STEPS", _hulk_env("HULK_INNER_STEPS", "1"))
+    if inner < 1:
+        raise RoleError(f"HULK_INNER_STEPS must be at least 1, got {inner}")
+    fragments = _int("HULK_STREAMING_FRAGMENTS", _hulk_env("HULK_STREAMING_FRAGMENTS", "0"))
+    if fragments:
+        raise RoleError(f"HULK_STREAMING_FRAGMENTS is {fragments}: train_gpt.py syncs the whole "
+                        "model at once (streaming DiLoCo is not implemented); use 0")
+    return dict(sync=sync, inner_steps=inner, outer_compression=compression,
+                island=_int("HULK_ISLAND", _hulk_env("HULK_ISLAND", "0")),
+                num_islands=_int("HULK_NUM_ISLANDS", _hulk_env("HULK_NUM_ISLANDS", "1")))
 
 
 def check_roles(roles: list[tuple[int, ...]]) -> tuple[int, dict[tuple[int, int], int]]:
@@ -323,8 +349,10 @@ def checkpoint_steps(directory: str, layers: int, lo: int, hi: int, replica: int
 
 
 def save_checkpoint(directory: str, step: int, me: Role, layers: int, part: "StagePart",
-                    optimizer: torch.optim.Optimizer, scaler: LossScaler, keep: int) -> str:
-    """Write this rank's shard of ``step`` atomically; drop this rank's shards older than ``keep``."""
+                    optimizer: torch.optim.Optimizer, scaler: LossScaler, keep: int,
+                    outer: dict | None = None) -> str:
+    """Write this rank's shard of ``step`` atomically; drop this rank's shards older than ``keep``.
+    ``outer``: DiLoCo's outer optimizer state (examples/diloco.py OuterSync.state)."""
     folder = os.path.join(directory, STEP_DIR.format(step))
     os.makedirs(folder, exist_ok=True)
     named = part.named_globally()
@@ -336,6 +364,7 @@ def save_checkpoint(directory: str, step: int, me: Role, layers: int, part: "Sta
                       for n, p in named.items() if p in optimizer.state},
         "rng": torch.get_rng_state(), "loss_scale": scaler.value,
         "cuda_rng": torch.cuda.get_rng_state() if scaler.device.type == "cuda" else None,
+        "outer": outer,
     }
     path = os.path.join(folder, SHARD.format(lo=me.layer_lo, hi=me.layer_hi, layers=layers,
                                              replica=me.replica))
@@ -356,14 +385,20 @@ def save_checkpoint(directory: str, step: int, me: Role, layers: int, part: "Sta
 
 
 def load_checkpoint(directory: str, step: int, me: Role, layers: int, part: "StagePart",
-                    optimizer: torch.optim.Optimizer, scaler: LossScaler) -> None:
-    """Fill this rank's parameters and optimizer state from the shards of ``step``."""
+                    optimizer: torch.optim.Optimizer, scaler: LossScaler) -> dict | None:
+    """Fill this rank's parameters and optimizer state from the shards of ``step``; returns the
+    DiLoCo outer state the shards hold for this rank's parameters (None: none)."""
     folder = os.path.join(directory, STEP_DIR.format(step))
     paths = _covering(_shard_ranges(folder, layers), me.layer_lo, me.layer_hi, me.replica) or []
     named = part.named_globally()
     missing = set(named)
+    momentum: dict[str, torch.Tensor] = {}
+    syncs = None
     for path in paths:
         state = torch.load(path, map_location="cpu", weights_only=True)
+        outer = state.get("outer") or {}
+        momentum.update({n: t for n, t in outer.get("momentum", {}).items() if n in named})
+        syncs = outer.get("syncs", syncs)
         for name, param in named.items():
             if name in state["model"]:
                 with torch.no_grad():
@@ -379,6 +414,7 @@ def load_checkpoint(directory: str, step: int, me: Role, layers: int, part: "Sta
             scaler.value = state["loss_scale"]
     if missing:
         raise RoleError(f"checkpoint step {step} lacks {sorted(missing)[0]}")
+    return {"momentum": momentum, "syncs": syncs or 0} if momentum else None
 
 
 def agreed_resume_step(me: Role, directory: str, layers: int, device: torch.device) -> int:

@@ -31,8 +31,16 @@ variables the WORLD_SIZE processes form one pipeline with layers split evenly, s
 works on a laptop. The data is a short built-in text, character level; one step takes well under
 a second at the default size on CPU. Exit code 0 after ``--steps`` steps; 2 on a bad role.
 
+With HULK_SYNC=diloco the replicas form islands (HULK_ISLAND, HULK_NUM_ISLANDS): the gradient
+all-reduce stays within the island, and every HULK_INNER_STEPS steps (and after the last) the
+stage's replicas of all islands average their pseudo-gradients, compressed as
+HULK_OUTER_COMPRESSION says, for an outer Nesterov step (examples/diloco.py). Checkpoints are then
+written only right after outer steps (the first at or after ``--checkpoint-every``) and carry the
+outer momentum. HULK_STREAMING_FRAGMENTS above 0 is refused (exit 2).
+
 This file holds the command line and the training loop; roles, the model, the loss scale and the
-checkpoints are in gpt_parts.py beside it (copy both to a GPU server).
+checkpoints are in gpt_parts.py beside it, DiLoCo's parts in diloco.py (copy the three to a GPU
+server).
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+from diloco import (COMPRESSIONS, SYNC_MODES, IslandError, OuterSync, island_groups,
+                    islands_of_replicas, outer_leaders)
 from gpt_parts import (AUTOCAST, TEXT, LossScaler, ProgressFile, Role, RoleError, StagePart,
                        agreed_resume_step, batches, check_roles, load_checkpoint, role_from_env,
                        save_checkpoint)
@@ -106,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for peers")
-    p.add_argument("--summary", help="write step times and losses as JSON here (rank 0 of each stage)")
+    p.add_argument("--summary", help="write step times and losses as JSON here: "
+                   "{stage} and {replica} in it are replaced; without {replica}, replica 0 only")
     args = p.parse_args(argv)
     if args.checkpoint_every < 1 or args.keep < 1:
         p.error("--checkpoint-every and --keep must be at least 1")
@@ -166,18 +177,40 @@ def cuda_problem(local_ranks: int) -> str:
 
 def train(me: Role, args: argparse.Namespace, device: torch.device = torch.device("cpu")) -> int:
     mine = torch.tensor([me.stage, me.num_stages, me.layer_lo, me.layer_hi, me.replica,
-                         me.num_replicas, me.micro_batch, me.micro_batches], dtype=torch.long,
-                        device=device)
+                         me.num_replicas, me.micro_batch, me.micro_batches, me.island,
+                         me.num_islands, me.inner_steps, SYNC_MODES.index(me.sync),
+                         COMPRESSIONS.index(me.outer_compression)], dtype=torch.long, device=device)
     gathered = [torch.zeros_like(mine) for _ in range(me.world_size)]
     dist.all_gather(gathered, mine)
-    layers, where = check_roles([tuple(int(v) for v in t.tolist()) for t in gathered])
+    roles = [tuple(int(v) for v in t.tolist()) for t in gathered]
+    layers, where = check_roles(roles)
     k, d = me.num_stages, me.num_replicas
+    diloco = me.sync == "diloco"
+    if len({r[10:] for r in roles}) != 1:
+        raise RoleError("ranks disagree on HULK_SYNC / HULK_INNER_STEPS / HULK_OUTER_COMPRESSION")
+    try:
+        island_of = islands_of_replicas([(r[4], r[8], r[9]) for r in roles], d) if diloco else [0] * d
+    except IslandError as err:
+        raise RoleError(str(err)) from None
 
     # Every rank creates every group, in the same order (new_group is collective).
     pipe_groups = {r: [where[(s, r)] for s in range(k)] for r in range(d)}
     stage_groups = {s: [where[(s, r)] for r in range(d)] for s in range(k)}
     pg_pipe = {r: dist.new_group(ranks) for r, ranks in pipe_groups.items()} if k > 1 else {}
-    pg_stage = {s: dist.new_group(ranks) for s, ranks in stage_groups.items()} if d > 1 else {}
+    # DiLoCo has no group of a stage's every replica: its outer sync runs among island leaders.
+    pg_stage = ({s: dist.new_group(ranks) for s, ranks in stage_groups.items()}
+                if d > 1 and not diloco else {})
+    # Inner steps average gradients within the island; step sync's one island is the stage group.
+    islands = island_groups(where, island_of, k)
+    mates = len(islands[(me.stage, island_of[me.replica])])
+    pg_inner, pg_outer, leaders = pg_stage.get(me.stage), None, {}
+    if diloco:  # every rank creates every island's and every outer group, its own or not
+        pg_islands = {key: dist.new_group(ranks) for key, ranks in sorted(islands.items())
+                      if len(ranks) > 1}
+        pg_inner = pg_islands.get((me.stage, island_of[me.replica]))
+        leaders = outer_leaders(where, island_of, k)
+        groups = {s: dist.new_group(ranks) for s, ranks in leaders.items() if len(ranks) > 1}
+        pg_outer = groups.get(me.stage) if me.rank in leaders[me.stage] else None
 
     chars = sorted(set(TEXT))
     first, last = me.stage == 0, me.stage == k - 1
@@ -188,9 +221,23 @@ def train(me: Role, args: argparse.Namespace, device: torch.device = torch.devic
     mb, n_micro = me.micro_batch, me.micro_batches
     per_replica = mb * n_micro
 
+    params = [p for p in part.parameters()]
+    names = list(part.named_globally())
+    outer = None
+    if diloco:
+        my_island = island_of[me.replica]
+        outer = OuterSync(params, me.outer_compression, pg_outer, me.num_islands, weight=mates,
+                          total=d, island_group=pg_inner,
+                          leader=leaders[me.stage][my_island])
+    # DiLoCo checkpoints only right after an outer step, where the parameters are the anchor.
+    every = args.checkpoint_every
+    if diloco:
+        every = me.inner_steps * max(1, math.ceil(every / me.inner_steps))
     start = agreed_resume_step(me, me.checkpoint_dir, layers, device)
     if start:
-        load_checkpoint(me.checkpoint_dir, start, me, layers, part, optimizer, scaler)
+        outer_state = load_checkpoint(me.checkpoint_dir, start, me, layers, part, optimizer, scaler)
+        if outer is not None:
+            outer.load(names, outer_state)
         print(f"resumed from step {start} (restart {me.restart_count}) stage {me.stage} "
               f"replica {me.replica}", flush=True)
 
@@ -209,8 +256,7 @@ def train(me: Role, args: argparse.Namespace, device: torch.device = torch.devic
         kind = ScheduleGPipe if args.schedule == "gpipe" else Schedule1F1B
         schedule = kind(stage, n_microbatches=n_micro, loss_fn=loss_fn)
 
-    params = [p for p in part.parameters()]
-    times, losses_out, skipped = [], [], 0
+    times, losses_out, outer_s, skipped = [], [], [], 0
     progress = ProgressFile()
     for step in range(start, args.steps):
         x, y = batches(TEXT, args.seq_len, per_replica * d, args.seed, step)
@@ -232,17 +278,17 @@ def train(me: Role, args: argparse.Namespace, device: torch.device = torch.devic
         else:
             schedule.step()
         reduce_s = 0.0
-        if d > 1:  # average gradients over the stage's replicas, one flat all-reduce
+        if mates > 1:  # average gradients over the island's replicas, one flat all-reduce
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
             flat = torch.cat([g.reshape(-1) for g in grads])
             if device.type == "cuda":   # the all-reduce's time, not the backward's still running
                 torch.cuda.synchronize(device)
             t_reduce = time.perf_counter()
-            dist.all_reduce(flat, group=pg_stage[me.stage])
+            dist.all_reduce(flat, group=pg_inner)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             reduce_s = time.perf_counter() - t_reduce
-            flat /= d
+            flat /= mates
             offset = 0
             for p, g in zip(params, grads):
                 p.grad = flat[offset:offset + g.numel()].view_as(g)
@@ -251,6 +297,12 @@ def train(me: Role, args: argparse.Namespace, device: torch.device = torch.devic
             optimizer.step()
         else:
             skipped += 1
+        done = step + 1
+        synced = outer is not None and (done % me.inner_steps == 0 or done == args.steps)
+        if synced:
+            spent = outer.sync()
+            outer_s.append(spent)
+            reduce_s += spent
         if device.type == "cuda":   # kernels run after their launch: time the step's work
             torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - t0
@@ -267,17 +319,22 @@ def train(me: Role, args: argparse.Namespace, device: torch.device = torch.devic
                 return 1
             losses_out.append(loss_value)
             line += f" loss {loss_value:.4f}"
+        if synced:
+            line += f" outer {outer.syncs} {outer_s[-1]:.3f}s"
         print(line, flush=True)
-        done = step + 1
-        if me.checkpoint_dir and (done % args.checkpoint_every == 0 or done == args.steps):
-            save_checkpoint(me.checkpoint_dir, done, me, layers, part, optimizer, scaler, args.keep)
+        if me.checkpoint_dir and (done % every == 0 or done == args.steps):
+            save_checkpoint(me.checkpoint_dir, done, me, layers, part, optimizer, scaler, args.keep,
+                            outer.state(names) if outer is not None else None)
 
     progress.close()
-    if args.summary and me.replica == 0:
-        path = args.summary.replace("{stage}", str(me.stage))
+    if args.summary and (me.replica == 0 or "{replica}" in args.summary):
+        path = args.summary.replace("{stage}", str(me.stage)).replace("{replica}", str(me.replica))
         summary = {"role": asdict(me), "layers": layers, "step_s": times, "loss": losses_out,
                    "params": sum(p.numel() for p in params), "start_step": start,
-                   "precision": args.precision, "skipped_steps": skipped}
+                   "precision": args.precision, "skipped_steps": skipped, "sync": me.sync,
+                   "inner_steps": me.inner_steps, "outer_compression": me.outer_compression,
+                   "num_islands": me.num_islands, "outer_s": outer_s,
+                   "pseudo_gradient_norms": outer.local_norms if outer is not None else []}
         with open(path, "w") as fh:
             json.dump(summary, fh)
     return 0

@@ -87,6 +87,15 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("HULK_RESTART_COUNT", "launched job", "times the job has been placed again (0 the first time)"),
     EnvVar("HULK_PROGRESS_FILE", "launched job", "absolute path where the job appends one JSON line "
            "per step (docs/JOBS.md); unset: nowhere to report"),
+    EnvVar("HULK_SYNC", "launched job", "step (gradients averaged every step) or diloco "
+           "(islands; an outer sync every HULK_INNER_STEPS steps)"),
+    EnvVar("HULK_INNER_STEPS", "launched job", "diloco: inner steps between outer syncs (H)"),
+    EnvVar("HULK_OUTER_COMPRESSION", "launched job", "diloco: the pseudo-gradients' wire format: "
+           "none (fp32), bf16 or int8"),
+    EnvVar("HULK_STREAMING_FRAGMENTS", "launched job", "diloco: fragments synced at staggered "
+           "times (0: the whole model at once)"),
+    EnvVar("HULK_ISLAND", "launched job", "diloco: this node's island (a block of replicas)"),
+    EnvVar("HULK_NUM_ISLANDS", "launched job", "diloco: islands in the job"),
 ]}
 
 

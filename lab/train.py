@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,19 @@ class JobRun:
     def loss(self) -> list[float]:
         return next((n.loss for n in self.nodes if n.loss and n.replica == 0), [])
 
+    def mean_loss(self) -> list[float]:
+        """Per step, the loss averaged over the replicas (each on its share of the batch)."""
+        curves = [n.loss for n in self.nodes if n.loss]
+        steps = min((len(c) for c in curves), default=0)
+        return [sum(c[i] for c in curves) / len(curves) for i in range(steps)]
+
+    def mean_iteration_s(self, skip: int = 1) -> float:
+        """Mean over steps (after ``skip``) of the slowest node's step: the steps an outer sync
+        lengthens count at their share, as in the wall time."""
+        steps = min(len(n.step_s) for n in self.nodes)
+        per_step = [max(n.step_s[i] for n in self.nodes) for i in range(skip, steps)]
+        return statistics.fmean(per_step) if per_step else float("nan")
+
     def failure(self) -> str:
         bad = [n for n in self.nodes if n.returncode != 0]
         return "\n".join(f"--- {n.host} (rank {n.rank}) exit {n.returncode}\n{n.output[-2000:]}" for n in bad)
@@ -77,10 +91,12 @@ def run_placement(stages: list[list[str]], *, lab: WanLab | None = None, layers:
                   steps: int = 3, micro_batch: int = 2, args: list[str] | None = None,
                   timeout_s: float = 300.0, python: str = sys.executable,
                   job: str = "train-gpt", plan_id: str = "lab", reverse_ranks: bool = False,
-                  layer_ranges: list[tuple[int, int]] | None = None) -> JobRun:
+                  layer_ranges: list[tuple[int, int]] | None = None,
+                  env_for: Callable[[int, int], dict[str, str]] | None = None) -> JobRun:
     """Run the example with ``stages[k]`` = the hosts of stage k (the p-th host is replica p),
     stage k holding blocks ``layer_ranges[k]`` (default: ``layers`` split evenly).
 
+    ``env_for(stage, replica)``: more variables for that node (a DiLoCo job's HULK_SYNC family).
     Without a lab the hosts are just labels and everything runs on 127.0.0.1. Ranks follow stage
     order, or the reverse with ``reverse_ranks`` (a launcher may number nodes any way it likes).
     """
@@ -111,7 +127,8 @@ def run_placement(stages: list[list[str]], *, lab: WanLab | None = None, layers:
                            HULK_STAGE=str(s), HULK_NUM_STAGES=str(k),
                            HULK_LAYER_LO=str(ranges[s][0]), HULK_LAYER_HI=str(ranges[s][1]),
                            HULK_REPLICA=str(r), HULK_NUM_REPLICAS=str(d),
-                           HULK_MICRO_BATCH=str(micro_batch), HULK_JOB=job, HULK_PLAN_ID=plan_id)
+                           HULK_MICRO_BATCH=str(micro_batch), HULK_JOB=job, HULK_PLAN_ID=plan_id,
+                           **(env_for(s, r) if env_for else {}))
                 argv = [python, str(EXAMPLE), "--steps", str(steps), "--layers", str(layers),
                         *(args or [])]
                 log = open(Path(tmp) / f"rank{rank}.log", "w+")

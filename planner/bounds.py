@@ -33,7 +33,7 @@ from planner import settings as planner_settings
 from planner.commands import serve
 from planner.core import calibration
 from planner.core import fleet as core_fleet
-from planner.core.jobs import JOB_BOUNDS
+from planner.core.jobs import COMPRESSION_BYTES, JOB_BOUNDS, SYNC_BOUNDS, SYNC_MODES
 from planner.files import jobs as jobs_file
 from planner.files import paper
 from planner.files import plan as plan_file
@@ -134,6 +134,11 @@ FLEET_JSON = Table("fleet JSON", "file", "planner/files/fleet.py, planner/files/
     ("links[].src, dst; site_links[].src, dst", Rule("a node (site) of the file")),
     *((f"links[].{name}, site_links[].{name}", _F[name])
       for name in ("rtt_ms", "bandwidth_gbps", "loss", "samples")),
+    ("site_links[].source", Rule("one of " + ", ".join(core_fleet.SITE_LINK_SOURCES)
+                                 + " (default measured)")),
+    ("site_links[].rtt_hi_ms", Rule("as rtt_ms, and at least the link's rtt_ms", "ms")),
+    ("site_links[].bandwidth_lo_gbps", Rule("as bandwidth_gbps, and at most the link's "
+                                            "bandwidth_gbps (which it needs)", "Gbit/s")),
     ("nodes", Bound(1, core_fleet.MAX_FLEET_NODES, "nodes", integer=True)),
     ("links", Rule("any count within the file's size")),
 ))
@@ -154,6 +159,10 @@ JOBS_YAML = Table("jobs.yaml", "file", "planner/files/jobs.py, planner/core/jobs
     ("jobs[].name", JOB_NAME),
     ("jobs[].model", Text(jobs_file.MAX_MODEL_CHARS, "printable characters", 1)),
     *numbers(JOB_BOUNDS, "jobs[]."),
+    ("jobs[].sync", Rule(" or ".join(SYNC_MODES) + " (default step)")),
+    *numbers(SYNC_BOUNDS, "jobs[]."),
+    ("jobs[].outer_compression", Rule("one of " + ", ".join(COMPRESSION_BYTES)
+                                      + "; under sync: auto, a list of them")),
     ("jobs[].command", Rule(f"1 to {MAX_COMMAND_WORDS} words, "
                            f"{jobs_file.MAX_COMMAND_CHARS:,} characters in all, no NUL")),
     ("jobs[].checkpoint_dir", Text(MAX_PATH, "no NUL; a relative path without '..'", 1)),
@@ -170,6 +179,10 @@ PLAN_JSON = Table("plan JSON (hulk-plan/1)", "file", "planner/files/plan.py", (
     ("jobs[].stages[].layers", Bound(0, JOB_BOUNDS["layers"].high, "layers", integer=True)),
     ("jobs[].stages[].nodes[]", Text(MAX_TEXT_CHARS, "any (a node of the fleet with --fleet)", 1)),
     ("jobs[].estimate.*, totals.*", Rule("a finite number >= 0, or null", "seconds")),
+    ("jobs[].sync.inner_steps", SYNC_BOUNDS["inner_steps"]),
+    ("jobs[].sync.compression", Rule("one of " + ", ".join(COMPRESSION_BYTES))),
+    ("jobs[].sync.streaming_fragments", Rule("0 to the job's layers")),
+    ("jobs[].islands.replicas[]", Rule("whole numbers >= 1 summing to the stages' nodes")),
     ("unplaced[].name", Text(MAX_TEXT_CHARS, "any")),
     ("unplaced[].reason", Text(plan_file.MAX_REASON_CHARS, "any")),
     ("lower_bound.binding", Text(MAX_TEXT_CHARS, "any", 1)),

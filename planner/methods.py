@@ -9,9 +9,12 @@ it. A method's module is imported when it is first used, so only the GNN methods
 The default method (``portfolio``) also takes ``baselines``: the baselines' plans a caller has
 made anyway (`plan` passes those of its comparison), judged with its own instead of made again.
 
-``--method gnn`` is the GNN's grouping refined by the plain search (the GNN is its only start);
-``gnn-raw`` is that grouping without refinement. serve instead adds the GNN's scores as one more
-start of the default portfolio (:func:`serve_planner`), so the GNN can only improve its plan.
+The placement GNN only ever adds a start: ``--method gnn`` is the default portfolio with the
+GNN's scores as one more start (planner.gnn.starts.plan_with_gnn_start), and serve does the same
+(:func:`serve_planner`); the built-in starts run as they would without it, so its plan is never
+longer than the portfolio's. ``gnn-raw``, the GNN's grouping decoded without any search, is a
+diagnostic for the benchmarks (:data:`DIAGNOSTIC_METHODS`): :func:`planner_for` knows it, `plan`
+does not offer it.
 """
 
 from __future__ import annotations
@@ -87,16 +90,23 @@ METHODS: dict[str, Method] = _methods(
            compared=True),
     Method("dtfm", "DT-FM-style peer", "planner.baselines.dtfm", "plan_dtfm", seeded=True,
            compared=True, slow_at_scale=True),
-    Method("gnn", "Hulk (GNN + search)", "planner.gnn.infer", "plan_gnn"),
-    Method("gnn-raw", "Hulk (GNN raw)", "planner.gnn.infer", "plan_gnn",
-           fixed=MappingProxyType({"refine": False})),
+    Method("gnn", "Hulk (portfolio + GNN start)", "planner.gnn.starts", "plan_with_gnn_start",
+           seeded=True, options=PLAN_OPTIONS | {"baselines", "checkpoint"}, views=True),
 )
 DEFAULT_METHOD = "portfolio"
+# The exact search improves or certifies these (small fleets): both are the portfolio.
+EXACT_IMPROVED = frozenset({DEFAULT_METHOD, "gnn"})
+# Known to planner_for (benchmarks, golden set) but no method `plan` offers: it plans without
+# the search.
+DIAGNOSTIC_METHODS: dict[str, Method] = _methods(
+    Method("gnn-raw", "GNN raw (diagnostic)", "planner.gnn.infer", "plan_gnn",
+           fixed=MappingProxyType({"refine": False})),
+)
 
 
 def label(name: str) -> str:
     """The method's label, or ``name`` itself for a name that is no method."""
-    method = METHODS.get(name)
+    method = METHODS.get(name) or DIAGNOSTIC_METHODS.get(name)
     return method.label if method is not None else name
 
 
@@ -125,14 +135,14 @@ def _call(method: Method, fn: Callable[..., Plan], jobs, net, seed: int, progres
     views = SEARCH_VIEWS if method.views else 1
     plan = plan_at_scale(fn, jobs, net, progress=progress, views=views, **kwargs)
     # Small fleets: the exact search (planner.search.exact) improves or certifies the default.
-    return exact.improve(jobs, net, plan) if method.name == DEFAULT_METHOD else plan
+    return exact.improve(jobs, net, plan) if method.name in EXACT_IMPROVED else plan
 
 
 def planner_for(name: str) -> Planner:
     """The :class:`Planner` of method ``name`` (its module is imported now). Options the method
     does not take, and those left at None, are not passed to it; nor is ``seed`` to a method
     that takes none."""
-    method = METHODS[name]
+    method = METHODS[name] if name in METHODS else DIAGNOSTIC_METHODS[name]
     fn = method.load()
 
     def plan(jobs, net, *, seed=0, progress=None, **options):

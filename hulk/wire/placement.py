@@ -100,6 +100,15 @@ class Role:
     micro_batches: int = 1                   # per replica per optimizer step (the plan's m)
     checkpoint_dir: str | None = None        # absolute, or relative to the job's working directory
     restart_count: int = 0                   # times the job has been placed again
+    # Low-communication training (docs/COSTMODEL.md section 9): islands are contiguous blocks of
+    # replica indices; every inner_steps steps each stage's pseudo-gradient is averaged over all
+    # its replicas at outer_compression. At their defaults a role is an ordinary `sync: step` one.
+    sync: str = "step"                       # "step" | "diloco"
+    inner_steps: int = 1
+    outer_compression: str = "none"          # "none" | "bf16" | "int8"
+    streaming_fragments: int = 0
+    island: int = 0                          # this replica's island
+    num_islands: int = 1
 
     @property
     def nnodes(self) -> int:
@@ -172,6 +181,13 @@ def _role_json(role: Role) -> dict[str, Any]:
         **({"micro_batches": role.micro_batches} if role.micro_batches != 1 else {}),
         **({"checkpoint_dir": role.checkpoint_dir} if role.checkpoint_dir is not None else {}),
         **({"restart_count": role.restart_count} if role.restart_count else {}),
+        **({"sync": role.sync} if role.sync != "step" else {}),
+        **({"inner_steps": role.inner_steps} if role.inner_steps != 1 else {}),
+        **({"outer_compression": role.outer_compression}
+           if role.outer_compression != "none" else {}),
+        **({"streaming_fragments": role.streaming_fragments} if role.streaming_fragments else {}),
+        **({"island": role.island} if role.island else {}),
+        **({"num_islands": role.num_islands} if role.num_islands != 1 else {}),
     }
 
 
@@ -222,8 +238,13 @@ class _Reader:
 
 _ROLE_KEYS = {"plan_id", "job", "phase", "stage", "num_stages", "layers", "replica", "num_replicas",
               "rank", "world_size", "nnodes", "node_rank", "rendezvous", "micro_batch", "command"}
-_OPTIONAL_ROLE_KEYS = {"micro_batches", "checkpoint_dir", "restart_count"}
+_OPTIONAL_ROLE_KEYS = {"micro_batches", "checkpoint_dir", "restart_count", "sync", "inner_steps",
+                       "outer_compression", "streaming_fragments", "island", "num_islands"}
 MAX_PATH = 4096
+ROLE_SYNC_MODES = ("step", "diloco")
+OUTER_COMPRESSIONS = ("none", "bf16", "int8")   # planner.core.jobs.COMPRESSION_BYTES's keys
+MAX_INNER_STEPS = 100_000
+MAX_FRAGMENTS = 10_000      # at most one per layer; planner.core.jobs.JOB_BOUNDS["layers"]
 
 
 def _parse_role(r: _Reader, value: Any, name: str) -> Role:
@@ -261,6 +282,13 @@ def _parse_role(r: _Reader, value: Any, name: str) -> Role:
     if checkpoint_dir is not None and (not isinstance(checkpoint_dir, str) or not checkpoint_dir.strip()
                                        or len(checkpoint_dir) > MAX_PATH or "\0" in checkpoint_dir):
         raise r.fail(f"{name}.checkpoint_dir", f"a path of 1-{MAX_PATH} characters", checkpoint_dir)
+    sync = obj.get("sync", "step")
+    if sync not in ROLE_SYNC_MODES:
+        raise r.fail(f"{name}.sync", " or ".join(ROLE_SYNC_MODES), sync)
+    compression = obj.get("outer_compression", "none")
+    if compression not in OUTER_COMPRESSIONS:
+        raise r.fail(f"{name}.outer_compression", ", ".join(OUTER_COMPRESSIONS), compression)
+    num_islands = r.integer(obj.get("num_islands", 1), f"{name}.num_islands", 1, num_replicas)
     return Role(
         plan_id=r.text(obj["plan_id"], f"{name}.plan_id"),
         job=job,
@@ -274,6 +302,13 @@ def _parse_role(r: _Reader, value: Any, name: str) -> Role:
         micro_batches=r.integer(obj.get("micro_batches", 1), f"{name}.micro_batches", 1),
         checkpoint_dir=checkpoint_dir,
         restart_count=r.integer(obj.get("restart_count", 0), f"{name}.restart_count"),
+        sync=sync,
+        inner_steps=r.integer(obj.get("inner_steps", 1), f"{name}.inner_steps", 1, MAX_INNER_STEPS),
+        outer_compression=compression,
+        streaming_fragments=r.integer(obj.get("streaming_fragments", 0),
+                                      f"{name}.streaming_fragments", 0, MAX_FRAGMENTS),
+        island=r.integer(obj.get("island", 0), f"{name}.island", 0, num_islands - 1),
+        num_islands=num_islands,
     )
 
 
@@ -334,6 +369,8 @@ class SummaryJob:
     micro_batch: int
     stages: tuple[tuple[int, int, tuple[str, ...]], ...]   # (lo, hi, node ids)
     spec: dict[str, Any] = field(default_factory=dict)
+    islands: tuple[int, ...] = ()                   # replicas per island; () one group
+    outer: tuple[int, str, int] | None = None       # (inner_steps, compression, fragments)
 
     @property
     def node_ids(self) -> list[str]:
@@ -350,6 +387,26 @@ class PlanSummary:
     unplaced: tuple[tuple[str, str, dict[str, Any]], ...] = ()   # (name, reason, spec)
     expires_at_ms: int = 0
     document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # as read
+
+
+def _summary_islands(r: _Reader, job: dict, name: str, replicas: int) -> dict[str, Any]:
+    """A summary job's optional ``islands`` and ``outer`` (a low-communication job)."""
+    if "outer" not in job and "islands" not in job:
+        return {}
+    outer = r.obj(job.get("outer"), f"{name}.outer",
+                  {"inner_steps", "compression", "streaming_fragments"})
+    if outer["compression"] not in OUTER_COMPRESSIONS:
+        raise r.fail(f"{name}.outer.compression", ", ".join(OUTER_COMPRESSIONS),
+                     outer["compression"])
+    sizes = [r.integer(x, f"{name}.islands", 1) for x in r.items(job.get("islands"),
+                                                                  f"{name}.islands")]
+    if sum(sizes) != replicas:
+        raise r.fail(f"{name}.islands", f"replicas per island summing to {replicas}", sizes)
+    return {"islands": tuple(sizes),
+            "outer": (r.integer(outer["inner_steps"], f"{name}.outer.inner_steps", 1,
+                                MAX_INNER_STEPS), outer["compression"],
+                      r.integer(outer["streaming_fragments"], f"{name}.outer.streaming_fragments",
+                                0, MAX_FRAGMENTS))}
 
 
 def parse_summary(data: bytes | str, *, source: str = "plan summary",
@@ -386,7 +443,8 @@ def parse_summary(data: bytes | str, *, source: str = "plan summary",
                                plan_id=r.text(job.get("plan_id"), f"{name}.plan_id"),
                                phase=r.integer(job.get("phase"), f"{name}.phase"),
                                micro_batch=r.integer(job.get("micro_batch"), f"{name}.micro_batch", 1),
-                               stages=tuple(stages), spec=spec))
+                               stages=tuple(stages), spec=spec,
+                               **_summary_islands(r, job, name, len(stages[0][2]))))
     unplaced = tuple((r.text(u.get("name", ""), f"unplaced[{i}].name", empty=True),
                       str(u.get("reason", "")), u.get("spec") if isinstance(u.get("spec"), dict) else {})
                      for i, u in enumerate(r.items(value.get("unplaced"), "unplaced"))

@@ -1,4 +1,5 @@
-"""`hulk-planner fleet show|export|import|plot`: look at, save, load and draw the fleet."""
+"""`hulk-planner fleet show|export|import|plot|complete`: look at, save, load, draw and complete
+the fleet."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from planner.settings import PlannerSettings
 WINDOW_HELP = "rolling window in days (HULK_WINDOW_DAYS; default 90)"
 SITE_LINKS_FROM_NODES = 1000   # `fleet export --site-links auto` rolls node links up above this
 NODE_TIMEOUT_S = 30.0          # serve's default --node-timeout
+PREDICTED_MARK, FORMULA_MARK = "~", "*"   # `fleet show`: links completion wrote
 
 
 def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) -> None:
-    p = subparsers.add_parser("fleet", help="show, export, import or plot the fleet",
+    p = subparsers.add_parser("fleet", help="show, export, import, plot or complete the fleet",
                               description=__doc__)
     sub = p.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
 
@@ -60,6 +62,17 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
                       help="image to write; its suffix names the format (.png, .pdf, .svg...)")
     plot.add_argument("--imputed", action="store_true", help="also draw completed pairs (dotted)")
     plot.set_defaults(func=cmd_plot)
+
+    done = sub.add_parser("complete", help="write the fleet with a site link for every pair of "
+                          "sites: measured, predicted by the link model, or by the formula "
+                          "(docs/COSTMODEL.md section 2)")
+    done.add_argument("fleet_file", type=Path, metavar="FLEET",
+                      help="fleet JSON, or a folder/.zip with node_feature.csv and edge.txt")
+    done.add_argument("--out", type=Path, required=True, help="fleet JSON to write")
+    done.add_argument("--model", metavar="NAME", help="the link model (default: the one the "
+                      "link prediction benchmark chose; see docs/COSTMODEL.md section 2)")
+    done.add_argument("--seed", type=int, default=0, help="seed of the model's fit (default 0)")
+    done.set_defaults(func=cmd_complete)
 
 
 def _load(args: argparse.Namespace, *, keep_revoked: bool = False
@@ -245,6 +258,9 @@ def _node_table(fleet: Fleet, network, rows: list[dict] | None, peers: Counter[s
         for col in ("launch", "job", "exit"):
             table.add_column(col)
     mean_rtt = _mean_measured_rtt(network)
+    completed = completed_peers(fleet)
+    if completed:
+        table.add_column(f"peers {PREDICTED_MARK} / {FORMULA_MARK}", justify="right")
     for i, node in enumerate(network.nodes):
         r = by_id.get(node.id, {})
         # A cloud region's code alone does not say where it is: show its place too.
@@ -252,6 +268,9 @@ def _node_table(fleet: Fleet, network, rows: list[dict] | None, peers: Counter[s
                  *([node.site_key or "-"] if sited else []), _gpus(node, r),
                  f"{round(node.memory_gb, 1):g}", f"{network.thr[i] / 1e12:,.0f}",
                  f"{peers[node.id]}/{network.n - 1}", mean_rtt[i]]
+        if completed:
+            p, f = completed.get(node.site_key or "", (0, 0))
+            cells.append(f"{p} / {f}")
         if rows is not None:
             cells += [_ago(r.get("last_seen_ms")), r.get("source") or "-",
                       str(r.get("rejected") or 0), str(r.get("spool_dropped") or 0),
@@ -302,7 +321,31 @@ def _coverage_lines(fleet: Fleet, network, pairs: int) -> list[str]:
         sites = {n.site_key for n in fleet.nodes if n.site_key} | {s.id for s in fleet.sites}
         lines.append(f"site links: {len(fleet.site_links)} between {len(sites)} sites (each "
                      "stands for every pair of their servers; node links override them)")
+        by_source = Counter(link.source for link in fleet.site_links)
+        if by_source.keys() - {"measured"}:
+            lines.append(f"completed site links (fleet complete): {by_source['predicted']} "
+                         f"predicted ({PREDICTED_MARK}: the link model's figures, planned at "
+                         f"their conservative bound), {by_source['formula']} formula "
+                         f"({FORMULA_MARK}: relay over measured RTTs and the window formula), "
+                         f"{by_source['measured']} measured; column 'peers {PREDICTED_MARK} / "
+                         f"{FORMULA_MARK}': a node's peers on such links")
     return lines
+
+
+def completed_peers(fleet: Fleet) -> dict[str, tuple[int, int]]:
+    """Per site, how many servers of other sites it reaches over predicted and over formula
+    site links (what `fleet complete` wrote); empty when the fleet has no such link."""
+    if all(link.source == "measured" for link in fleet.site_links):
+        return {}
+    servers = Counter(node.site_key for node in fleet.nodes if node.site_key)
+    out: dict[str, list[int]] = {}
+    for link in fleet.site_links:
+        if link.source == "measured" or link.src == link.dst:
+            continue
+        k = 0 if link.source == "predicted" else 1
+        out.setdefault(link.src, [0, 0])[k] += servers[link.dst]
+        out.setdefault(link.dst, [0, 0])[k] += servers[link.src]
+    return {site: (p, f) for site, (p, f) in out.items()}
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -334,6 +377,34 @@ def cmd_import(args: argparse.Namespace) -> int:
     print(f"imported {args.path}: {len(fleet.nodes)} nodes ({result['nodes_added']} new, "
           f"{result['nodes_updated']} updated), {result['links']} links, "
           f"{len(issues)} flaw{'s' if len(issues) != 1 else ''} repaired")
+    return 0
+
+
+def cmd_complete(args: argparse.Namespace) -> int:
+    from planner.files.fleet import load_fleet, save_fleet_json
+    from planner.linkpred.complete import (MIN_MEASURED_THROUGHPUTS, completed_fleet, link_counts,
+                                           predict_fleet_links)
+    from planner.linkpred.models import MODELS
+
+    if args.model is not None and args.model not in MODELS:
+        raise InputError(f"expected one of {', '.join(sorted(MODELS))}, got {args.model!r}",
+                         field="--model")
+    start = time.perf_counter()
+    fleet = load_fleet(args.fleet_file)
+    prediction = predict_fleet_links(fleet, MODELS.get(args.model), seed=args.seed)
+    save_fleet_json(completed_fleet(fleet, prediction), args.out)
+    seconds = time.perf_counter() - start
+    counts = link_counts(prediction)
+    pairs = len(prediction.sites) * (len(prediction.sites) - 1) // 2
+    print(f"wrote {args.out}: {len(prediction.sites)} sites, {pairs} site pairs; model "
+          f"{prediction.model}; {seconds:.2f} s")
+    for quantity, label in (("rtt", "RTT"), ("gbps", "throughput")):
+        c = counts[quantity]
+        print(f"  {label}: {c['measured']} measured, {c['predicted']} predicted, "
+              f"{c['formula']} formula")
+    if prediction.model == "formula" and args.model != "formula":
+        print(f"  fewer than {MIN_MEASURED_THROUGHPUTS} site pairs measured a throughput: "
+              "completed by relay over measured RTTs and the window formula")
     return 0
 
 

@@ -1,7 +1,7 @@
 """`hulk-planner plan jobs.yaml`: plan jobs on a fleet, show the plan and how it compares.
 
 The methods, their labels and how each is called come from planner.methods; planners are
-imported when used, so only `--method gnn` (or `gnn-raw`) loads torch. With `--push` the plan is
+imported when used, so only `--method gnn` loads torch. With `--push` the plan is
 published to the agents through the MQTT broker.
 """
 
@@ -17,8 +17,6 @@ from hulk.errors import ConfigError, HulkError, InputError, PlanningError
 from planner.methods import DEFAULT_METHOD, METHODS, compared_methods, label, planner_for
 from planner.settings import PlannerSettings
 
-MAX_LISTED_NODES = 8
-
 
 def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) -> None:
     p = subparsers.add_parser(
@@ -32,8 +30,8 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
                      help="the paper's folder or zip (node_feature.csv, edge.txt) or fleet JSON")
     src.add_argument("--db", metavar="PATH", help="the planner's SQLite store")
     p.add_argument("--method", choices=list(METHODS), default=DEFAULT_METHOD,
-                   help=f"planner to use (default {DEFAULT_METHOD}; gnn: the GNN's grouping "
-                        "refined by the search, gnn-raw: unrefined)")
+                   help=f"planner to use (default {DEFAULT_METHOD}; gnn: the same portfolio "
+                        "with the placement GNN's start added)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the seeded planners ("
                         + ", ".join(m.name for m in METHODS.values() if m.seeded)
@@ -50,6 +48,8 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     p.add_argument("--starts", type=_positive_int, metavar="N",
                    help="number of portfolio starts (default: 8, or one per usable core where "
                         "that is more; with --time-budget, as many as it fits)")
+    p.add_argument("--links", choices=["predicted", "formula"], default="predicted", help="complete "
+                   "unmeasured links with the link model (docs/COSTMODEL.md 2) or the formula alone")
     p.add_argument("--out", metavar="PATH", help="write the plan as hulk-plan/1 JSON")
     p.add_argument("--plot", metavar="PATH", help="draw compute/communication bars per job and system")
     p.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
@@ -166,7 +166,7 @@ def _gb(n_bytes: float) -> str:
 
 
 def load_network(args):
-    from planner.core.fleet import complete
+    from planner.linkpred.complete import network_with_links
 
     if args.fleet:
         from planner.files.fleet import load_fleet_with_report
@@ -185,7 +185,7 @@ def load_network(args):
             fleet, issues = fleet_from_store(store, name=Path(args.db).stem), []
         if not fleet.nodes:
             raise PlanningError(f"{args.db}: the store knows no nodes yet (no agent has registered)")
-    return fleet, complete(fleet), issues
+    return fleet, network_with_links(fleet, getattr(args, "links", "predicted")), issues
 
 
 # ----------------------------------------------------------------------------------- run
@@ -364,64 +364,11 @@ def ratio(x: float, y: float) -> str:
     return f"{x / y:.2f}x"
 
 
-def _listing(values: list[str]) -> str:
-    if len(values) <= MAX_LISTED_NODES:
-        return ", ".join(values)
-    return ", ".join(values[:MAX_LISTED_NODES - 2]) + f", ... ({len(values)} nodes)"
-
-
-def _count(n: int, one: str, many: str | None = None) -> str:
-    """"1 stage", "2 stages"."""
-    return f"{n} {one if n == 1 else many or one + 's'}"
-
-
 def print_plan(console, result: MethodResult, net) -> None:
-    from rich.table import Table
+    """The chosen plan, job by job (planner/commands/plan_print.py)."""
+    from planner.commands.plan_print import print_plan as show
 
-    report = result.report
-    console.print(f"[bold]{label(result.method)}[/bold]: planned in "
-                  f"{result.seconds:.2f} s on {net.n} nodes", highlight=False)
-    for jr in report.jobs:
-        e = jr.estimate
-        head = (f"[bold]{jr.name}[/bold]  phase {jr.phase}  starts {fmt_s(jr.start_s)}  "
-                f"job {fmt_s(e.job_s)}  iteration {fmt_s(e.iteration_s)} = compute "
-                f"{fmt_s(e.compute_s)} + communication {fmt_s(e.communication_s)}")
-        p = jr.placement
-        if p is None:
-            console.print(head + "  (tensor parallel over all nodes)", highlight=False)
-            continue
-        ids = net.ids
-        cities = sorted({net.nodes[i].city_key or "?" for i in p.nodes})
-        # b (sequences per micro-batch) and M (micro-batches per replica per step): what the
-        # placement hands the program as HULK_MICRO_BATCH and HULK_MICRO_BATCHES.
-        chosen = ("" if p.micro_batch == p.job.micro_batch else
-                  f" (the job's micro_batch is {p.job.micro_batch}; this plan uses "
-                  f"{p.micro_batch})")
-        head += (f"\n  {_count(p.num_stages, 'stage')} x {_count(p.replicas, 'replica')}, "
-                 f"{_count(len(p.nodes), 'node')} in {_count(len(cities), 'city', 'cities')}: "
-                 f"{_listing(cities)}"
-                 f"\n  each replica, each step: "
-                 f"{_count(e.micro_batches, 'micro-batch', 'micro-batches')} of "
-                 f"{_count(p.micro_batch, 'sequence')}{chosen}")
-        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        table.add_column("stage", justify="right")
-        table.add_column("layers")
-        table.add_column("nodes (replica 0, 1, ...)")
-        table.add_column("cities")
-        for k, st in enumerate(p.stages):
-            table.add_row(str(k), f"[{st.lo}, {st.hi})", _listing([ids[i] for i in st.nodes]),
-                          _listing(sorted({net.nodes[i].city_key or "?" for i in st.nodes})))
-        console.print(head, highlight=False)
-        console.print(table)
-    for u in report.unplaced:
-        console.print(f"[red]not placed[/red] {u.name}: {u.reason}", highlight=False)
-    from planner.search.exact import NOTE_PREFIX
-
-    for note in getattr(result.plan, "notes", []):
-        if not note.startswith(NOTE_PREFIX):   # print_optimality prints it
-            console.print(f"[dim]note: {note}[/dim]", highlight=False)
-    console.print(f"makespan {fmt_s(report.makespan_s)}, sum of job completion times "
-                  f"{fmt_s(report.sum_jct_s)}", highlight=False)
+    show(console, result, net)
 
 
 def print_optimality(console, plan) -> None:

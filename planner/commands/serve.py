@@ -89,8 +89,8 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     # The calibrated cost model serve plans with (planner/service/calibration_refit.py).
     p.add_argument("--calibration-interval", type=float, default=600.0, metavar="SECONDS",
                    help="refit the cost model to the step times jobs report and the throughput "
-                        "tests every SECONDS and plan with it (default 600; 0: plan with the "
-                        "reference model)")
+                        "tests, and check the link model of unmeasured site pairs, every SECONDS "
+                        "and plan with them (default 600; 0: plan with the reference model)")
     # Recovery: re-plan the jobs of nodes that go silent.
     p.add_argument("--mqtt", metavar="URL", default=settings.mqtt,
                    help="broker mqtt://[user:pass@]HOST:PORT (HULK_MQTT): re-plan and push "
@@ -320,8 +320,19 @@ def add_calibration(runtime: PlannerRuntime, args: argparse.Namespace):
     return add_to_runtime(runtime, serve_options(runtime, args))
 
 
+def add_link_model(runtime: PlannerRuntime, args: argparse.Namespace, dashboard):
+    """With --mqtt or --dashboard and a --calibration-interval: the link model that predicts
+    unmeasured site pairs (planner/service/link_model.py); None otherwise."""
+    if not (args.mqtt or dashboard is not None):
+        return None
+    from planner.service.link_model import add_to_runtime
+
+    return add_to_runtime(runtime, serve_options(runtime, args),
+                          dashboard_state=dashboard.state if dashboard is not None else None)
+
+
 def add_recovery(runtime: PlannerRuntime, args: argparse.Namespace, active: Path | None,
-                 signer: Signer | None, calibration=None) -> None:
+                 signer: Signer | None, calibration=None, links=None) -> None:
     """With --mqtt: re-plan (with the GNN when there is a model dir) the jobs of silent nodes,
     and run the job lifecycle (`hulk-planner jobs`) and reconciliation (lost placements sent
     again, unplanned processes stopped) next to it, on the network ``calibration`` (serve's
@@ -340,7 +351,8 @@ def add_recovery(runtime: PlannerRuntime, args: argparse.Namespace, active: Path
         runtime, broker=parse_broker_url(args.mqtt, source="--mqtt"),
         options=serve_options(runtime, args),
         interval_s=args.recovery_interval or max(0.5, args.node_timeout / 3), planner=search,
-        signer=signer, calibrate=calibration.apply if calibration is not None else None)
+        signer=signer, calibrate=calibration.apply if calibration is not None else None,
+        links=links.prediction if links is not None else None)
     jobs_interval = getattr(args, "jobs_interval", 2.0)
     add_lifecycle(runtime, replanner, interval_s=jobs_interval, planner=search)
     add_reconcile(runtime, replanner, interval_s=jobs_interval)
@@ -439,7 +451,7 @@ def _run(args: argparse.Namespace, flags: ServeFlags) -> int:
             watch_fleet(metrics, runtime, args.node_timeout)
         add_throughput(runtime, args)
         add_recovery(runtime, args, add_gnn(runtime, args), flags.signer,
-                     add_calibration(runtime, args))
+                     add_calibration(runtime, args), add_link_model(runtime, args, dashboard))
         add_dashboard(runtime, dashboard)
         asyncio.run(serve(runtime, dashboard))
     finally:

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.core.fleet import Network
-from planner.core.jobs import Job
+from planner.core.jobs import COMPRESSION_BYTES, Job
+
+BYTES_PER_OUTER_STATE = 8   # fp32 anchor + fp32 outer Nesterov momentum per parameter
 
 
 @dataclass(frozen=True)
@@ -36,13 +38,41 @@ class Stage:
 
 
 @dataclass(frozen=True)
+class OuterSync:
+    """What a plan chose for a low-communication job (docs/COSTMODEL.md section 9): islands
+    average their pseudo-gradients every ``inner_steps`` steps at ``compression``'s bytes per
+    value, in ``streaming_fragments`` staggered fragments (0: the whole model at once)."""
+
+    inner_steps: int
+    compression: str
+    streaming_fragments: int = 0
+
+
+@dataclass(frozen=True)
 class Placement:
-    """One job's placement: K stages in pipeline order, the same D nodes per stage."""
+    """One job's placement: K stages in pipeline order, the same D nodes per stage.
+
+    ``islands``: replicas per island, the replica columns 0..D-1 split into contiguous blocks
+    (empty: one synchronous group); ``outer``: the islands' outer sync (None: ``sync: step``)."""
 
     job: Job
     stages: tuple[Stage, ...]
     micro_batch: int
     phase: int = 0
+    islands: tuple[int, ...] = ()
+    outer: OuterSync | None = None
+
+    def island_sizes(self) -> tuple[int, ...]:
+        """Replicas per island; one island of every replica when ``islands`` is empty."""
+        return self.islands or (self.replicas,)
+
+    def island_columns(self) -> list[tuple[int, int]]:
+        """[lo, hi) replica columns of each island."""
+        out, lo = [], 0
+        for size in self.island_sizes():
+            out.append((lo, lo + size))
+            lo += size
+        return out
 
     @property
     def num_stages(self) -> int:
@@ -74,6 +104,7 @@ class Estimate:
     allreduce_s: float         # max over stages of T_ar
     memory_ok: bool
     peak_memory_fraction: float  # worst node's need / its memory
+    outer_sync_s: float = 0.0  # one outer all-reduce of a low-communication job (section 9)
 
     @property
     def feasible(self) -> bool:
@@ -103,6 +134,18 @@ def layer_memory_bytes(job: Job, micro_batch: int, num_micro_batches: int,
     rounding)."""
     return (job.state_bytes / job.layers
             + job.activation_bytes(micro_batch) * min(num_micro_batches, num_stages))
+
+
+def outer_state_bytes(job: Job, layers):
+    """8 P l / L: the outer optimizer's state (fp32 anchor and momentum) of ``layers`` layers,
+    which every node of a low-communication job holds beside its training state (section 9)."""
+    return BYTES_PER_OUTER_STATE * job.params * layers / job.layers
+
+
+def pseudo_gradient_bytes(job: Job, layers, compression: str):
+    """c P l / L: bytes of the pseudo-gradients of ``layers`` layers at ``compression``'s c bytes
+    per value (section 9)."""
+    return COMPRESSION_BYTES[compression] * job.params * layers / job.layers
 
 
 def whole_model_bytes(job: Job) -> float:
@@ -140,9 +183,17 @@ def problems(placement: Placement, net: Network) -> list[str]:
     if placement.micro_batch < 1:
         out.append(f"{job.name}: micro-batch must be at least 1")
         return out
+    islands = placement.island_sizes()
+    if min(islands) < 1 or sum(islands) != placement.replicas:
+        out.append(f"{job.name}: islands {list(islands)} must be positive and sum to the "
+                   f"{placement.replicas} replicas")
+    if placement.outer is None and len(islands) > 1:
+        out.append(f"{job.name}: {len(islands)} islands need an outer sync")
     m = micro_batches(job, placement.replicas, placement.micro_batch)
     for k, st in enumerate(stages):
         need = stage_memory_bytes(job, st.layers, placement.micro_batch, m, len(stages))
+        if placement.outer is not None:
+            need += outer_state_bytes(job, st.layers)
         for i in st.nodes:
             if need > net.mem[i]:
                 out.append(f"{job.name}: stage {k} needs {need / 1e9:.1f} GB on node "
@@ -219,9 +270,13 @@ def compute_floor_s(flops: float, throughput: float) -> float:
 
 
 def estimate(placement: Placement, net: Network) -> Estimate:
-    """Iteration time T = max_p T_pipe(p) + max_k T_ar(k), its compute and communication parts."""
+    """Iteration time T = max_p T_pipe(p) + max_k T_ar(k), its compute and communication parts;
+    a placement with an outer sync is priced by section 9 (planner/core/costmodel_sync.py)."""
     # Links between components have bw 0 and rtt inf: the division gives inf, which is the answer.
     with np.errstate(divide="ignore", invalid="ignore"):
+        if placement.outer is not None:
+            from planner.core.costmodel_sync import estimate_outer   # it builds on this module
+            return estimate_outer(placement, net)
         return _estimate(placement, net)
 
 

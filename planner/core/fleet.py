@@ -36,6 +36,10 @@ FLEET_BOUNDS: dict[str, Bound] = {
     "loss": Bound(0, 1, "a loss fraction"),
     "samples": Bound(0, 10 ** 12, "samples", integer=True),
 }
+# Where a site link's figures come from: measured, or written by completion (a model's
+# prediction, or relay over measured RTTs and the window formula).
+MEASURED, PREDICTED, FORMULA = "measured", "predicted", "formula"
+SITE_LINK_SOURCES = (MEASURED, PREDICTED, FORMULA)
 # Completion holds n x n matrices (RTT, bandwidth, imputed: about 14 bytes a pair at peak), so
 # a fleet's size is bounded where it is read and where it is completed: twice the 10,000 servers
 # the planner is built for, about 5.6 GB at the bound.
@@ -175,6 +179,28 @@ class SiteLink:
     bandwidth_gbps: float | None = None
     loss: float = 0.0
     samples: int = 0
+    # A link completion wrote (``fleet complete``) is "predicted" or "formula", with the
+    # conservative figures the planner uses for it: an upper RTT and a lower bandwidth.
+    source: str = "measured"
+    rtt_hi_ms: float | None = None
+    bandwidth_lo_gbps: float | None = None
+
+    @property
+    def planned_rtt_ms(self) -> float:
+        """The RTT completion uses: the upper figure of a link not measured, where given."""
+        if self.source != MEASURED and self.rtt_hi_ms is not None:
+            return self.rtt_hi_ms
+        return self.rtt_ms
+
+    @property
+    def planned_bandwidth_gbps(self) -> float | None:
+        """The bandwidth completion uses: none for a formula link (the window formula of its
+        RTT stands), the lower figure of a predicted one where given, else as measured."""
+        if self.source == FORMULA:
+            return None
+        if self.source != MEASURED and self.bandwidth_lo_gbps is not None:
+            return self.bandwidth_lo_gbps
+        return self.bandwidth_gbps
 
 
 @dataclass(frozen=True)
@@ -313,12 +339,16 @@ def check_fleet_size(count: int) -> None:
                             f"{need:,.0f} GiB)")
 
 
-def complete(fleet: Fleet) -> Network:
+def complete(fleet: Fleet, prediction=None) -> Network:
     """docs/COSTMODEL.md section 2: average duplicates, drop self-loops, give pairs between two
     sites with a site link that link's figures, fill same-site pairs with the site's median and
-    everything else with the shortest path (planner/core/sites.py does the work)."""
+    everything else with the shortest path (planner/core/sites.py does the work).
+
+    ``prediction`` (a ``planner.linkpred.graph.LinkPrediction`` over the fleet's sites, or None):
+    pairs of two sites no measurement covers take its conservative figures where it predicted
+    them (planner.linkpred.complete.predict_fleet_links makes one)."""
     from planner.core.sites import complete_fleet
 
     check_fleet_size(len(fleet.nodes))
 
-    return complete_fleet(fleet)
+    return complete_fleet(fleet, prediction)

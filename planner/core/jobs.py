@@ -6,13 +6,29 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hulk.validate import Bound, Invalid
+from hulk.validate import Bound, Invalid, shown
 
 BYTES_PER_PARAM_STATE = 16   # fp16 weights + grads, fp32 master, Adam m and v
 BYTES_PER_ACTIVATION = 2     # fp16
 # A crash of the job's own processes (an OOM kill, a lost GPU) is often transient: restart from
 # the latest checkpoint a few times before calling the job failed, as torchrun's --max-restarts.
 DEFAULT_MAX_RESTARTS = 3
+# Bytes per pseudo-gradient value on the wire of an outer all-reduce (docs/COSTMODEL.md section 9).
+COMPRESSION_BYTES = {"none": 4, "bf16": 2, "int8": 1}
+SYNC_MODES = ("step", "diloco", "auto")
+
+
+@dataclass(frozen=True)
+class Sync:
+    """How a job's replicas synchronise (docs/COSTMODEL.md section 9): ``step`` all-reduces
+    gradients every step; ``diloco`` runs islands that average pseudo-gradients every
+    ``inner_steps`` steps at one of ``compressions``; ``auto`` lets the planner choose either,
+    with H at most ``inner_steps`` and a compression among ``compressions``."""
+
+    mode: str = "step"
+    inner_steps: int = 1
+    compressions: tuple[str, ...] = ("none",)
+    streaming_fragments: int = 0
 
 
 @dataclass(frozen=True)
@@ -31,6 +47,7 @@ class Job:
     command: tuple[str, ...] | None = None   # argv the agents launch (jobs.yaml may give a string)
     checkpoint_dir: str | None = None        # absolute, or relative to the job's working directory
     max_restarts: int = DEFAULT_MAX_RESTARTS  # restarts after its own processes fail (not node losses)
+    sync: Sync = Sync()
 
     def flops_per_layer(self, micro_batch: int | None = None) -> float:
         """f = 6 * (P / L) * s * b: training FLOPs per micro-batch per layer."""
@@ -113,6 +130,81 @@ def check_job_field(key: str, value: Any) -> int | float:
     except Invalid as bad:
         raise Invalid(bad.expected, field=key) from None
     return float(number) if key == "params" else number
+
+
+# Low-communication training (docs/COSTMODEL.md section 9). H = 100 is INTELLECT-1's choice for
+# `diloco`, where the user states it; `auto` may go up to DiLoCo's H = 500 unless told less.
+# Uncompressed is the default: bf16 and int8 change what the islands average, so the user opts in.
+DEFAULT_DILOCO_INNER_STEPS = 100
+DEFAULT_AUTO_INNER_STEPS = 500
+SYNC_BOUNDS: dict[str, Bound] = {
+    "inner_steps": Bound(1, 100_000, "steps", integer=True),
+    "streaming_fragments": Bound(0, 10_000, "fragments (at most the job's layers)", integer=True),
+}
+SYNC_FIELDS = ("inner_steps", "outer_compression", "streaming_fragments")
+
+
+def parse_sync(mode: Any = None, *, layers: int, inner_steps: Any = None,
+               outer_compression: Any = None, streaming_fragments: Any = None) -> Sync:
+    """A job's Sync from the values jobs.yaml (or a job spec) gives, None where absent; raises
+    Invalid naming the field: an unknown mode, a sync field on a `step` job, a compression that
+    is not one of COMPRESSION_BYTES, a list under `diloco`, a number out of SYNC_BOUNDS."""
+    mode = "step" if mode is None else mode
+    if not isinstance(mode, str) or mode not in SYNC_MODES:
+        raise Invalid(f"expected one of {', '.join(SYNC_MODES)}, got {shown(mode)}", field="sync")
+    given = dict(inner_steps=inner_steps, outer_compression=outer_compression,
+                 streaming_fragments=streaming_fragments)
+    if mode == "step":
+        for key, value in given.items():
+            if value is not None:
+                raise Invalid("only with sync: diloco or auto (this job syncs every step)",
+                              field=key)
+        return Sync()
+    default_h = DEFAULT_DILOCO_INNER_STEPS if mode == "diloco" else DEFAULT_AUTO_INNER_STEPS
+    h = default_h if inner_steps is None else _sync_number("inner_steps", inner_steps)
+    fragments = 0 if streaming_fragments is None else _sync_number("streaming_fragments",
+                                                                   streaming_fragments)
+    if fragments > layers:
+        raise Invalid(f"expected at most the job's {layers} layers, got {fragments}",
+                      field="streaming_fragments")
+    return Sync(mode, h, _compressions(mode, outer_compression), fragments)
+
+
+def _sync_number(key: str, value: Any) -> int:
+    try:
+        return int(SYNC_BOUNDS[key].check(value))
+    except Invalid as bad:
+        raise Invalid(bad.expected, field=key) from None
+
+
+def _compressions(mode: str, value: Any) -> tuple[str, ...]:
+    names = ", ".join(COMPRESSION_BYTES)
+    if value is None:
+        return ("none",) if mode == "diloco" else tuple(COMPRESSION_BYTES)
+    if isinstance(value, (list, tuple)):
+        if mode == "diloco":
+            raise Invalid(f"expected one of {names} (a list only with sync: auto), got "
+                          f"{shown(value)}", field="outer_compression")
+        chosen = list(value)
+    else:
+        chosen = [value]
+    if not chosen or any(not isinstance(c, str) or c not in COMPRESSION_BYTES for c in chosen):
+        raise Invalid(f"expected {'one' if mode == 'diloco' else 'a non-empty list'} of {names}, "
+                      f"got {shown(value)}", field="outer_compression")
+    if len(set(chosen)) != len(chosen):
+        raise Invalid(f"expected each of {names} at most once, got {shown(value)}",
+                      field="outer_compression")
+    return tuple(c for c in COMPRESSION_BYTES if c in chosen)
+
+
+def sync_fields(sync: Sync) -> dict[str, Any]:
+    """The jobs.yaml fields that give ``sync`` (empty for `step`), as parse_sync reads them."""
+    if sync.mode == "step":
+        return {}
+    compression: Any = sync.compressions[0] if sync.mode == "diloco" else list(sync.compressions)
+    return {"sync": sync.mode, "inner_steps": sync.inner_steps, "outer_compression": compression,
+            **({"streaming_fragments": sync.streaming_fragments}
+               if sync.streaming_fragments else {})}
 
 
 def catalog_job(model: str, name: str | None = None, **overrides) -> Job:

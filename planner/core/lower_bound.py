@@ -47,6 +47,12 @@ its range that makes it smaller. The parts of the bound (each times the job's st
   alone times summed (the heaviest such set); a phase holds at most n jobs, so makespan >= the sum
   of every n-th alone time, longest first.
 
+A job whose sync is ``diloco`` or ``auto`` may run as islands (docs/COSTMODEL.md section 9),
+whose inner steps all-reduce within an island only and whose outer sync comes every H steps: its
+floors keep compute, memory and the first micro-batch over the best links, without the
+all-reduce and the slow-link terms (an island's inner step is a step of a smaller job, so every
+other term still bounds it).
+
 Left out (so the bound sits below the optimum): stages of whole layers, per-micro-batch and hop
 overheads beyond those counted, the slowest replica's links and compute together, one link being
 both the closest and the fastest, and which jobs share nodes beyond the phase rules. System C
@@ -279,6 +285,9 @@ def job_floors(job: Job, net: Network, fleet: _Fleet | None = None) -> JobFloor:
     the remaining M - 1 over the replica's slowest link."""
     fleet = fleet or _fleet(net)
     n, links = net.n, fleet.links
+    # A job that may run as islands (sync diloco or auto) needs no link between its replicas
+    # every step, nor slow links to reach their memory: only compute and the best links count.
+    islands = job.sync.mode != "step"
     w1 = replica_bytes(job) * MEMORY_SLACK
     ranges = np.array(count_ranges(n), dtype=np.int64).reshape(-1, 2)
     k_max = np.minimum(job.layers, n // ranges[:, 0])
@@ -318,6 +327,8 @@ def job_floors(job: Job, net: Network, fleet: _Fleet | None = None) -> JobFloor:
                                                      links.rtt_ms if hop_rtt else job_rtt,
                                                      links.bw if hop_bw else job_bw)
                  for hop_rtt in (True, False) for hop_bw in (True, False)}
+        if islands:
+            rings = {(False, False): np.zeros(len(k))}
         times, areas = [], []
         pipelined = k > 1
         for m1, m2 in count_ranges(job.global_batch):
@@ -337,6 +348,8 @@ def job_floors(job: Job, net: Network, fleet: _Fleet | None = None) -> JobFloor:
                 # the pipeline's slowest link, by RTT and by bandwidth (two links, maybe)
                 worst_rtt = np.maximum(rep_rtt, job_rtt) if hop_rtt else rep_rtt
                 worst_bw = np.minimum(rep_bw, job_bw) if hop_bw else rep_bw
+                if islands:
+                    worst_rtt, worst_bw = links.rtt_ms, links.bw
                 if m1 == 1:
                     tail = np.zeros(len(k))
                 else:

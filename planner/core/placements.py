@@ -20,9 +20,10 @@ from typing import Any
 from hulk.errors import InputError
 from hulk.validate import Invalid
 from hulk.wire.placement import SUMMARY_FORMAT, NodePlacement, PlanSummary, Role
-from planner.core.costmodel import Placement, Stage, micro_batches
+from planner.core.costmodel import OuterSync, Placement, Stage, micro_batches
 from planner.core.fleet import Network
-from planner.core.jobs import DEFAULT_MAX_RESTARTS, Job, check_job_field
+from planner.core.jobs import (COMPRESSION_BYTES, DEFAULT_MAX_RESTARTS, SYNC_FIELDS, Job, check_job_field,
+                               parse_sync, sync_fields)
 from planner.core.plan import Plan
 
 DEFAULT_BASE_PORT = 29500
@@ -55,10 +56,17 @@ def placement_roles(placement: Placement, node_ids: list[str], *, plan_id: str, 
     k_stages = placement.num_stages
     first = node_ids[placement.stages[0].nodes[0]]
     address = addresses.get(first) or first
+    island_of = [i for i, size in enumerate(placement.island_sizes()) for _ in range(size)]
+    outer = placement.outer
+    sync = {} if outer is None else dict(
+        sync="diloco", inner_steps=outer.inner_steps, outer_compression=outer.compression,
+        streaming_fragments=outer.streaming_fragments,
+        num_islands=len(placement.island_sizes()))
     roles: dict[str, Role] = {}
     for k, stage in enumerate(placement.stages):
         for p, index in enumerate(stage.nodes):
             node = node_ids[index]
+            island = {"island": island_of[p]} if outer is not None else {}
             roles[node] = Role(
                 plan_id=plan_id, job=placement.job.name, phase=placement.phase, stage=k,
                 num_stages=k_stages, layer_lo=stage.lo, layer_hi=stage.hi, replica=p,
@@ -66,7 +74,7 @@ def placement_roles(placement: Placement, node_ids: list[str], *, plan_id: str, 
                 rendezvous_address=address, rendezvous_port=port,
                 micro_batch=placement.micro_batch, command=command_argv(placement.job.command),
                 micro_batches=m, checkpoint_dir=placement.job.checkpoint_dir,
-                restart_count=restart_count)
+                restart_count=restart_count, **sync, **island)
     return roles
 
 
@@ -108,7 +116,8 @@ def job_spec(job: Job) -> dict[str, Any]:
             "command": list(argv) if (argv := command_argv(job.command)) is not None else None,
             **({"checkpoint_dir": job.checkpoint_dir} if job.checkpoint_dir is not None else {}),
             **({"max_restarts": job.max_restarts}
-               if job.max_restarts != DEFAULT_MAX_RESTARTS else {})}
+               if job.max_restarts != DEFAULT_MAX_RESTARTS else {}),
+            **sync_fields(job.sync)}
 
 
 def build_summary(plan: Plan, net: Network, *, fleet: str, plan_id: str, issued_at_ms: int,
@@ -133,6 +142,11 @@ def build_summary(plan: Plan, net: Network, *, fleet: str, plan_id: str, issued_
             "rendezvous": ({"address": rank0[0].rendezvous_address, "port": rank0[0].rendezvous_port}
                            if rank0 else None),
             "spec": job_spec(placement.job),
+            **({"islands": list(placement.island_sizes()),
+                "outer": {"inner_steps": placement.outer.inner_steps,
+                          "compression": placement.outer.compression,
+                          "streaming_fragments": placement.outer.streaming_fragments}}
+               if placement.outer is not None else {}),
         })
     return {
         "format": SUMMARY_FORMAT,
@@ -160,10 +174,18 @@ def job_from_spec(name: str, spec: Mapping[str, Any]) -> Job:
                    micro_batch=int(spec.get("micro_batch") or 1), steps=int(spec.get("steps") or 1),
                    model=spec.get("model"), command=command_argv(spec.get("command")),
                    checkpoint_dir=_spec_path(spec.get("checkpoint_dir")),
-                   max_restarts=spec_max_restarts(spec))
+                   max_restarts=spec_max_restarts(spec), sync=_spec_sync(spec))
+    except Invalid as bad:
+        raise InputError(bad.expected, path="plan summary", field=f"{name}.spec.{bad.field}") from None
     except (KeyError, TypeError, ValueError, InputError):
         raise InputError("expected params, layers, hidden, seq_len, global_batch",
                          path="plan summary", field=f"{name}.spec") from None
+
+
+def _spec_sync(spec: Mapping[str, Any]):
+    """A spec's Sync (``step`` when it gives none); Invalid naming the field when bad."""
+    return parse_sync(spec.get("sync"), layers=int(spec["layers"]),
+                      **{key: spec.get(key) for key in SYNC_FIELDS})
 
 
 def spec_max_restarts(spec: Mapping[str, Any]) -> int:
@@ -195,8 +217,10 @@ def plan_from_summary(summary: PlanSummary, net: Network) -> tuple[Plan, dict[st
             missing.append(job.name)
             continue
         stages = tuple(Stage(lo, hi, tuple(net.index[n] for n in nodes)) for lo, hi, nodes in job.stages)
+        outer = OuterSync(*job.outer) if job.outer is not None else None
         placements.append(Placement(job=job_from_spec(job.name, job.spec), stages=stages,
-                                    micro_batch=job.micro_batch, phase=job.phase))
+                                    micro_batch=job.micro_batch, phase=job.phase,
+                                    islands=job.islands, outer=outer))
         plan_ids[job.name] = job.plan_id
     return Plan(method=summary.method, placements=placements), plan_ids, missing
 
@@ -206,9 +230,14 @@ def stages_doc(placement: Placement, net: Network) -> dict[str, Any]:
     """A placement's stages as a job record keeps them: ``{"micro_batch": b, "stages":
     [[first_layer, last_layer, [node ids]], ...]}``, layers inclusive, stages in pipeline order,
     each stage's nodes replica by replica."""
-    return {"micro_batch": placement.micro_batch,
-            "stages": [[st.lo, st.hi - 1, [net.ids[i] for i in st.nodes]]
-                       for st in placement.stages]}
+    doc = {"micro_batch": placement.micro_batch,
+           "stages": [[st.lo, st.hi - 1, [net.ids[i] for i in st.nodes]]
+                      for st in placement.stages]}
+    if placement.outer is not None:   # a low-communication job: its islands and outer sync
+        o = placement.outer
+        doc.update(islands=list(placement.island_sizes()),
+                   outer=[o.inner_steps, o.compression, o.streaming_fragments])
+    return doc
 
 
 def placement_from_stages(job: Job, doc: Mapping[str, Any], net: Network) -> Placement:
@@ -239,4 +268,23 @@ def placement_from_stages(job: Job, doc: Mapping[str, Any], net: Network) -> Pla
     if next_layer != job.layers:
         raise InputError(f"expected the stages to cover the job's {job.layers} layers, got "
                          f"{next_layer}", field=where)
-    return Placement(job=job, stages=tuple(out), micro_batch=micro_batch)
+    islands, outer = _stages_outer(doc, len(out[0].nodes), where)
+    return Placement(job=job, stages=tuple(out), micro_batch=micro_batch, islands=islands,
+                     outer=outer)
+
+
+def _stages_outer(doc: Mapping[str, Any], replicas: int,
+                  where: str) -> tuple[tuple[int, ...], OuterSync | None]:
+    """The islands and outer sync ``stages_doc`` kept (none for a job of ``sync: step``)."""
+    if "outer" not in doc:
+        return (), None
+    islands, outer = doc.get("islands"), doc.get("outer")
+    ok = (isinstance(islands, list) and islands and sum(islands) == replicas
+          and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in islands)
+          and isinstance(outer, list) and len(outer) == 3
+          and isinstance(outer[0], int) and outer[0] >= 1 and outer[1] in COMPRESSION_BYTES
+          and isinstance(outer[2], int) and outer[2] >= 0)
+    if not ok:
+        raise InputError(f"expected islands summing to {replicas} and outer [H, compression, "
+                         "fragments]", field=f"{where}.outer")
+    return tuple(islands), OuterSync(*outer)

@@ -107,6 +107,7 @@ def plan_on(free: list[int], net: Network, jobs: list[Job], *, search: Planner,
     sub_plan = search(jobs, sub_network(net, free), seed=seed)
     placed = [Placement(job=p.job, stages=tuple(Stage(st.lo, st.hi, tuple(free[i] for i in st.nodes))
                                                 for st in p.stages),
-                        micro_batch=p.micro_batch, phase=p.phase)
+                        micro_batch=p.micro_batch, phase=p.phase, islands=p.islands,
+                        outer=p.outer)
               for p in sub_plan.placements]
     return placed, list(sub_plan.unplaced)

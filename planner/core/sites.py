@@ -127,16 +127,85 @@ def _relay(graph_pairs: MeasuredPairs, n: int, sources: np.ndarray) -> np.ndarra
     return dijkstra(graph, directed=False, indices=sources)
 
 
-def complete_fleet(fleet: Fleet) -> Network:
-    """docs/COSTMODEL.md section 2 for ``fleet``: the dense ``Network`` the planners read."""
+def complete_fleet(fleet: Fleet, prediction=None) -> Network:
+    """docs/COSTMODEL.md section 2 for ``fleet``: the dense ``Network`` the planners read.
+
+    ``prediction`` (a LinkPrediction over named sites, or None for today's rule alone): see
+    :func:`apply_prediction`."""
     nodes = tuple(fleet.nodes)
     n = len(nodes)
     index = {node.id: i for i, node in enumerate(nodes)}
     pairs = merge_pairs(*_link_columns(fleet, index), n)
     names, site = site_codes(fleet)
     if fleet.site_links:
-        return _complete_by_sites(fleet, nodes, pairs, names, site)
-    return _complete_by_nodes(nodes, pairs, site, len(names))
+        net = _complete_by_sites(fleet, nodes, pairs, names, site)
+    else:
+        net = _complete_by_nodes(nodes, pairs, site, len(names))
+    if prediction is not None:
+        apply_prediction(net, fleet, pairs, names, site, prediction)
+    return net
+
+
+def apply_prediction(net: Network, fleet: Fleet, pairs: MeasuredPairs, names: list[str],
+                     site: np.ndarray, prediction) -> None:
+    """Give the node pairs of two different sites the prediction's conservative figures where
+    it predicted them and no measurement covers the site pair, per quantity: its upper RTT
+    where no site link joins the sites and no node link joins any of their servers; its lower
+    throughput where, besides, no node link between them measured a throughput (a node pair
+    with a measured RTT keeps it). A pair whose RTT was predicted and throughput not takes the
+    window formula of the new RTT; FORMULA figures keep today's rule. A site link the fleet
+    gives, a completed one too, is used as given. In place, by row blocks."""
+    from planner.linkpred.graph import Source
+
+    s = len(names)
+    where = {name: k for k, name in enumerate(prediction.sites)}
+    to_pred = np.array([where.get(name, -1) if name else -1 for name in names], dtype=np.int64)
+    known = to_pred >= 0
+    grid = np.ix_(np.where(known, to_pred, 0), np.where(known, to_pred, 0))
+    # Which site pairs a measurement covers, per quantity; a completed site link is used as
+    # given (covers both), a measured one covers the throughput when it measured one.
+    covered_rtt = np.zeros((s, s), dtype=bool)
+    covered_bw = np.zeros((s, s), dtype=bool)
+    sa, sb = site[pairs.a], site[pairs.b]
+    covered_rtt[sa, sb] = covered_rtt[sb, sa] = True
+    has_bw = np.isfinite(pairs.bw_gbps)
+    covered_bw[sa[has_bw], sb[has_bw]] = covered_bw[sb[has_bw], sa[has_bw]] = True
+    code = {name: k for k, name in enumerate(names) if name}
+    for link in fleet.site_links:
+        a, b = code.get(link.src), code.get(link.dst)
+        if a is not None and b is not None:
+            covered_rtt[a, b] = covered_rtt[b, a] = True
+            if link.source != "measured" or link.bandwidth_gbps is not None:
+                covered_bw[a, b] = covered_bw[b, a] = True
+    between = known[:, None] & known[None, :]
+    np.fill_diagonal(between, False)
+    rtt_hi = np.asarray(prediction.rtt_hi_ms, dtype=float)[grid]
+    gbps_lo = np.asarray(prediction.gbps_lo, dtype=float)[grid]
+    new_rtt = between & ~covered_rtt
+    new_rtt &= np.asarray(prediction.rtt_source)[grid] == Source.PREDICTED
+    new_rtt &= np.isfinite(rtt_hi) & (rtt_hi >= 0)
+    new_bw = between & ~covered_bw
+    new_bw &= np.asarray(prediction.gbps_source)[grid] == Source.PREDICTED
+    new_bw &= np.isfinite(gbps_lo) & (gbps_lo > 0)
+    window_bw = new_rtt & ~new_bw
+    if not (new_rtt.any() or new_bw.any()):
+        return
+    n = len(site)
+    rows = max(1, (64 << 20) // max(1, 8 * n))
+    for lo in range(0, n, rows):
+        sa = site[lo:lo + rows]
+        take_rtt = new_rtt[sa][:, site]
+        if take_rtt.any():
+            block = net.rtt_ms[lo:lo + rows]
+            block[take_rtt] = rtt_hi[sa][:, site][take_rtt]
+        take_bw = new_bw[sa][:, site]
+        if take_bw.any():
+            block = net.bw[lo:lo + rows]
+            block[take_bw] = (gbps_lo[sa][:, site] * GBIT)[take_bw]
+        take_window = window_bw[sa][:, site]
+        if take_window.any():
+            block = net.bw[lo:lo + rows]
+            block[take_window] = _tcp_bw(net.rtt_ms[lo:lo + rows])[take_window]
 
 
 def _complete_by_nodes(nodes, pairs: MeasuredPairs, site: np.ndarray, n_sites: int) -> Network:
@@ -172,8 +241,9 @@ def _site_matrices(fleet: Fleet, names: list[str]) -> tuple[np.ndarray, ...]:
     s = len(names)
     src = np.array([code[k.src] for k in fleet.site_links], dtype=np.int64)
     dst = np.array([code[k.dst] for k in fleet.site_links], dtype=np.int64)
-    rtt = np.array([float(k.rtt_ms) for k in fleet.site_links])
-    bw = np.array([np.nan if k.bandwidth_gbps is None else float(k.bandwidth_gbps)
+    # A completed link (predicted, formula) counts with its conservative figures.
+    rtt = np.array([float(k.planned_rtt_ms) for k in fleet.site_links])
+    bw = np.array([np.nan if k.planned_bandwidth_gbps is None else float(k.planned_bandwidth_gbps)
                    for k in fleet.site_links])
     merged = merge_pairs(src, dst, rtt, bw, s)
     site_rtt = np.full((s, s), np.inf)
@@ -232,7 +302,26 @@ def _complete_by_sites(fleet: Fleet, nodes, pairs: MeasuredPairs, names: list[st
         rtt[:, cols] = rtt[cols].T
         bw[:, cols] = bw[cols].T
     del unreached
-    return _finish(nodes, rtt, measured, pairs, default_bw=bw)
+    # A completed site link's bandwidth (predicted: its lower figure) also stands for its
+    # servers' measured pairs without a measured throughput, as completing with the prediction
+    # gave them; measured site links leave those pairs the window formula of their own RTT.
+    completed = _completed_site_bw(fleet, names)
+    pair_bw = None if completed is None else completed[site[pairs.a], site[pairs.b]] * GBIT
+    return _finish(nodes, rtt, measured, pairs, default_bw=bw, pair_bw=pair_bw)
+
+
+def _completed_site_bw(fleet: Fleet, names: list[str]) -> np.ndarray | None:
+    """Site x site bandwidth (Gbit/s) of predicted site links, NaN elsewhere; None if none."""
+    code = {name: k for k, name in enumerate(names) if name}
+    out = None
+    for link in fleet.site_links:
+        bw = link.planned_bandwidth_gbps
+        if link.source == "predicted" and bw is not None:
+            if out is None:
+                out = np.full((len(names), len(names)), np.nan)
+            a, b = code[link.src], code[link.dst]
+            out[a, b] = out[b, a] = bw
+    return out
 
 
 def _relay_with_sites(pairs: MeasuredPairs, site: np.ndarray, level: np.ndarray,
@@ -262,7 +351,7 @@ def _tcp_bw(rtt: np.ndarray) -> np.ndarray:
 
 
 def _finish(nodes, rtt: np.ndarray, measured: np.ndarray, pairs: MeasuredPairs,
-            default_bw: np.ndarray | None) -> Network:
+            default_bw: np.ndarray | None, pair_bw: np.ndarray | None = None) -> Network:
     """Bandwidths (measured, else given per pair, else the TCP model), diagonal, imputed mask."""
     n = len(nodes)
     if default_bw is None:
@@ -274,6 +363,10 @@ def _finish(nodes, rtt: np.ndarray, measured: np.ndarray, pairs: MeasuredPairs,
         bw = default_bw
         # Measured node pairs without a measured bandwidth: the TCP model of their own RTT.
         bw[pairs.a, pairs.b] = bw[pairs.b, pairs.a] = _tcp_bw(pairs.rtt_ms)
+        if pair_bw is not None:
+            given = np.isfinite(pair_bw)
+            a, b = pairs.a[given], pairs.b[given]
+            bw[a, b] = bw[b, a] = pair_bw[given]
     has_bw = np.isfinite(pairs.bw_gbps)
     a, b, value = pairs.a[has_bw], pairs.b[has_bw], pairs.bw_gbps[has_bw] * GBIT
     bw[a, b] = bw[b, a] = value

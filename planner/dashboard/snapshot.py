@@ -23,6 +23,7 @@ from hulk.errors import HulkError
 from planner.core.fleet import Fleet
 from planner.core.lifecycle import JobRecord
 from planner.dashboard.compare import ComparisonWorker, comparison_json
+from planner.dashboard.link_sources import marked_links
 from planner.dashboard.view import (LinkSummary, PairLink, fleet_json, jobs_json, last_plan_records,
                                     node_sites, number, pair_links, summarise_links)
 
@@ -49,7 +50,8 @@ class DashboardState:
     def __init__(self, *, fleet: str, node_timeout_s: float, window_days: int,
                  worker: ComparisonWorker | None = None, links_interval_s: float = 30.0,
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic,
+                 links: Callable[[], Any] | None = None):
         self.fleet, self.node_timeout_s, self.window_days = fleet, node_timeout_s, window_days
         self.worker = worker or ComparisonWorker()
         self.links_interval_s = links_interval_s
@@ -60,6 +62,10 @@ class DashboardState:
         self._sites: dict[str, str] | None = None
         self._summary = LinkSummary()
         self._docs: dict[str, dict[str, Any]] = {}
+        # () -> serve's link prediction (planner.service.link_model), or None: the map marks
+        # each site pair measured, predicted or formula.
+        self.links = links
+        self._marked: tuple[Any, LinkSummary, LinkSummary] | None = None
 
     def read(self, store) -> StoreRead:
         """The store's part of a refresh (call it on the store's thread)."""
@@ -95,7 +101,8 @@ class DashboardState:
         self.worker.offer(key, jobs, self._fleet)
         estimates = [r.estimate_s for r in planned if r.estimate_s is not None]
         self._docs = {
-            "fleet": fleet_json(read.rows, self._summary, fleet=self.fleet, now_ms=read.now_ms,
+            "fleet": fleet_json(read.rows, self._marked_summary(), fleet=self.fleet,
+                                now_ms=read.now_ms,
                                 node_timeout_s=self.node_timeout_s),
             "jobs": jobs_json(read.records, read.rows, now_ms=read.now_ms,
                               iterations=read.iterations),
@@ -106,6 +113,16 @@ class DashboardState:
                      "estimated_makespan_s": number(max(estimates), 1) if estimates else None},
         }
         return f"{len(read.rows)} nodes, {len(self._pairs)} pairs, {len(read.records)} jobs"
+
+    def _marked_summary(self) -> LinkSummary:
+        """The summary with each link's source, marked again only when it or the prediction
+        changed (a prediction has a figure for every pair of sites)."""
+        prediction = self.links() if self.links is not None else None
+        cached = self._marked
+        if cached is None or cached[0] is not prediction or cached[1] is not self._summary:
+            self._marked = cached = (prediction, self._summary,
+                                     marked_links(self._summary, prediction))
+        return cached[2]
 
     def refresh(self, store) -> str:
         """``read`` and ``build`` on this thread (tests, and stores not shared with serve)."""

@@ -30,8 +30,8 @@ from hulk.errors import InputError
 from hulk.userfile import read_user_file
 from hulk.validate import NAME_EXPECTED, is_name
 from planner.core import gpus as gpu_catalog
-from planner.core.fleet import (FLEET_BOUNDS, FLEET_TEXT_CHARS, MAX_FLEET_NODES, Fleet,
-                                LinkTable, Node)
+from planner.core.fleet import (FLEET_BOUNDS, FLEET_TEXT_CHARS, MAX_FLEET_NODES, MEASURED, Fleet,
+                                LinkTable, Node, SiteLink)
 from planner.core.gcpause import gc_paused
 from planner.files.fleet_links import (CarefulReadNeeded, LinkRecord, read_links,
                                        read_site_links, read_sites)
@@ -96,10 +96,23 @@ def fleet_to_json(fleet: Fleet) -> dict[str, Any]:
     if fleet.sites:
         out["sites"] = [{"id": s.id, "lat": s.latitude, "lon": s.longitude} for s in fleet.sites]
     if fleet.site_links:
-        out["site_links"] = [{"src": k.src, "dst": k.dst, "rtt_ms": k.rtt_ms,
-                              "bandwidth_gbps": k.bandwidth_gbps, "loss": k.loss,
-                              "samples": k.samples} for k in fleet.site_links]
+        out["site_links"] = [_site_link_json(k) for k in fleet.site_links]
     return out
+
+
+def _site_link_json(link: SiteLink) -> dict[str, Any]:
+    """A site link; a measured one without completion figures as readers before them read it."""
+    item: dict[str, Any] = {"src": link.src, "dst": link.dst, "rtt_ms": link.rtt_ms,
+                            "bandwidth_gbps": link.bandwidth_gbps, "loss": link.loss,
+                            "samples": link.samples}
+    if link.source != MEASURED or link.rtt_hi_ms is not None \
+            or link.bandwidth_lo_gbps is not None:
+        item["source"] = link.source
+        if link.rtt_hi_ms is not None:
+            item["rtt_hi_ms"] = link.rtt_hi_ms
+        if link.bandwidth_lo_gbps is not None:
+            item["bandwidth_lo_gbps"] = link.bandwidth_lo_gbps
+    return item
 
 
 def _links_json(links) -> list[dict[str, Any]]:

@@ -22,13 +22,16 @@ import msgspec
 import numpy as np
 
 from hulk.errors import InputError
-from planner.core.fleet import FLEET_BOUNDS, FLEET_TEXT_CHARS, Link, LinkTable, Site, SiteLink
+from planner.core.fleet import (FLEET_BOUNDS, FLEET_TEXT_CHARS, MEASURED, SITE_LINK_SOURCES,
+                                Link, LinkTable, Site, SiteLink)
 from planner.files.jsonfields import MAX_JSON_INT, Fields, LineFinder, json_type
 from planner.files.paper import ImportIssue
 
 LINK_KEYS = {"src", "dst", "rtt_ms", "bandwidth_gbps", "loss", "samples", "imputed"}
 SITE_KEYS = {"id", "lat", "lon"}
-SITE_LINK_KEYS = {"src", "dst", "rtt_ms", "bandwidth_gbps", "loss", "samples"}
+# What ``fleet complete`` adds to a site link it wrote (read by the per-link reader).
+COMPLETION_KEYS = {"source", "rtt_hi_ms", "bandwidth_lo_gbps"}
+SITE_LINK_KEYS = {"src", "dst", "rtt_ms", "bandwidth_gbps", "loss", "samples"} | COMPLETION_KEYS
 NUMBER = frozenset({int, float})
 NUMBER_OR_NULL = frozenset({int, float, type(None)})
 
@@ -220,7 +223,8 @@ def read_site_links(raw: Any, known: dict[str, str], path: str, lines: LineFinde
                          path=path, line=lines.line(), field="site_links")
     keys = sorted(set(known.values()))
     code = {name: keys.index(key) for name, key in known.items()}
-    columns = fast_columns(raw, SITE_LINK_KEYS, code, self_loops=True)
+    completed = any(isinstance(obj, dict) and not COMPLETION_KEYS.isdisjoint(obj) for obj in raw)
+    columns = None if completed else fast_columns(raw, SITE_LINK_KEYS, code, self_loops=True)
     if columns is not None:
         src, dst, rtt, bw, loss, samples = columns
         return tuple(SiteLink(keys[a], keys[b], rtt_ms=float(r),
@@ -232,7 +236,8 @@ def read_site_links(raw: Any, known: dict[str, str], path: str, lines: LineFinde
                             "node's site or city", path, lines, issues, note_unknown,
                             self_loops=True)
     return tuple(SiteLink(known[src], known[dst], rtt_ms=m["rtt"], bandwidth_gbps=m["bw"],
-                          loss=m["loss"], samples=m["samples"])
+                          loss=m["loss"], samples=m["samples"], source=m["source"],
+                          rtt_hi_ms=m["rtt_hi"], bandwidth_lo_gbps=m["bw_lo"])
                  for (src, dst), m in merged.items())
 
 
@@ -259,6 +264,7 @@ def _careful_links(raw: list, section: str, allowed: set[str], known, what: str,
         bw = f.number("bandwidth_gbps", bound=FLEET_BOUNDS["bandwidth_gbps"])
         loss = f.number("loss", default=0.0, bound=FLEET_BOUNDS["loss"])
         samples = int(f.number("samples", default=0, bound=FLEET_BOUNDS["samples"]))
+        completion = _completion_fields(f, rtt, bw) if "source" in allowed else {}
         if "imputed" in allowed:
             imputed = obj.get("imputed", False)
             if not isinstance(imputed, bool):
@@ -282,10 +288,34 @@ def _careful_links(raw: list, section: str, allowed: set[str], known, what: str,
             first["samples"] += samples
             if bw is not None:
                 first["bws"].append(bw)
+            # The conservative figures stay conservative for the averaged point figures.
+            for name, pick in (("rtt_hi", max), ("bw_lo", min)):
+                if completion.get(name) is not None:
+                    held = first[name]
+                    first[name] = completion[name] if held is None else pick(held, completion[name])
             continue
         merged[key] = {"index": i, "rtts": [rtt], "bws": [] if bw is None else [bw],
-                       "loss": loss, "samples": samples}
+                       "loss": loss, "samples": samples, "source": MEASURED, "rtt_hi": None,
+                       "bw_lo": None, **completion}
     for m in merged.values():
         m["rtt"] = sum(m["rtts"]) / len(m["rtts"])
         m["bw"] = (sum(m["bws"]) / len(m["bws"])) if m["bws"] else None
     return merged
+
+
+def _completion_fields(f: Fields, rtt: float, bw: float | None) -> dict[str, Any]:
+    """A site link's ``source``, ``rtt_hi_ms`` (at least its ``rtt_ms``) and
+    ``bandwidth_lo_gbps`` (at most its ``bandwidth_gbps``, which it needs)."""
+    source = f.obj.get("source", MEASURED)
+    if source is None:
+        source = MEASURED
+    if source not in SITE_LINK_SOURCES:
+        raise f.fail("source", "one of " + ", ".join(SITE_LINK_SOURCES))
+    rtt_hi = f.number("rtt_hi_ms", bound=FLEET_BOUNDS["rtt_ms"])
+    if rtt_hi is not None and rtt_hi < rtt:
+        raise f.fail("rtt_hi_ms", f"milliseconds of RTT at least rtt_ms ({rtt:g})")
+    bw_lo = f.number("bandwidth_lo_gbps", bound=FLEET_BOUNDS["bandwidth_gbps"])
+    if bw_lo is not None and (bw is None or bw_lo > bw):
+        raise f.fail("bandwidth_lo_gbps", "Gbit/s at most bandwidth_gbps (" +
+                     ("none given" if bw is None else f"{bw:g}") + ")")
+    return {"source": source, "rtt_hi": rtt_hi, "bw_lo": bw_lo}

@@ -11,14 +11,15 @@ from hulk.errors import InputError
 from hulk.userfile import read_user_file
 from hulk.wire.placement import MAX_COMMAND_WORDS, MAX_PATH, valid_job_name
 from hulk.validate import Invalid
-from planner.core.jobs import MODEL_CATALOG, Job, check_job_field
+from planner.core.jobs import MODEL_CATALOG, SYNC_FIELDS, Job, check_job_field, parse_sync
 
 INT_FIELDS = ("layers", "hidden", "seq_len", "global_batch", "micro_batch", "steps",
               "max_restarts")
 NUMBER_FIELDS = ("params",) + INT_FIELDS
 # What a model outside the catalog must give; micro_batch and steps have defaults.
 REQUIRED_WITHOUT_CATALOG = ("params", "layers", "hidden", "seq_len", "global_batch")
-JOB_KEYS = frozenset({"name", "model", "command", "checkpoint_dir", *NUMBER_FIELDS})
+JOB_KEYS = frozenset({"name", "model", "command", "checkpoint_dir", "sync", *SYNC_FIELDS,
+                      *NUMBER_FIELDS})
 TOP_KEYS = frozenset({"jobs"})
 MAX_MODEL_CHARS = 128
 MAX_JOBS_FILE_BYTES = 16 << 20    # thousands of jobs; a larger file is no jobs.yaml
@@ -134,7 +135,13 @@ def _parse_job(entry, index: int, path: str) -> Job:
     if fields["micro_batch"] > fields["global_batch"]:
         raise fail("micro_batch", f"{fields['micro_batch']} is larger than global_batch "
                                   f"{fields['global_batch']}")
-    return Job(name=name, model=model, command=command, checkpoint_dir=checkpoint_dir, **fields)
+    try:
+        sync = parse_sync(entry.get("sync"), layers=fields["layers"],
+                          **{key: entry.get(key) for key in SYNC_FIELDS})
+    except Invalid as bad:
+        raise fail(bad.field, bad.expected) from None
+    return Job(name=name, model=model, command=command, checkpoint_dir=checkpoint_dir,
+               sync=sync, **fields)
 
 
 def _job_name(entry, index: int, path: str) -> str:

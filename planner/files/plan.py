@@ -18,15 +18,18 @@ from hulk.errors import InputError
 from hulk.userfile import read_user_file
 from hulk.validate import Invalid, shown
 from hulk.wire.placement import MAX_TEXT_CHARS, valid_job_name
-from planner.core.costmodel import Placement, Stage
+from planner.core.costmodel import OuterSync, Placement, Stage
 from planner.core.evaluate import PlanReport, evaluate
 from planner.core.fleet import Network
-from planner.core.jobs import JOB_BOUNDS, Job
+from planner.core.jobs import COMPRESSION_BYTES, JOB_BOUNDS, SYNC_BOUNDS, Job
 from planner.core.plan import Plan, Unplaced
 
 FORMAT = "hulk-plan/1"
 TOP_KEYS = ("format", "method", "fleet", "jobs", "totals", "unplaced")
 JOB_KEYS = ("name", "phase", "micro_batch", "stages", "estimate")
+# Optional, only for a job whose islands sync every H steps (docs/COSTMODEL.md section 9).
+SYNC_KEYS = ("mode", "inner_steps", "compression", "streaming_fragments")
+ISLAND_KEYS = ("replicas", "outer_group")
 ESTIMATE_KEYS = ("iteration_s", "compute_s", "communication_s", "job_s")
 TOTAL_KEYS = ("makespan_s", "sum_jct_s")
 LOWER_BOUND_KEYS = ("seconds", "binding", "gap")   # optional: planner.core.lower_bound's verdict
@@ -63,6 +66,7 @@ def plan_to_json(plan: Plan, net: Network, report: PlanReport | None = None,
             "stages": [{"layers": [st.lo, st.hi], "nodes": [ids[i] for i in st.nodes]}
                        for st in p.stages],
             "estimate": {k: _num(getattr(r.estimate, k)) for k in ESTIMATE_KEYS},
+            **(_sync_json(p, r.estimate, ids) if p.outer is not None else {}),
         })
     return {
         "format": FORMAT,
@@ -78,6 +82,18 @@ def plan_to_json(plan: Plan, net: Network, report: PlanReport | None = None,
                             is not None and report.complete else None}}
            if lower_bound is not None else {}),
     }
+
+
+def _sync_json(p: Placement, estimate, ids: list[str]) -> dict[str, Any]:
+    """A low-communication job's choices, its islands and each stage's outer group (the node of
+    each island's first replica, planner.core.costmodel_sync.outer_group)."""
+    columns = [lo for lo, _ in p.island_columns()]
+    return {"sync": {"mode": "diloco", "inner_steps": p.outer.inner_steps,
+                     "compression": p.outer.compression,
+                     "streaming_fragments": p.outer.streaming_fragments,
+                     "outer_sync_s": _num(estimate.outer_sync_s)},
+            "islands": {"replicas": list(p.island_sizes()),
+                        "outer_group": [[ids[st.nodes[c]] for c in columns] for st in p.stages]}}
 
 
 def write_plan(plan: Plan, net: Network, path: str | Path, report: PlanReport | None = None,
@@ -103,6 +119,8 @@ class JobDoc:
     micro_batch: int
     stages: tuple[StageDoc, ...]
     estimate: dict[str, float | None]
+    outer: OuterSync | None = None      # the islands' outer sync; None: every step
+    islands: tuple[int, ...] = ()       # replicas per island
 
 
 @dataclass(frozen=True)
@@ -122,7 +140,8 @@ class PlanDoc:
             if jd.name not in by_name:
                 raise InputError(f"job {jd.name!r} is not among the given jobs", field="jobs")
             stages = tuple(Stage(s.lo, s.hi, tuple(net.index[i] for i in s.nodes)) for s in jd.stages)
-            out.append(Placement(by_name[jd.name], stages, jd.micro_batch, jd.phase))
+            out.append(Placement(by_name[jd.name], stages, jd.micro_batch, jd.phase,
+                                 islands=jd.islands, outer=jd.outer))
         return out
 
 
@@ -237,6 +256,10 @@ def _fleet_nodes(fleet: Any, known: set[str] | None) -> int:
 def _job(job: Any, where: str, known: set[str] | None, names: set[str],
          used_by_phase: dict[int, dict[str, str]]) -> JobDoc:
     """One job; ``names`` and ``used_by_phase`` gather what later jobs may not repeat."""
+    sync = islands = None
+    if isinstance(job, dict) and ("sync" in job or "islands" in job):
+        sync, islands = job.get("sync"), job.get("islands")
+        job = {k: v for k, v in job.items() if k not in ("sync", "islands")}
     _object(job, JOB_KEYS, where, "expected an object")
     name = job["name"]
     if not valid_job_name(name):
@@ -251,7 +274,48 @@ def _job(job: Any, where: str, known: set[str] | None, names: set[str],
     stages = _stages(job["stages"], f"{where}.stages")
     _claim_nodes(stages, f"{where}.stages", name, known, used_by_phase.setdefault(phase, {}))
     estimate = _numbers(job["estimate"], ESTIMATE_KEYS, f"{where}.estimate")
-    return JobDoc(name, phase, micro, stages, estimate)
+    if sync is None and islands is None:
+        return JobDoc(name, phase, micro, stages, estimate)
+    outer = _outer(sync, f"{where}.sync", stages[-1].hi)
+    sizes = _islands(islands, f"{where}.islands", stages)
+    return JobDoc(name, phase, micro, stages, estimate, outer, sizes)
+
+
+def _outer(value: Any, where: str, layers: int) -> OuterSync:
+    if not isinstance(value, dict):
+        raise Invalid("expected {\"mode\": \"diloco\", \"inner_steps\", \"compression\", "
+                      "\"streaming_fragments\"} beside \"islands\"", field=where)
+    value = {k: v for k, v in value.items() if k != "outer_sync_s"}   # an estimate, re-made
+    _object(value, SYNC_KEYS, where, "expected an object")
+    if value["mode"] != "diloco":
+        raise Invalid(f"expected 'diloco', got {shown(value['mode'])}", field=f"{where}.mode")
+    bound = SYNC_BOUNDS["inner_steps"]
+    h = _number(value["inner_steps"], f"{where}.inner_steps", integer=True,
+                minimum=int(bound.low), maximum=bound.high)
+    if value["compression"] not in COMPRESSION_BYTES:
+        raise Invalid(f"expected one of {', '.join(COMPRESSION_BYTES)}, got "
+                      f"{shown(value['compression'])}", field=f"{where}.compression")
+    fragments = _number(value["streaming_fragments"], f"{where}.streaming_fragments",
+                        integer=True, maximum=layers)
+    return OuterSync(h, value["compression"], fragments)
+
+
+def _islands(value: Any, where: str, stages: tuple[StageDoc, ...]) -> tuple[int, ...]:
+    """Replicas per island summing to the stages' width, and each stage's outer group the node
+    of each island's first replica."""
+    _object(value, ISLAND_KEYS, where, "expected {\"replicas\": [...], \"outer_group\": [...]}")
+    width = len(stages[0].nodes)
+    sizes = _list(value["replicas"], f"{where}.replicas")
+    if not sizes or sum(_number(x, f"{where}.replicas", integer=True, minimum=1)
+                        for x in sizes) != width:
+        raise Invalid(f"expected whole numbers >= 1 summing to the {width} replicas, got "
+                      f"{shown(sizes)}", field=f"{where}.replicas")
+    firsts = [sum(sizes[:i]) for i in range(len(sizes))]
+    expected = [[st.nodes[c] for c in firsts] for st in stages]
+    if value["outer_group"] != expected:
+        raise Invalid(f"expected each stage's first node of each island, {shown(expected, 80)}",
+                      field=f"{where}.outer_group")
+    return tuple(sizes)
 
 
 def _stages(value: Any, where: str) -> tuple[StageDoc, ...]:

@@ -1,12 +1,14 @@
 """Planning with the GNN: node-job probabilities -> groups -> Algorithm 1 -> (optionally) search
 refinement.
 
-The GNN's probabilities are the search's start: ``plan_gnn(..., refine=False)`` is
-``--method gnn-raw``, that start decoded without refinement: groups read off the GNN's scores
+The GNN's probabilities as a start of the search, for the benchmarks (``--method gnn`` is the
+portfolio with this start added, planner.gnn.starts.plan_with_gnn_start: the GNN never replaces
+the search there). ``plan_gnn(..., refine=False)`` is the diagnostic ``gnn-raw``, that start
+decoded without refinement: groups read off the GNN's scores
 (:func:`best_grouping_plan`: cluster-coherent groups, :func:`coherent_scores`, or the balanced
 arg-max, whichever the cost model rates best), made feasible by Algorithm 1, each group placed
 on its own by the search planner's ``best_placement``, with no moves of nodes between groups.
-``refine=True`` (``--method gnn``) hands that grouping to ``plan_search`` as its starting point.
+``refine=True`` hands that grouping to ``plan_search`` as its only starting point.
 A checkpoint that is missing or damaged never stops planning: the search planner plans alone,
 with a logged warning and a note in the plan.
 """

@@ -3,9 +3,15 @@
 ``fleet_changed`` is pure: it compares two fleet snapshots against thresholds. ``Retrainer`` runs
 fine-tuning on the current fleet's teacher labels in a worker thread, so ingestion is never
 blocked: ``submit`` returns at once (a snapshot submitted while a run is in progress replaces any
-waiting one; the latest fleet wins). The fine-tuned model replaces the active checkpoint only if
-its validation accuracy on held-out job sets of the current fleet beats the active model's; the
-previous checkpoint is kept beside it as ``<name>.prev.pt``.
+waiting one; the latest fleet wins).
+
+Which model plans is decided by plans, not by pair accuracy: the run's job sets are split (seeded)
+into those that train the candidate and choose its epoch, and held-out ones it never sees. On each
+held-out set the plan with a model's start is the better of the teacher's plan (the search from
+the heuristic start, the portfolio's first start) and that model's start refined by the search
+(:func:`start_makespan`). The candidate replaces the active checkpoint only when its mean
+makespan over the held-out sets is lower than the active model's; on a tie or worse the active
+one stays. The previous checkpoint is kept beside it as ``<name>.prev.pt``.
 
 ``hulk-planner serve --model-dir`` schedules :func:`retrain_on_change`'s check as a background
 task and re-plans with planner.methods.serve_planner, the GNN's scores one more start of the
@@ -72,22 +78,60 @@ def fleet_changed(old_fleet: Fleet | None, new_fleet: Fleet,
 
 @dataclass
 class RetrainResult:
+    """One fine-tuning run: the mean held-out makespans (seconds) of the plans with the active
+    model's and the candidate's start, the sets used to train and choose the epoch
+    (``examples``) and those held out, and the candidate's pair accuracy (reported, never
+    used to choose)."""
+
     fleet_name: str
     switched: bool
-    old_val_acc: float
-    new_val_acc: float
+    old_held_out_s: float
+    new_held_out_s: float
     examples: int
+    held_out: int = 0
+    new_val_acc: float = float("nan")
     error: str | None = None
     path: Path | None = None
 
 
 @dataclass
 class RetrainConfig:
-    job_sets: int = 12            # labelled job sets on the current fleet
+    job_sets: int = 12            # job sets on the current fleet, training and held-out together
     epochs: int = 15
     lr: float = 1e-3
     teacher_budget_s: float = 60.0
     seed: int = 0
+    held_out_fraction: float = 1 / 3   # of the labelled sets; at least 1, and 2 left to train
+
+
+def split_job_sets(count: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(indices that train and choose the epoch, held-out indices) of ``count`` job sets, a
+    seeded permutation: at least one held out and two left to train (ValueError when
+    ``count`` < 3)."""
+    if count < 3:
+        raise ValueError(f"need at least 3 labelled job sets to hold some out, got {count}")
+    order = np.random.default_rng([seed, 30]).permutation(count)
+    held = min(count - 2, max(1, int(round(fraction * count))))
+    return sorted(int(i) for i in order[held:]), sorted(int(i) for i in order[:held])
+
+
+def start_makespan(model, jobs: list[Job], net: Network) -> float:
+    """Makespan (s) of ``model``'s start (its class scores) refined by the search, as the
+    portfolio refines an extra start."""
+    from planner.gnn.infer import node_scores
+    from planner.search.options import SearchOptions
+    from planner.search.portfolio_run import Start, run_start
+
+    scores = node_scores(list(jobs), net, model)
+    return float(run_start(Start(1, "gnn", scores), list(jobs), net, SearchOptions(),
+                           None).makespan_s)
+
+
+def held_out_makespan(model, held_out: list[tuple[list[Job], float]], net: Network,
+                      judge: Callable = start_makespan) -> float:
+    """Mean over ``held_out`` (job set, makespan of the plan without the GNN) of the makespan
+    of the plan with ``model``'s start: the start only adds, so the better of the two."""
+    return float(np.mean([min(base, judge(model, jobs, net)) for jobs, base in held_out]))
 
 
 def default_job_sets(net: Network, count: int, seed: int) -> list[list[Job]]:
@@ -107,17 +151,23 @@ class Retrainer:
     ``teacher(jobs, net, seed, budget_s) -> Plan`` labels job sets (by default the search from the
     heuristic start alone, planner.gnn.data.quick_teacher, to keep fine-tuning cheap);
     ``on_result`` is called from the worker thread after every run (switched or not).
+    ``judge(model, jobs, net) -> makespan`` of a model's start (default :func:`start_makespan`);
+    ``fine_tune(examples, train_config, current) -> (model, stats, metrics)`` makes the
+    candidate (default: planner.gnn.train.fit from the active model).
     """
 
     def __init__(self, checkpoint_path: str | Path, *, config: RetrainConfig = RetrainConfig(),
                  teacher: Callable | None = None,
-                 on_result: Callable[[RetrainResult], None] | None = None) -> None:
+                 on_result: Callable[[RetrainResult], None] | None = None,
+                 judge: Callable = start_makespan, fine_tune: Callable | None = None) -> None:
         from planner.gnn.data import quick_teacher
 
         self.path = Path(checkpoint_path)
         self.config = config
         self.teacher = teacher or quick_teacher
         self.on_result = on_result
+        self.judge = judge
+        self.fine_tune = fine_tune or _fit_from
         self.results: list[RetrainResult] = []
         self._lock = threading.Lock()
         self._pending: Fleet | None = None
@@ -150,7 +200,8 @@ class Retrainer:
                 result = self.retrain(fleet)
             except Exception as exc:  # a failed run is logged and reported; serve goes on
                 log.exception("GNN fine-tuning failed")
-                result = RetrainResult(fleet.name, False, float("nan"), float("nan"), 0, error=str(exc))
+                result = RetrainResult(fleet.name, False, float("nan"), float("nan"), 0,
+                                       error=str(exc))
             self.results.append(result)
             if self.on_result:
                 try:
@@ -160,57 +211,67 @@ class Retrainer:
 
     def retrain(self, fleet: Fleet) -> RetrainResult:
         """One synchronous fine-tuning run on ``fleet`` (what the worker thread does)."""
-        import torch
-        from torch_geometric.loader import DataLoader
-
         from planner.core.costmodel import estimate_plan
         from planner.core.fleet import complete
         from planner.gnn import checkpoint as ckpt
         from planner.gnn import data as gdata
         from planner.gnn import features as F
-        from planner.gnn.train import TrainConfig, evaluate, fit, split, to_data
+        from planner.gnn.train import TrainConfig
 
         cfg = self.config
         current = ckpt.load(self.path)
         net = complete(fleet)
-        examples = []
+        labelled = []   # (index, jobs, teacher's plan, its makespan)
         for k, jobs in enumerate(default_job_sets(net, cfg.job_sets, cfg.seed)):
             try:
                 plan = self.teacher(jobs, net, cfg.seed + k, cfg.teacher_budget_s)
             except Exception as exc:
                 log.info("teacher could not plan job set %d on %s: %s", k, fleet.name, exc)
                 continue
-            feats = F.featurize(jobs, net)
+            labelled.append((k, jobs, plan, float(estimate_plan(plan.placements, net).makespan_s)))
+        if len(labelled) < 3:
+            raise RuntimeError(f"only {len(labelled)} labelled job sets on {fleet.name}")
+        train_idx, held_idx = split_job_sets(len(labelled), cfg.held_out_fraction, cfg.seed)
+        examples = []
+        for k, jobs, plan, makespan in (labelled[i] for i in train_idx):
             groups, shares = gdata.labels_from_plan(plan, jobs, net)
             spec = gdata.InstanceSpec(cfg.seed, k, net.n, -1, 0.0, len(jobs), -1)
-            examples.append(gdata.Example(spec, feats, groups, shares,
-                                          float(estimate_plan(plan.placements, net).makespan_s)))
-        if len(examples) < 2:
-            raise RuntimeError(f"only {len(examples)} labelled job sets on {fleet.name}")
+            examples.append(gdata.Example(spec, F.featurize(jobs, net), groups, shares, makespan))
+        held_out = [(labelled[i][1], labelled[i][3]) for i in held_idx]
         train_cfg = TrainConfig(epochs=cfg.epochs, lr=cfg.lr, seed=cfg.seed, val_fraction=0.25)
-        _, val = split(examples, train_cfg.val_fraction, train_cfg.seed)
-        old_loader = DataLoader([to_data(e, current.stats) for e in val], batch_size=8)
-        _, old_acc = evaluate(current.model, old_loader)
-        with torch.enable_grad():
-            model, stats, history, metrics = fit(examples, train_cfg, init=current)
-        new_acc = float(metrics["val_acc"])
-        switched = new_acc > old_acc
+        model, stats, metrics = self.fine_tune(examples, train_cfg, current)
+        candidate = ckpt.Checkpoint(model, stats, metrics)
+        old_s = held_out_makespan(current, held_out, net, self.judge)
+        new_s = held_out_makespan(candidate, held_out, net, self.judge)
+        switched = new_s < old_s
+        acc = metrics.get("val_acc")
+        new_acc = float(acc) if acc is not None else float("nan")
         if switched:
             prev = self.path.with_name(self.path.stem + ".prev.pt")
             shutil.copy2(self.path, prev)
             meta = dict(current.meta)
             meta.pop("versions", None)
             meta["fine_tuned_on"] = {"fleet": fleet.name, "nodes": net.n, "job_sets": len(examples),
-                                     "old_val_acc": old_acc, "new_val_acc": new_acc}
+                                     "held_out_sets": len(held_out), "old_held_out_s": old_s,
+                                     "new_held_out_s": new_s}
             ckpt.save(self.path, model, stats, metrics={**current.metrics, "fine_tune": metrics},
                       meta=meta)
-            log.info("GNN fine-tuned on %s: validation accuracy %.3f -> %.3f; switched",
-                     fleet.name, old_acc, new_acc)
-        else:
-            log.info("GNN fine-tuned on %s: validation accuracy %.3f -> %.3f; kept the previous model",
-                     fleet.name, old_acc, new_acc)
-        return RetrainResult(fleet.name, switched, float(old_acc), new_acc, len(examples),
-                             path=self.path)
+        log.info("GNN fine-tuned on %s: mean held-out makespan with its start %.1f s -> %.1f s "
+                 "(%d sets); %s", fleet.name, old_s, new_s, len(held_out),
+                 "switched" if switched else "kept the active model")
+        return RetrainResult(fleet.name, switched, old_s, new_s, len(examples), len(held_out),
+                             new_acc, path=self.path)
+
+
+def _fit_from(examples, train_config, current):
+    """The candidate: planner.gnn.train.fit on ``examples``, starting from ``current``."""
+    import torch
+
+    from planner.gnn.train import fit
+
+    with torch.enable_grad():
+        model, stats, _, metrics = fit(examples, train_config, init=current)
+    return model, stats, metrics
 
 
 class RetrainWatch:
@@ -277,7 +338,8 @@ def append_result(path: Path, result: RetrainResult) -> None:
     import time
 
     row = {"time_ms": int(time.time() * 1000), "fleet": result.fleet_name,
-           "switched": result.switched, "old_val_acc": result.old_val_acc,
+           "switched": result.switched, "old_held_out_s": result.old_held_out_s,
+           "new_held_out_s": result.new_held_out_s, "held_out": result.held_out,
            "new_val_acc": result.new_val_acc, "examples": result.examples, "error": result.error,
            "checkpoint": str(result.path) if result.path else None}
     with path.open("a") as f:

@@ -10,9 +10,15 @@ The non-learned starts the GNN is measured against, and that label the training 
 
 :func:`decode` turns any of them, or the GNN's probabilities, into a grouping and a plan the same
 way (``gnn-raw``'s decoder), so that starts are compared on equal terms.
+
+:func:`plan_with_gnn_start` is ``--method gnn``: the default portfolio with the GNN's scores as
+one more start after the built-in ones, so it only adds a candidate and its plan is never longer
+than the portfolio's.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -45,3 +51,19 @@ def decode(jobs: list[Job], net: Network, scores: np.ndarray, *, full_effort: bo
     from planner.gnn.infer import best_grouping_plan
 
     return best_grouping_plan(jobs, net, scores, full_effort=full_effort)
+
+
+def plan_with_gnn_start(jobs: list[Job], net: Network, *,
+                        checkpoint: str | os.PathLike | None = None, **portfolio_options):
+    """The portfolio's plan (planner.search.portfolio.plan_portfolio with ``portfolio_options``)
+    with the GNN's scores added as one more start (``checkpoint``: HULK_MODEL, else the shipped
+    model); an unusable checkpoint leaves the start out with a warning."""
+    from planner.gnn import checkpoint as ckpt
+    from planner.methods import gnn_starts
+    from planner.search.portfolio import plan_portfolio
+
+    path = checkpoint if checkpoint is not None else ckpt.default_path()
+    plan = plan_portfolio(jobs, net, extra_starts=gnn_starts(list(jobs), net, path),
+                          **portfolio_options)
+    plan.method = "gnn"
+    return plan

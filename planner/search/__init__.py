@@ -47,6 +47,12 @@ Pipeline of the planner, one module per step, every step judged by the reference
    baselines' plans judged with them; the lowest makespan wins, so it is never worse than
    ``plan_search`` or a baseline.
 
+**Islands** (:mod:`.islands`): a ``sync: diloco`` or ``sync: auto`` job (docs/COSTMODEL.md section
+8) is answered, wherever steps 4-8 solve it on a pool of nodes, by the better of its synchronous
+placement there and island layouts (pipelines in the pool's locality clusters with the most
+compute, one outer group across them) with the inner steps H and compression its limits allow;
+``sync: step`` jobs never go there, so their plans are unchanged.
+
 :mod:`.state` holds what the steps 5 to 7 share: each job's current solution and the run's
 context. The DT-FM-style peer (planner.baselines.dtfm) and the GNN (planner.gnn) reuse the
 public parts of steps 1, 3 and 4.

@@ -70,8 +70,11 @@ class Grouping:
 
 
 def _layer_bytes(job: Job, micro_batch: int, num_stages: int) -> float:
-    """Bytes one layer costs on a node of a one-replica pipeline of ``num_stages`` stages."""
+    """Bytes one layer costs on a node of a one-replica pipeline of ``num_stages`` stages (with
+    the outer optimizer's state for a ``sync: diloco`` job, which always runs islands)."""
     m = cm.micro_batches(job, 1, micro_batch)
+    if job.sync.mode == "diloco":
+        return cm.layer_memory_bytes(job, micro_batch, m, num_stages) + cm.outer_state_bytes(job, 1)
     return cm.layer_memory_bytes(job, micro_batch, m, num_stages)
 
 

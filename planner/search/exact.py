@@ -72,8 +72,10 @@ class ExactResult:
 
 
 def applies(jobs, net: Network) -> bool:
-    """The rule for :func:`improve`: at most MAX_SERVERS servers and MAX_JOBS jobs."""
-    return 0 < len(jobs) <= MAX_JOBS and 0 < net.n <= MAX_SERVERS
+    """The rule for :func:`improve`: at most MAX_SERVERS servers and MAX_JOBS jobs, every one
+    ``sync: step`` (its space and bounds are those of synchronous placements, not islands)."""
+    return (0 < len(jobs) <= MAX_JOBS and 0 < net.n <= MAX_SERVERS
+            and all(j.sync.mode == "step" for j in jobs))
 
 
 class _Instance:

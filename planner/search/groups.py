@@ -67,6 +67,18 @@ class GridCache:
         self.net = net
         self._tables: dict[str, dict] = {"evaluate": {}, "approx": {}}
 
+    def remember(self, table: str, key, fn):
+        """``fn()``, a pure answer, from table ``table`` when ``key`` was asked before (the
+        island layouts of planner.search.islands)."""
+        kept = self._tables.setdefault(table, {})
+        hit = kept.get(key)
+        if hit is None:
+            hit = fn()
+            if len(kept) >= EVALUATED_GRIDS_KEPT:
+                kept.clear()
+            kept[key] = hit
+        return hit
+
     def answer(self, table: str, fn, job: Job, grid: np.ndarray, b: int, trim: bool):
         """``fn(job, net, grid, b, trim, self)``, from the table when asked before."""
         kept = self._tables[table]

@@ -7,15 +7,18 @@ The starts, in this order (the index breaks ties between equal makespans):
 
 0. ``heuristic``: the search's own heuristic scores (planner.search.heuristics), so the
    portfolio's plan is never worse than ``plan_search``'s;
-1. caller-supplied class scores (``extra_starts``, e.g. the GNN's), in the order given;
-2. ``greedy-flops`` and ``greedy-memory``: groupings built one job at a time, each job taking
+1. ``greedy-flops`` and ``greedy-memory``: groupings built one job at a time, each job taking
    the best placement the solver finds on the nodes still free, most FLOPs first and largest
    memory threshold first (planner.search.starts): cheap, and on fleets spread over many
    regions or of a few servers often the best;
-3. ``uniform``: every class equal and "idle" winning the tie: Algorithm 1 grows every job from
+2. ``uniform``: every class equal and "idle" winning the tie: Algorithm 1 grows every job from
    nothing, hardest first, and the refinement spreads them out;
-4. ``random-1``, ``random-2`` ...: seeded random class scores, alternately per node and per
-   locality cluster (planner.search.clusters).
+3. ``random-1``, ``random-2`` ...: seeded random class scores, alternately per node and per
+   locality cluster (planner.search.clusters);
+4. after those, caller-supplied class scores (``extra_starts``, e.g. the GNN's), in the order
+   given. They only add: the built-in starts, their number and their order are the same with
+   or without them, and a tie goes to the lower index, so an extra start changes the plan only
+   by beating every built-in start (with a budget, extra starts run after the built-in ones).
 
 Each start is its grouping (Algorithm 1 on its scores, or the constructive one) and then the
 search's refinement (plan_search with ``initial=``), whose work is counted (rounds of moves and
@@ -114,13 +117,12 @@ def check_extra_starts(extra_starts: Sequence[tuple[str, np.ndarray]], n: int, w
 def portfolio_starts(jobs: list[Job], net: Network, *, seed: int, count: int,
                      extra_starts: Sequence[tuple[str, np.ndarray]] = (),
                      labels: np.ndarray | None = None) -> list[Start]:
-    """The first ``count`` starts in portfolio order (see the module docstring)."""
+    """The first ``count`` built-in starts in portfolio order, then ``extra_starts`` (see the
+    module docstring)."""
     from planner.search.clusters import network_clusters
 
     n, width = net.n, len(jobs) + 1
     starts = [Start(0, "heuristic", None)]
-    for name, scores in check_extra_starts(extra_starts, n, width):
-        starts.append(Start(len(starts), name, scores))
     for order in GREEDY_ORDERS:
         starts.append(Start(len(starts), order, None, build=order))
     uniform = np.zeros((n, width))
@@ -137,7 +139,10 @@ def portfolio_starts(jobs: list[Job], net: Network, *, seed: int, count: int,
         else:
             scores = rng.random((int(labels.max()) + 1, width))[labels]
         starts.append(Start(len(starts), f"random-{k}", scores))
-    return starts[:max(1, count)]
+    starts = starts[:max(1, count)]
+    for name, scores in check_extra_starts(extra_starts, n, width):
+        starts.append(Start(len(starts), name, scores))
+    return starts
 
 
 def default_workers() -> int:
@@ -177,18 +182,18 @@ class PortfolioRun:
 
 
 def resolve_defaults(n_nodes: int, n_jobs: int, *, budget_s: float | None = None,
-                     starts: int | None = None, extra: int = 0) -> tuple[int, float | None]:
-    """(number of starts, budget in seconds or None for the default mode) for a fleet of
-    ``n_nodes`` and ``n_jobs`` jobs, as the module docstring says. A pure function of its
-    arguments: never of the machine."""
+                     starts: int | None = None) -> tuple[int, float | None]:
+    """(number of built-in starts, budget in seconds or None for the default mode) for a fleet
+    of ``n_nodes`` and ``n_jobs`` jobs, as the module docstring says; a caller's extra starts
+    come on top and never change it. A pure function of its arguments: never of the machine."""
     if budget_s is not None and not budget_s > 0:
         raise PlanningError(f"the time budget must be positive, got {budget_s}")
     if starts is not None:
         count = starts
     elif budget_s is None:
-        count = DEFAULT_STARTS + extra
+        count = DEFAULT_STARTS
     else:
-        count = start_count(n_nodes, n_jobs, budget_s, extra=extra)
+        count = start_count(n_nodes, n_jobs, budget_s)
     return max(1, count), budget_s
 
 
@@ -200,13 +205,13 @@ def refine_starts(jobs: list[Job], net: Network, *, seed: int = 0,
                   progress: Callable[[int, int], None] | None = None) -> PortfolioRun:
     """Refine every start of the portfolio and judge the baselines (arguments as
     :func:`plan_portfolio`)."""
-    count, budget_s = resolve_defaults(net.n, len(jobs), budget_s=budget_s, starts=starts,
-                                       extra=len(extra_starts))
+    count, budget_s = resolve_defaults(net.n, len(jobs), budget_s=budget_s, starts=starts)
     t0 = time.monotonic()
     check_extra_starts(extra_starts, net.n, len(jobs) + 1)   # here, not in a worker
     made = tuple(baseline_names(net.n)) if baselines is None and budget_s is None else ()
     work = Work(jobs, net, search, seed, lambda: portfolio_starts(
-        jobs, net, seed=seed, count=count, extra_starts=extra_starts), count, made,
+        jobs, net, seed=seed, count=count, extra_starts=extra_starts),
+        count + len(extra_starts), made,
         budgeted=budget_s is None)
     workers = max(1, min(workers or default_workers(), work.total))
 
@@ -246,7 +251,8 @@ def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
     many (default :data:`DEFAULT_STARTS`). ``workers``: processes (default: every usable core);
     the plan does not depend on it unless ``budget_s`` stops a start. ``search``: the options
     every start's search runs with (planner.search.options). ``extra_starts``: (name, class
-    scores n x (jobs + 1)) tried right after the heuristic, e.g. the GNN's. ``baselines``:
+    scores n x (jobs + 1)) tried after the built-in starts, e.g. the GNN's: they can only
+    shorten the plan. ``baselines``:
     (method, plan) of the baselines made on ``net`` by the caller (`plan` gives those of its
     comparison); None: by default they are made here, with a budget none are judged.
     ``progress(done, total)`` is called as work finishes. The plan's ``facts`` name the winner

@@ -193,6 +193,9 @@ def run_baseline(index: int, name: str, jobs: list[Job], net: Network, seed: int
     if plan is None or plan.unplaced:
         return StartResult(index, name, math.inf, None, time.monotonic() - t0, False,
                            f"{name}: no plan of every job")
+    if any(p.job.sync.mode == "diloco" and p.outer is None for p in plan.placements):
+        return StartResult(index, name, math.inf, None, time.monotonic() - t0, False,
+                           f"{name}: synchronous placements of a sync: diloco job")
     makespan = evaluate(plan, net).makespan_s
     return StartResult(index, name, makespan, plan if math.isfinite(makespan) else None,
                        time.monotonic() - t0, False)

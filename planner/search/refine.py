@@ -12,6 +12,7 @@ allow it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import numpy as np
@@ -266,7 +267,7 @@ def _run_phases(run: SearchRun, grouping: alg1.Grouping) -> Plan:
 def phase_placements(phase_states: list[dict[str, JobState]], jobs: list[Job]) -> list[Placement]:
     """Every job's placement with its phase's index, in (phase, ``jobs``' order)."""
     order = {j.name: k for k, j in enumerate(jobs)}
-    placements = [Placement(s.placement.job, s.placement.stages, s.placement.micro_batch, ph)
+    placements = [dataclasses.replace(s.placement, phase=ph)
                   for ph, states in enumerate(phase_states) for s in states.values()]
     placements.sort(key=lambda p: (p.phase, order[p.job.name]))
     return placements

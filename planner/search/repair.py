@@ -44,6 +44,7 @@ from planner.core.recovery import Replan, replan_jobs
 from planner.search.clusters import CLUSTER_RTT_MS, network_clusters
 from planner.search.groups import (GridCache, Solved, deep_solve, evaluate_grid, micro_batches,
                                    solve_group)
+from planner.search.islands import uses_islands
 from planner.search.options import Effort
 from planner.search.grow import neighbourhood_pools
 
@@ -288,7 +289,7 @@ def repair_jobs(plan: Plan, net: Network, affected: Iterable[Job], down: Iterabl
     repaired, notes, rest = [], [], []
     for job in affected:
         old = by_name.get(job.name)
-        if old is None:
+        if old is None or uses_islands(job):   # islands are placed by the full search only
             rest.append(job)
             continue
         result = repair_job(Placement(job, old.stages, old.micro_batch, old.phase), net,

@@ -16,6 +16,7 @@ from planner.core.jobs import Job
 from planner.search import algorithm1 as alg1
 from planner.search.clusters import network_clusters
 from planner.search.groups import GridCache, Solved, cache_for, deep_solve, solve_group
+from planner.search.islands import uses_islands, with_islands
 from planner.search.options import Effort, SearchOptions
 
 
@@ -32,8 +33,11 @@ class JobState:
     @classmethod
     def of(cls, job: Job, placement: Placement, est: Estimate) -> JobState:
         """The state of ``job`` placed by ``placement``: its group is the placement's nodes."""
+        # An island layout's hint is its largest island: the solver's synchronous placements
+        # it guides are one island's size (planner.search.islands).
+        replicas = max(placement.islands) if placement.islands else placement.replicas
         return cls(job, np.array(sorted(placement.nodes), dtype=np.int64), placement, est,
-                   (placement.replicas, placement.micro_batch))
+                   (replicas, placement.micro_batch))
 
 
 class SearchRun:
@@ -91,13 +95,22 @@ class SearchRun:
         if answer is None:
             answer = solve_group(job, self.net, nodes, effort, hint, self.labels[nodes],
                                  options=self.options, cache=self.grids)
+            if uses_islands(job):
+                answer = with_islands(job, self.net, nodes, self.labels[nodes], answer,
+                                      self.grids)
             self._solved[key] = answer
         return answer
 
     def deep(self, job: Job, nodes: np.ndarray, hint: tuple[int, int] | None = None) -> Solved:
-        """The dense re-solve (planner.search.groups.deep_solve) of ``job`` on all of ``nodes``."""
-        return deep_solve(job, self.net, nodes, self.labels[nodes], hint, options=self.options,
-                          cache=self.grids)
+        """The dense re-solve (planner.search.groups.deep_solve) of ``job`` on all of ``nodes``
+        (for a low-communication job, against its island layouts: planner.search.islands)."""
+        answer = deep_solve(job, self.net, nodes, self.labels[nodes], hint, options=self.options,
+                            cache=self.grids)
+        if uses_islands(job):
+            nodes = np.unique(np.asarray(nodes, dtype=np.int64))
+            answer = with_islands(job, self.net, nodes, self.labels[nodes], answer,
+                                      self.grids)
+        return answer
 
     def state(self, job: Job, nodes: np.ndarray, effort: Effort = Effort.NORMAL
               ) -> JobState | None:

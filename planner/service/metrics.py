@@ -44,6 +44,7 @@ REPORT_RESULTS = ("stored", "duplicate", "invalid", "unregistered")
 PUSH_SOURCES = ("recovery", "jobs", "resign", "reconcile")
 RESEND_REASONS = ("lost", "unplanned")    # planner.core.reconcile.REASONS
 THROUGHPUT_RESULTS = ("ok", "failed", "rejected")
+LINK_MODEL_OUTCOMES = ("switched", "kept", "failed")   # planner.service.link_model
 JOB_STATES = ("queued", "placed", "running", "succeeded", "failed", "cancelled")
 LAUNCH_STATES = ("idle", "starting", "running", "exited", "failed")
 GBPS_BUCKETS = (0.1, 0.3, 1, 3, 10, 30, 100, 300)
@@ -80,6 +81,10 @@ class ServeEvents:
 
     def calibrated(self, factors: Mapping[str, float]) -> None:
         """The factors serve now plans with (planner.service.calibration_refit.factors)."""
+
+    def link_model_refit(self, outcome: str, candidate: Any = None, old: Any = None) -> None:
+        """A refit of the link model (planner.service.link_model): switched, kept or failed;
+        ``candidate`` / ``old``: their held-out scores (``Score``), None when not compared."""
 
 
 NO_EVENTS = ServeEvents()
@@ -392,6 +397,14 @@ class PlannerMetrics(ServeEvents):
                                  "communication (divisor of bandwidths); 1, 0, 0 and 1 when "
                                  "not fitted", ["factor"],
                                  registry=r)
+        self.link_refits = Counter("hulk_link_model_refits", "Refits of the link model that "
+                                   "predicts unmeasured site pairs: switched (the new fit is in "
+                                   "use), kept (it was worse on held-out pairs), failed",
+                                   ["outcome"], registry=r)
+        self.link_error = Gauge("hulk_link_model_heldout_error", "p90 |ln(predicted / "
+                                "measured)| on the last refit's held-out pairs, by model (new, "
+                                "old) and quantity (throughput, rtt)", ["model", "quantity"],
+                                registry=r)
         self.plan_time = Gauge("hulk_plan_pushed_timestamp_seconds", "When the last plan was "
                                "pushed (epoch seconds)", registry=r)
         for reason in REJECT_REASONS:
@@ -409,6 +422,8 @@ class PlannerMetrics(ServeEvents):
             self.replanned_jobs.labels(outcome)
         for result in THROUGHPUT_RESULTS:
             self.throughput_tests.labels(result)
+        for outcome in LINK_MODEL_OUTCOMES:
+            self.link_refits.labels(outcome)
 
     def watch_fleet(self, read: Callable[[], FleetSnapshot], *, max_age_s: float = 5.0) -> None:
         """Export the fleet's state, read by ``read()`` at scrape time."""
@@ -467,3 +482,11 @@ class PlannerMetrics(ServeEvents):
         self.calibration.clear()     # a GPU model no longer seen leaves
         for name, value in factors.items():
             self.calibration.labels(name).set(value)
+
+    def link_model_refit(self, outcome: str, candidate: Any = None, old: Any = None) -> None:
+        self.link_refits.labels(outcome).inc()
+        for model, result in (("new", candidate), ("old", old)):
+            for quantity in ("throughput", "rtt"):
+                value = getattr(result, quantity, None)
+                if value is not None:
+                    self.link_error.labels(model, quantity).set(value)

@@ -261,14 +261,17 @@ class Replanner:
 
 def add_to_runtime(runtime: Any, *, broker: BrokerAddress, signer: Signer, options: ServeOptions,
                    interval_s: float, planner: Planner | None = None,
-                   calibrate: Callable[[Network], Network] | None = None) -> Replanner:
+                   calibrate: Callable[[Network], Network] | None = None,
+                   links: Callable[[], Any] | None = None) -> Replanner:
     """Run a Replanner over the serve runtime's store as its background task ``recovery``: every
     ``interval_s`` it looks for nodes silent past the options' timeout and re-plans their jobs,
     pushing through ``broker``; ``calibrate`` makes the network it (and the job lifecycle that
-    shares its directory) plans on calibrated."""
+    shares its directory) plans on calibrated, ``links`` gives the link prediction it is
+    completed with."""
     publisher = MqttPublisher(broker, identifier=f"hulk-planner-serve-{runtime.fleet}-{os.getpid()}")
     directory = StoreDirectory(runtime.store, runtime.in_store, fleet=runtime.fleet,
-                               window_days=runtime.window_days, calibrate=calibrate)
+                               window_days=runtime.window_days, calibrate=calibrate,
+                               links=links)
     # Sequence numbers kept in the store: they keep growing across restarts of serve.
     plan = RetainedPlan(publisher, fleet=options.fleet, signer=signer,
                         sequence=StoreSequence(runtime.store.database))

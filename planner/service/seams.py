@@ -110,15 +110,18 @@ InStore = Callable[..., Awaitable[Any]]     # runs a function on the store's thr
 
 class StoreDirectory:
     """:class:`JobStore` and :class:`NodeDirectory` over serve's store; ``in_store(fn, *args)``
-    runs ``fn`` on the store's thread; the network is read over ``window_days`` and, with
+    runs ``fn`` on the store's thread; the network is read over ``window_days``, its unmeasured
+    site pairs completed with ``links()`` (serve's ``ServeLinkModel.prediction``) and, with
     ``calibrate`` (serve's ``ServeCalibration.apply``), calibrated: every plan serve makes is
     made on it."""
 
     def __init__(self, store: Store, in_store: InStore, *, fleet: str, window_days: int,
-                 calibrate: Callable[[Network], Network] | None = None):
+                 calibrate: Callable[[Network], Network] | None = None,
+                 links: Callable[[], Any] | None = None):
         self.store, self.in_store = store, in_store
         self.fleet, self.window_days = fleet, window_days
         self.calibrate = calibrate
+        self.links = links    # () -> the link model's LinkPrediction, or None (the formula)
 
     async def unretired_jobs(self) -> list[JobRecord]:
         return await self.in_store(self.store.job_records, unretired_only=True)
@@ -151,6 +154,6 @@ class StoreDirectory:
         from planner.core.fleet import complete
         from planner.service.graph import fleet_from_store  # networkx: only serve needs it
 
-        net = complete(await self.in_store(fleet_from_store, self.store, self.window_days,
-                                           self.fleet))
+        fleet = await self.in_store(fleet_from_store, self.store, self.window_days, self.fleet)
+        net = complete(fleet, prediction=self.links() if self.links is not None else None)
         return net if self.calibrate is None else self.calibrate(net)

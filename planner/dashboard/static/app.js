@@ -102,6 +102,20 @@ function drawGraticule(svg, p) {
   svg.insertBefore(g, svg.firstChild);
 }
 
+function linkTitle(l, source) {
+  let rtt = `${l.rtt_ms} ms RTT (median of ${l.pairs} pair(s), ${l.min_ms}–${l.max_ms} ms)`;
+  if (source === "predicted") rtt = `${l.rtt_ms} ms RTT predicted by ${l.model} (planned as ≤ ${l.rtt_hi_ms} ms)`;
+  else if (source === "formula") rtt = `${l.rtt_ms} ms RTT relayed over measured links`;
+  let bw = "";
+  if (l.bandwidth_gbps !== null && l.bandwidth_gbps !== undefined) {
+    const bs = l.bandwidth_source || "measured";
+    bw = bs === "predicted" ? `, ${l.bandwidth_gbps} Gbit/s predicted (planned as ≥ ${l.bandwidth_lo_gbps})`
+      : bs === "formula" ? `, ${l.bandwidth_gbps} Gbit/s by the window formula`
+      : `, ${l.bandwidth_gbps} Gbit/s measured`;
+  }
+  return `${l.a} – ${l.b} [${source}]: ${rtt}${bw}`;
+}
+
 function drawMap(fleet) {
   const svg = document.getElementById("map");
   clear(svg);
@@ -115,12 +129,13 @@ function drawMap(fleet) {
   // Longest RTT first, so the short (green) links are drawn on top.
   for (const l of [...fleet.links].reverse()) {
     const [x1, y1] = at[l.a], [x2, y2] = at[l.b];
-    const line = el("svg:line", { x1, y1, x2, y2, stroke: l.colour, "stroke-width": 3,
-                                  "data-rtt": l.rtt_ms });
-    const measured = l.bandwidth_gbps === null || l.bandwidth_gbps === undefined ? ""
-      : `, ${l.bandwidth_gbps} Gbit/s measured`;
-    links.appendChild(svgTitle(line, `${l.a} – ${l.b}: ${l.rtt_ms} ms RTT (median of ` +
-                                     `${l.pairs} pair(s), ${l.min_ms}–${l.max_ms} ms)${measured}`));
+    const source = l.source || "measured";
+    const attrs = { x1, y1, x2, y2, stroke: l.colour, "stroke-width": source === "measured" ? 3 : 1.5,
+                    "data-rtt": l.rtt_ms, "data-source": source };
+    // Predicted and formula links are dashed: no probe measured them.
+    if (source !== "measured") attrs["stroke-dasharray"] = source === "predicted" ? "6 4" : "2 4";
+    const line = el("svg:line", attrs);
+    links.appendChild(svgTitle(line, linkTitle(l, source)));
   }
   svg.appendChild(links);
   const byId = {};
@@ -164,6 +179,15 @@ function drawMap(fleet) {
     item.append(sw, `${stop.rtt_ms} ms`);
     legend.appendChild(item);
   }
+  for (const [source, dash] of [["measured", ""], ["predicted", "6 4"], ["formula", "2 4"]]) {
+    if (source !== "measured" && !fleet.links.some(l => l.source === source)) continue;
+    const item = el("span", { class: "link-source", "data-source": source });
+    const sw = el("svg:svg", { width: 24, height: 8 });
+    sw.appendChild(el("svg:line", { x1: 0, y1: 4, x2: 24, y2: 4, stroke: "#52606d",
+                                    "stroke-width": 2, ...(dash ? { "stroke-dasharray": dash } : {}) }));
+    item.append(sw, ` ${source}`);
+    legend.appendChild(item);
+  }
   for (const [state, colour] of Object.entries(STATE_COLOURS)) {
     const item = el("span");
     const dot = el("span", { class: "dot" });
@@ -175,7 +199,8 @@ function drawMap(fleet) {
   if (fleet.unlocated.length) notes.push(`${fleet.unlocated.length} node(s) without a city or ` +
                                          `coordinates are not on the map: ${fleet.unlocated.join(", ")}`);
   if (fleet.links_hidden) notes.push(`${fleet.links_hidden} longer link(s) not drawn`);
-  if (!fleet.links.length) notes.push("no measured links between sites yet");
+  if (!fleet.links.some(l => (l.source || "measured") === "measured"))
+    notes.push("no measured links between sites yet");
   document.getElementById("map-note").textContent = notes.join("; ");
 }
 

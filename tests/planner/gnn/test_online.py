@@ -33,12 +33,86 @@ def test_retrainer_runs_in_the_background_and_keeps_the_previous_model(tiny_chec
     assert len(results) == 1 and results[0].error is None, results
     r = results[0]
     assert r.examples >= 2
+    assert r.held_out >= 1 and r.examples + r.held_out <= 4
     if r.switched:
-        assert r.new_val_acc > r.old_val_acc
+        assert r.new_held_out_s < r.old_held_out_s
         assert (tmp_path / "active.prev.pt").read_bytes() == before
         assert ckpt.load(active).meta["fine_tuned_on"]["nodes"] == 16
     else:
         assert active.read_bytes() == before
+
+
+def test_job_sets_split_seeded_into_training_and_held_out():
+    from planner.gnn.online import split_job_sets
+
+    train, held = split_job_sets(12, 1 / 3, seed=0)
+    assert len(held) == 4 and sorted(train + held) == list(range(12))
+    assert split_job_sets(12, 1 / 3, seed=0) == (train, held)
+    assert split_job_sets(12, 1 / 3, seed=1) != (train, held)
+    assert [len(part) for part in split_job_sets(3, 0.9, seed=0)] == [2, 1]
+    with pytest.raises(ValueError, match="at least 3"):
+        split_job_sets(2, 0.5, seed=0)
+
+
+def _quick_teacher(jobs, net, seed, budget_s):
+    from planner.search import plan_search
+
+    return plan_search(jobs, net)
+
+
+def _bad_candidate(examples, train_config, current):
+    """A deliberately bad candidate: the active model with its weights replaced by noise, which
+    also scores better pair accuracy than nothing (so accuracy could not be what keeps it out)."""
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(current.model)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 5.0)
+    return model, current.stats, {"val_acc": 1.0}
+
+
+@pytest.mark.slow   # refines the held-out sets' starts with the search
+def test_a_bad_candidate_is_not_adopted_however_its_pair_accuracy(shipped_checkpoint, tmp_path):
+    active = tmp_path / "active.pt"
+    active.write_bytes(shipped_checkpoint.read_bytes())
+    before = active.read_bytes()
+    retrainer = Retrainer(active, config=RetrainConfig(job_sets=4, epochs=1),
+                          teacher=_quick_teacher, fine_tune=_bad_candidate)
+    result = retrainer.retrain(generate_fleet(16, seed=4, n_cities=3))
+    assert result.held_out >= 1 and result.examples >= 2
+    assert not result.switched
+    assert result.new_held_out_s >= result.old_held_out_s
+    assert active.read_bytes() == before and not (tmp_path / "active.prev.pt").exists()
+
+
+def test_the_candidate_is_adopted_only_with_a_lower_held_out_makespan(tiny_checkpoint, tmp_path):
+    """The switch follows the held-out makespans, never pair accuracy: a candidate whose start
+    ties the active model's is kept out, one whose start shortens the held-out plans gets in."""
+    def candidate(examples, train_config, current):
+        return current.model, current.stats, {"val_acc": 1.0}
+
+    for shorter in (False, True):
+        active = tmp_path / f"active-{shorter}.pt"
+        active.write_bytes(tiny_checkpoint.read_bytes())
+        before = active.read_bytes()
+        seen = []
+
+        def judge(model, jobs, net):
+            seen.append(model)
+            if model is seen[0] or not shorter:   # the active model is judged first
+                return 1e9                        # no shorter than the teacher's plan
+            return 1.0
+
+        retrainer = Retrainer(active, config=RetrainConfig(job_sets=4, epochs=1),
+                              teacher=_quick_teacher, fine_tune=candidate, judge=judge)
+        result = retrainer.retrain(generate_fleet(12, seed=2, n_cities=3))
+        assert result.switched is shorter
+        assert (result.new_held_out_s < result.old_held_out_s) is shorter
+        assert (active.read_bytes() != before) is shorter
 
 
 class RecordingRetrainer:

@@ -66,7 +66,6 @@ def test_default_starts_are_fixed_whatever_the_machine_and_the_default_has_no_bu
     for cores in (1, 2, 64):
         monkeypatch.setattr(portfolio, "default_workers", lambda: cores)
         assert resolve_defaults(300, 10) == (DEFAULT_STARTS, None)
-        assert resolve_defaults(300, 10, extra=1) == (DEFAULT_STARTS + 1, None)
     # Given values win: --starts fixes the count, --time-budget sets it from the budget.
     assert resolve_defaults(300, 10, starts=5) == (5, None)
     assert resolve_defaults(300, 10, budget_s=1e6) == (MAX_STARTS, 1e6)
@@ -142,6 +141,30 @@ def test_a_caller_start_is_refined_and_can_win(small):
                           extra_starts=[("caller", scores)])
     assert makespan(plan, net) <= makespan(plain, net) * (1 + 1e-12)
     assert any("refined starts" in note for note in plan.notes)
+
+
+def test_extra_starts_come_after_the_built_in_ones_and_change_none_of_them(small):
+    """A caller's start (the GNN's) only adds: the built-in starts keep their number, order
+    and scores, so a tie or a worse extra start leaves the plan as it was."""
+    jobs, net = small
+    plain = portfolio_starts(jobs, net, seed=4, count=5)
+    extra = np.ones((net.n, len(jobs) + 1))
+    more = portfolio_starts(jobs, net, seed=4, count=5, extra_starts=[("gnn", extra)])
+    assert [(s.index, s.name) for s in more] == [(s.index, s.name) for s in plain] + [(5, "gnn")]
+    for a, b in zip(plain, more):
+        assert (a.scores is None and b.scores is None) or np.array_equal(a.scores, b.scores)
+
+
+def test_a_bad_extra_start_leaves_the_plan_unchanged(small):
+    """Everything on the first job, the other jobs on nothing: the worst start a caller can
+    give; the portfolio's plan is the one it makes without it."""
+    jobs, net = small
+    bad = np.zeros((net.n, len(jobs) + 1))
+    bad[:, 0] = 1.0
+    without = plan_portfolio(jobs, net, starts=2, workers=1)
+    with_bad = plan_portfolio(jobs, net, starts=2, workers=1, extra_starts=[("bad", bad)])
+    assert with_bad.facts.winner == without.facts.winner != "bad"
+    assert makespan(with_bad, net) == makespan(without, net)
 
 
 def test_a_caller_start_of_the_wrong_shape_is_refused(small):

@@ -1,0 +1,287 @@
+"""DiLoCo across two lab continents against the best every-step placement of the same job.
+
+    python -m bench.diloco_lab_bench [--quick]      (root: it builds network namespaces)
+
+Two "continents" of two hosts each, every host held to the same CPU quota (cgroup v1), joined
+by a slow link (150 ms RTT, 4 Mbit/s each way, the lab switch's delay and serialisation queue);
+hosts of one continent are 1 ms and 400 Mbit/s apart. The job is examples/train_gpt.py (4 blocks
+of width 128, 64-token sequences, global batch 16: 1024 tokens a step), trained for real twice
+for the same number of steps:
+
+- ``sync: step`` placed by Hulk's planner (the default method) on the lab's fleet: configured
+  RTTs, bandwidth measured between hosts of every continent pair (as
+  bench/calibration_lab_bench.py does), the nominal throughput of each host's quota;
+- ``sync: diloco``: one stage, every host a replica, one island per continent (inner AdamW
+  within the island, an int8 outer all-reduce every H = 20 steps between the
+  islands' first replicas, outer Nesterov).
+
+Measured per run: the mean iteration (the slowest node's step, outer syncs included), tokens
+per second (1024 tokens per step / that), and the loss per step averaged over the replicas.
+Compared with the targets: DiLoCo's tokens/s at least 3x the step plan's, its loss after the
+same tokens (mean of the last tenth of the steps) within 5%, and the cost model's estimate of its
+iteration (planner/core/costmodel.py estimate() on the same network) within 15% of measured,
+once with the nominal per-core throughput and once with the throughput fitted on the step run
+(one factor for every core, from that other placement's measured iteration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import re
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from bench.calibration_lab_bench import (DIM, GLOBAL_BATCH, LAYERS, MICRO_BATCH, NOMINAL_FLOPS_PER_CORE,
+                                         SEQ_LEN, Site, Topology, measure_site_bandwidth, quota_class)
+from bench.lab_bench import example_params
+from lab.netns import LabError, require_root
+from lab.train import JobRun, run_placement
+from lab.wan import WanLab
+from planner.core.costmodel import OuterSync, Placement, Stage, estimate, micro_batches, problems
+from planner.core.fleet import GBIT, Network, Node
+from planner.core.jobs import Job
+
+REPO = Path(__file__).resolve().parents[1]
+CORES = 0.3
+WAN = (150.0, 4.0)      # RTT ms, Mbit/s each way between the continents
+TOPOLOGY = Topology("two-continents", (Site("east", 2, CORES), Site("west", 2, CORES)),
+                    {("east", "west"): WAN})
+INNER_STEPS, COMPRESSION = 20, "int8"
+OUTER = re.compile(r" outer \d+ ([0-9.]+)s")
+TARGETS = {"tokens_per_s_ratio": 3.0, "loss_rel_diff": 0.05, "estimate_rel_error": 0.15}
+
+
+def the_job(steps: int) -> Job:
+    return Job(name="train-gpt", params=example_params(LAYERS, DIM, seq_len=SEQ_LEN), layers=LAYERS,
+               hidden=DIM, seq_len=SEQ_LEN, global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH,
+               steps=steps)
+
+
+def lab_network(job: Job, gbps: dict[tuple[str, str], float]) -> Network:
+    """The lab as the planner sees it; every host holds the whole model with room to spare, so
+    the planner is free to choose data parallelism."""
+    hosts = TOPOLOGY.hosts()
+    nodes = [Node(id=name, site=site.name, gpus=1, gpu_name=quota_class(site.cores),
+                  memory_gb=4 * job.state_bytes / 1e9) for name, site in hosts]
+    bw = np.array([[gbps[(a.name, b.name)] * GBIT if x != y else np.inf for y, b in hosts]
+                   for x, a in hosts])
+    net = Network.from_matrix(nodes, np.array(TOPOLOGY.matrix().as_lists()), bw=bw)
+    net.thr = np.array([site.cores * NOMINAL_FLOPS_PER_CORE for _, site in hosts])
+    return net
+
+
+def step_plan(job: Job, net: Network) -> Placement:
+    from planner.methods import DEFAULT_METHOD, plan_with
+
+    return plan_with(DEFAULT_METHOD, [job], net, seed=0, budget_s=5.0, workers=1).placements[0]
+
+
+def diloco_placement(job: Job, net: Network, inner_steps: int, compression: str,
+                     micro_batch: int) -> Placement:
+    """One stage, every host a replica, the continents' hosts as contiguous islands."""
+    hosts = TOPOLOGY.hosts()
+    order = [net.ids.index(name) for name, _ in hosts]
+    islands = tuple(site.hosts for site in TOPOLOGY.sites)
+    p = Placement(job, (Stage(0, job.layers, tuple(order)),), micro_batch, islands=islands,
+                  outer=OuterSync(inner_steps, compression))
+    bad = problems(p, net)
+    if bad:
+        raise RuntimeError(f"the DiLoCo placement is invalid: {bad[0]}")
+    return p
+
+
+def diloco_env(p: Placement, net: Network):
+    """(stage, replica) -> the HULK_SYNC family the agent's launcher sets from the roles the
+    planner gives the placement's nodes."""
+    from agent.launcher import sync_env
+    from planner.core.placements import placement_roles
+
+    roles = placement_roles(p, list(net.ids), plan_id="lab", port=29500, addresses={})
+    by = {(r.stage, r.replica): sync_env(r) for r in roles.values()}
+    return lambda stage, replica: by[(stage, replica)]
+
+
+def run(lab: WanLab, p: Placement, net: Network, steps: int) -> JobRun:
+    m = micro_batches(p.job, p.replicas, p.micro_batch)
+    stages = [[net.ids[i] for i in st.nodes] for st in p.stages]
+    env_for = diloco_env(p, net) if p.outer is not None else None
+    done = run_placement(stages, lab=lab, layers=LAYERS, steps=steps, micro_batch=p.micro_batch,
+                         layer_ranges=[(st.lo, st.hi) for st in p.stages], timeout_s=900,
+                         args=["--micro-batches", str(m), "--dim", str(DIM), "--seq-len", str(SEQ_LEN)],
+                         env_for=env_for)
+    if not done.ok:
+        raise RuntimeError(f"placement {stages} failed:\n{done.failure()}")
+    return done
+
+
+def fitted_network(net: Network, p: Placement, measured_s: float) -> tuple[Network, float]:
+    """``net`` with every host's throughput scaled by one factor so that ``p``'s estimate equals
+    its measured iteration (compute scales as 1 / throughput; communication stays)."""
+    est = estimate(p, net)
+    spare = measured_s - (est.iteration_s - est.compute_s)
+    factor = est.compute_s / spare if spare > 0 else 1.0
+    fitted = copy.copy(net)
+    fitted.thr = net.thr * factor
+    return fitted, factor
+
+
+def describe(p: Placement, net: Network) -> dict:
+    return {"stages": [{"layers": [st.lo, st.hi], "hosts": [net.ids[i] for i in st.nodes]}
+                       for st in p.stages],
+            "micro_batch": p.micro_batch, "islands": list(p.island_sizes()),
+            "outer": None if p.outer is None else {"inner_steps": p.outer.inner_steps,
+                                                   "compression": p.outer.compression}}
+
+
+def figures(done: JobRun, skip: int) -> dict:
+    iteration = done.mean_iteration_s(skip)
+    loss = done.mean_loss()
+    tail = max(1, len(loss) // 10)
+    return {"iteration_s": iteration, "median_step_s": done.iteration_s(skip),
+            "tokens_per_s": GLOBAL_BATCH * SEQ_LEN / iteration, "loss": loss,
+            "final_loss": statistics.fmean(loss[-tail:]) if loss else math.nan,
+            "outer_syncs": max((n.output.count(" outer ") for n in done.nodes), default=0),
+            "outer_sync_s": outer_seconds(done)}
+
+
+def outer_seconds(done: JobRun) -> list[float]:
+    """Per outer step, the longest any node spent in it (the trainer's ``outer N T s``)."""
+    per_node = [[float(t) for t in OUTER.findall(n.output)] for n in done.nodes]
+    per_node = [times for times in per_node if times]
+    return [max(ts) for ts in zip(*per_node)] if per_node else []
+
+
+def picture(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    tokens = GLOBAL_BATCH * SEQ_LEN
+    for name, style in (("step", "-"), ("diloco", "-")):
+        r = result["runs"][name]
+        ax.plot([tokens * (i + 1) for i in range(len(r["loss"]))], r["loss"], style,
+                label=f"sync: {name} ({r['tokens_per_s']:.0f} tokens/s, {len(r['hosts'])} hosts)")
+    ax.set_xlabel("tokens processed")
+    ax.set_ylabel("training loss (mean over replicas)")
+    ax.set_title(f"two lab continents, {WAN[0]:.0f} ms / {WAN[1]:.0f} Mbit/s between them")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def bench(out_dir: Path, quick: bool = False, log=print) -> dict:
+    require_root()
+    steps, skip = (60, 3) if quick else (200, 5)
+    started = datetime.now(timezone.utc)
+    t0 = time.monotonic()
+    job = the_job(steps)
+    hosts = TOPOLOGY.hosts()
+    with WanLab(TOPOLOGY.matrix(), hub=False, rate_mbps=TOPOLOGY.rates(),
+                cpu_cores={h: s.cores for h, s in hosts}) as lab:
+        bw = measure_site_bandwidth(lab, TOPOLOGY, duration_s=2.0)
+        bad = [f"{a}>{b}: {m['detail']}" for (a, b), m in bw.items() if not m["ok"]]
+        if bad:
+            raise RuntimeError(f"throughput tests failed: {'; '.join(bad)}")
+        net = lab_network(job, {k: m["gbps"] for k, m in bw.items()})
+        t_plan = time.monotonic()
+        step_p = step_plan(job, net)
+        plan_s = time.monotonic() - t_plan
+        # The step plan's micro-batch: the same work per forward pass on both.
+        dil_p = diloco_placement(job, net, INNER_STEPS, COMPRESSION, step_p.micro_batch)
+        runs, placements = {}, {"step": step_p, "diloco": dil_p}
+        for name, p in placements.items():
+            log(f"[diloco_lab] {name}: {describe(p, net)}, {steps} steps")
+            t_run = time.monotonic()
+            done = run(lab, p, net, steps)
+            runs[name] = {"placement": describe(p, net),
+                          "hosts": sorted({net.ids[i] for st in p.stages for i in st.nodes}),
+                          **figures(done, skip), "wall_s": time.monotonic() - t_run}
+            log(f"[diloco_lab] {name}: {runs[name]['iteration_s']:.3f} s/step, "
+                f"{runs[name]['tokens_per_s']:.0f} tokens/s, loss {runs[name]['final_loss']:.4f}")
+    fitted, factor = fitted_network(net, step_p, runs["step"]["iteration_s"])
+    est = {}
+    for label, network in (("nominal", net), ("fitted_on_step_run", fitted)):
+        e = {name: estimate(p, network) for name, p in placements.items()}
+        est[label] = {name: {"iteration_s": v.iteration_s, "compute_s": v.compute_s,
+                             "outer_sync_s": v.outer_sync_s,
+                             "rel_error": abs(v.iteration_s - runs[name]["iteration_s"])
+                             / runs[name]["iteration_s"]} for name, v in e.items()}
+    ratio = runs["diloco"]["tokens_per_s"] / runs["step"]["tokens_per_s"]
+    loss_diff = (runs["diloco"]["final_loss"] - runs["step"]["final_loss"]) / runs["step"]["final_loss"]
+    out = {
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python -m bench.diloco_lab_bench" + (" --quick" if quick else ""),
+        "lab": {"continents": [vars(s) for s in TOPOLOGY.sites],
+                "wan": {"rtt_ms": WAN[0], "mbit_s": WAN[1]}, "intra": {"rtt_ms": 1.0, "mbit_s": 400.0}},
+        "job": {"script": "examples/train_gpt.py", "layers": LAYERS, "dim": DIM, "seq_len": SEQ_LEN,
+                "global_batch": GLOBAL_BATCH, "tokens_per_step": GLOBAL_BATCH * SEQ_LEN,
+                "steps": steps, "warmup_steps_skipped": skip, "params": job.params},
+        "bandwidth": {f"{a}>{b}": m for (a, b), m in bw.items()},
+        "planning_s": plan_s,
+        "runs": runs,
+        "estimates": est,
+        "throughput_factor_fitted": factor,
+        "tokens_per_s_ratio": ratio,
+        "loss_rel_diff": loss_diff,
+        "targets": TARGETS,
+        "met": {"tokens_per_s_ratio": ratio >= TARGETS["tokens_per_s_ratio"],
+                "loss_rel_diff": abs(loss_diff) <= TARGETS["loss_rel_diff"],
+                "estimate_nominal": est["nominal"]["diloco"]["rel_error"] <= TARGETS["estimate_rel_error"],
+                "estimate_fitted": est["fitted_on_step_run"]["diloco"]["rel_error"]
+                <= TARGETS["estimate_rel_error"]},
+        "wall_s": time.monotonic() - t0,
+    }
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "diloco_lab.json").write_text(json.dumps(out, indent=1))
+    picture(out, out_dir / "diloco_lab.png")
+    return out
+
+
+def summarize(r: dict) -> str:
+    s, d = r["runs"]["step"], r["runs"]["diloco"]
+    en, ef = r["estimates"]["nominal"]["diloco"], r["estimates"]["fitted_on_step_run"]["diloco"]
+    met = {k: "met" if v else "MISSED" for k, v in r["met"].items()}
+    return "\n".join([
+        f"{r['command']} ({r['date']}), {r['job']['steps']} steps of {r['job']['tokens_per_step']} tokens:",
+        f"- sync: step (Hulk's plan {s['placement']['stages']}): {s['iteration_s']:.3f} s/step, "
+        f"{s['tokens_per_s']:.0f} tokens/s, final loss {s['final_loss']:.4f}",
+        f"- sync: diloco (islands {d['placement']['islands']}, H={d['placement']['outer']['inner_steps']}, "
+        f"{d['placement']['outer']['compression']}): {d['iteration_s']:.3f} s/step, "
+        f"{d['tokens_per_s']:.0f} tokens/s, final loss {d['final_loss']:.4f}",
+        f"- tokens/s ratio {r['tokens_per_s_ratio']:.2f}x (target >= 3x: {met['tokens_per_s_ratio']}); "
+        f"loss difference {r['loss_rel_diff']:+.1%} (target within 5%: {met['loss_rel_diff']})",
+        f"- estimate of the diloco iteration: nominal {en['iteration_s']:.3f} s "
+        f"({en['rel_error']:.0%} off, {met['estimate_nominal']}); throughput fitted on the step run "
+        f"{ef['iteration_s']:.3f} s ({ef['rel_error']:.0%} off, {met['estimate_fitted']}); "
+        f"estimated outer all-reduce {en['outer_sync_s']:.2f} s",
+    ]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.diloco_lab_bench")
+    p.add_argument("--quick", action="store_true", help="60 steps instead of 200")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    a = p.parse_args(argv)
+    try:
+        result = bench(a.out, quick=a.quick, log=lambda s: print(s, flush=True))
+    except LabError as err:
+        print(f"diloco_lab_bench: {err}", file=sys.stderr)
+        return 2
+    print(summarize(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""The DiLoCo lab benchmark's pure parts: the two continents, the planner's view of them, the
+DiLoCo placement and its estimate, the throughput fitted on the step run (no lab, no training)."""
+
+from __future__ import annotations
+
+import pytest
+
+import bench.diloco_lab_bench as B
+from lab.train import JobRun, NodeRun
+from planner.core.costmodel import estimate, problems
+from planner.core.fleet import GBIT
+
+GBPS = {("east", "east"): 0.4, ("west", "west"): 0.4, ("east", "west"): 0.0038, ("west", "east"): 0.0038}
+
+
+def test_two_continents_behind_a_slow_link_fit_the_machine():
+    hosts = B.TOPOLOGY.hosts()
+    assert [h for h, _ in hosts] == ["east-1", "east-2", "west-1", "west-2"]
+    assert sum(site.cores for _, site in hosts) < 1.5
+    m = B.TOPOLOGY.matrix()
+    assert m.rtt(0, 2) >= 100 and m.rtt(0, 1) == 1.0
+    assert B.TOPOLOGY.rates()[("east-1", "west-2")] == B.WAN[1]
+
+
+def test_the_diloco_placement_has_one_island_per_continent_and_a_priced_outer_sync():
+    job = B.the_job(40)
+    net = B.lab_network(job, GBPS)
+    i, j = net.index["east-1"], net.index["west-1"]
+    assert net.bw[i, j] == pytest.approx(0.0038 * GBIT) and net.rtt_ms[i, j] == B.WAN[0]
+    p = B.diloco_placement(job, net, 20, "int8", 1)
+    assert problems(p, net) == [] and p.island_sizes() == (2, 2)
+    assert [net.ids[n] for n in p.stages[0].nodes] == ["east-1", "east-2", "west-1", "west-2"]
+    e = estimate(p, net)
+    # The int8 outer all-reduce between the two islands: P bytes each way over the slow link.
+    assert e.outer_sync_s == pytest.approx(job.params / (0.0038 * GBIT), rel=0.2)
+    assert e.iteration_s < e.outer_sync_s
+
+
+def test_the_throughput_fitted_on_one_run_reproduces_that_run():
+    job = B.the_job(40)
+    net = B.lab_network(job, GBPS)
+    p = B.diloco_placement(job, net, 20, "int8", 1)
+    measured = estimate(p, net).iteration_s * 1.7
+    fitted, factor = B.fitted_network(net, p, measured)
+    assert estimate(p, fitted).iteration_s == pytest.approx(measured, rel=1e-6)
+    assert factor < 1 and (net.thr == B.lab_network(job, GBPS).thr).all()   # net untouched
+
+
+def test_figures_average_the_replicas_and_count_outer_steps():
+    def node(replica, steps, loss, outer=""):
+        return NodeRun(f"h{replica}", replica, 0, replica, 0, outer, step_s=steps, loss=loss)
+
+    run = JobRun([node(0, [9.0, 1.0, 1.0, 3.0], [4.0, 3.0, 2.0, 1.0], "step 4/4 stage 0 replica 0 time 3.000s loss 1.0 outer 1 2.000s"),
+                  node(1, [9.0, 1.0, 2.0, 1.0], [2.0, 1.0, 2.0, 3.0])])
+    f = B.figures(run, skip=1)
+    assert f["iteration_s"] == pytest.approx(2.0)             # mean of 1, 2, 3
+    assert f["tokens_per_s"] == pytest.approx(B.GLOBAL_BATCH * B.SEQ_LEN / 2.0)
+    assert f["loss"] == [3.0, 2.0, 2.0, 2.0] and f["final_loss"] == 2.0
+    assert f["outer_syncs"] == 1 and f["outer_sync_s"] == [2.0]
+
+
+def test_each_node_gets_its_island_from_the_planners_roles():
+    job = B.the_job(40)
+    net = B.lab_network(job, GBPS)
+    env_for = B.diloco_env(B.diloco_placement(job, net, 20, "int8", 1), net)
+    assert [env_for(0, r)["HULK_ISLAND"] for r in range(4)] == ["0", "0", "1", "1"]
+    assert env_for(0, 3) | {"HULK_ISLAND": "x"} == {
+        "HULK_SYNC": "diloco", "HULK_INNER_STEPS": "20", "HULK_OUTER_COMPRESSION": "int8",
+        "HULK_STREAMING_FRAGMENTS": "0", "HULK_ISLAND": "x", "HULK_NUM_ISLANDS": "2"}

@@ -1,0 +1,35 @@
+"""bench/diloco_lab_bench.py --quick for real: two lab continents, sync: step against sync: diloco.
+
+Root (network namespaces) and a few minutes; skipped where the lab cannot run. Its speed and
+loss figures are the benchmark's (docs/BENCHMARKS.md), not asserted here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import bench.diloco_lab_bench as B
+from lab.netns import LabError, require_root
+
+pytestmark = [pytest.mark.root, pytest.mark.process]
+
+
+@pytest.fixture
+def lab_available() -> None:
+    try:
+        require_root()
+    except LabError as err:
+        pytest.skip(str(err))
+
+
+def test_the_quick_benchmark_trains_both_and_writes_its_figures(lab_available, tmp_path):
+    result = B.bench(tmp_path, quick=True, log=lambda s: None)
+    written = json.loads((tmp_path / "diloco_lab.json").read_text())
+    assert written["command"] == "python -m bench.diloco_lab_bench --quick"
+    assert (tmp_path / "diloco_lab.png").stat().st_size > 0
+    step, diloco = result["runs"]["step"], result["runs"]["diloco"]
+    assert len(step["loss"]) == len(diloco["loss"]) == 60
+    assert diloco["outer_syncs"] == 3 and step["outer_syncs"] == 0
+    assert diloco["loss"][-1] < diloco["loss"][0] and step["loss"][-1] < step["loss"][0]
+    assert set(diloco["hosts"]) == {"east-1", "east-2", "west-1", "west-2"}
