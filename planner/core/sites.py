@@ -161,6 +161,8 @@ def apply_prediction(net: Network, fleet: Fleet, pairs: MeasuredPairs, names: li
     where = {name: k for k, name in enumerate(prediction.sites)}
     to_pred = np.array([where.get(name, -1) if name else -1 for name in names], dtype=np.int64)
     known = to_pred >= 0
+    if not known.any():         # no named site the prediction covers (servers without a city)
+        return
     grid = np.ix_(np.where(known, to_pred, 0), np.where(known, to_pred, 0))
     # Which site pairs a measurement covers, per quantity; a completed site link is used as
     # given (covers both), a measured one covers the throughput when it measured one.

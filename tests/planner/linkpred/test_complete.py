@@ -162,6 +162,18 @@ def test_the_formula_completion_reads_back_to_the_same_network(tmp_path):
     _same(complete(load_fleet(path)), complete(fleet))
 
 
+@pytest.mark.parametrize("site", ["", "only-site"])
+def test_servers_without_named_sites_or_in_one_site_plan_as_before(site):
+    """The store's servers without a city have no named site (the lab's hub plans from them)."""
+    nodes = tuple(_node(k, site) for k in range(4))
+    links = tuple(Link(f"n{a}", f"n{b}", rtt_ms=5.0 + a + b, bandwidth_gbps=1.0 + a)
+                  for a in range(4) for b in range(a + 1, 4))
+    fleet = Fleet(nodes, links, name="unnamed")
+    prediction = predict_fleet_links(fleet)
+    _same(complete(fleet, prediction=prediction), complete(fleet))
+    _same(network_with_links(fleet, "predicted"), complete(fleet))
+
+
 def test_links_choice_is_checked():
     with pytest.raises(ValueError, match="links"):
         network_with_links(_ring_fleet(), "guessed")
