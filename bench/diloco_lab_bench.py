@@ -1,6 +1,7 @@
 """DiLoCo across two lab continents against the best every-step placement of the same job.
 
-    python -m bench.diloco_lab_bench [--quick]      (root: it builds network namespaces)
+    python -m bench.diloco_lab_bench [--quick] [--inner-steps H] [--outer-lr LR]
+        [--outer-momentum MU] [--full-batch] [--idle-restart 0|1]   (root: network namespaces)
 
 Two "continents" of two hosts each, every host held to the same CPU quota (cgroup v1), joined
 by a slow link (150 ms RTT, 4 Mbit/s each way, the lab switch's delay and serialisation queue);
@@ -16,7 +17,9 @@ for the same number of steps:
   islands' first replicas, outer Nesterov).
 
 Measured per run: the mean iteration (the slowest node's step, outer syncs included), tokens
-per second (1024 tokens per step / that), and the loss per step averaged over the replicas.
+per second (tokens per step / that), the loss per step averaged over the replicas, and per outer
+step where its time went (the island leaders' wait for one another, the exchange, the broadcast
+within the islands).
 Compared with the targets: DiLoCo's tokens/s at least 3x the step plan's, its loss after the
 same tokens (mean of the last tenth of the steps) within 5%, and the cost model's estimate of its
 iteration (planner/core/costmodel.py estimate() on the same network) within 15% of measured,
@@ -30,6 +33,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -55,13 +59,15 @@ WAN = (150.0, 4.0)      # RTT ms, Mbit/s each way between the continents
 TOPOLOGY = Topology("two-continents", (Site("east", 2, CORES), Site("west", 2, CORES)),
                     {("east", "west"): WAN})
 INNER_STEPS, COMPRESSION = 20, "int8"
+OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9   # examples/diloco.py's defaults (the paper's)
 OUTER = re.compile(r" outer \d+ ([0-9.]+)s")
+PHASES = re.compile(r" outer (\d+) ([0-9.]+)s exchange ([0-9.]+)s broadcast ([0-9.]+)s enter ([0-9.]+)")
 TARGETS = {"tokens_per_s_ratio": 3.0, "loss_rel_diff": 0.05, "estimate_rel_error": 0.15}
 
 
-def the_job(steps: int) -> Job:
+def the_job(steps: int, global_batch: int = GLOBAL_BATCH) -> Job:
     return Job(name="train-gpt", params=example_params(LAYERS, DIM, seq_len=SEQ_LEN), layers=LAYERS,
-               hidden=DIM, seq_len=SEQ_LEN, global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH,
+               hidden=DIM, seq_len=SEQ_LEN, global_batch=global_batch, micro_batch=MICRO_BATCH,
                steps=steps)
 
 
@@ -109,13 +115,14 @@ def diloco_env(p: Placement, net: Network):
     return lambda stage, replica: by[(stage, replica)]
 
 
-def run(lab: WanLab, p: Placement, net: Network, steps: int) -> JobRun:
+def run(lab: WanLab, p: Placement, net: Network, steps: int, extra: list[str]) -> JobRun:
     m = micro_batches(p.job, p.replicas, p.micro_batch)
     stages = [[net.ids[i] for i in st.nodes] for st in p.stages]
     env_for = diloco_env(p, net) if p.outer is not None else None
     done = run_placement(stages, lab=lab, layers=LAYERS, steps=steps, micro_batch=p.micro_batch,
                          layer_ranges=[(st.lo, st.hi) for st in p.stages], timeout_s=900,
-                         args=["--micro-batches", str(m), "--dim", str(DIM), "--seq-len", str(SEQ_LEN)],
+                         args=["--micro-batches", str(m), "--dim", str(DIM),
+                               "--seq-len", str(SEQ_LEN), *extra],
                          env_for=env_for)
     if not done.ok:
         raise RuntimeError(f"placement {stages} failed:\n{done.failure()}")
@@ -141,12 +148,13 @@ def describe(p: Placement, net: Network) -> dict:
                                                    "compression": p.outer.compression}}
 
 
-def figures(done: JobRun, skip: int) -> dict:
+def figures(done: JobRun, skip: int, tokens_per_step: int = GLOBAL_BATCH * SEQ_LEN) -> dict:
     iteration = done.mean_iteration_s(skip)
     loss = done.mean_loss()
     tail = max(1, len(loss) // 10)
     return {"iteration_s": iteration, "median_step_s": done.iteration_s(skip),
-            "tokens_per_s": GLOBAL_BATCH * SEQ_LEN / iteration, "loss": loss,
+            "tokens_per_s": tokens_per_step / iteration, "tokens_per_step": tokens_per_step,
+            "loss": loss,
             "final_loss": statistics.fmean(loss[-tail:]) if loss else math.nan,
             "outer_syncs": max((n.output.count(" outer ") for n in done.nodes), default=0),
             "outer_sync_s": outer_seconds(done)}
@@ -159,6 +167,40 @@ def outer_seconds(done: JobRun) -> list[float]:
     return [max(ts) for ts in zip(*per_node)] if per_node else []
 
 
+def outer_phases(done: JobRun, leaders: set[str]) -> list[dict]:
+    """Per outer step, where its time went (the trainer's ``outer N T s exchange E s broadcast
+    B s enter W``): ``wait_s``, how long the first island leader to arrive waited for the last
+    (their entry clocks; the lab's hosts share one clock); ``exchange_s``, the last leader's
+    exchange, the transfer without that wait; ``broadcast_s``, the longest broadcast within an
+    island, its wait for the leader included; ``total_s``, the longest outer step of any node."""
+    per_node = {n.host: {int(m[0]): [float(v) for v in m[1:]] for m in PHASES.findall(n.output)}
+                for n in done.nodes}
+    rounds = sorted(set().union(*(set(v) for v in per_node.values())))
+    out = []
+    for r in rounds:
+        lead = [per_node[h][r] for h in leaders if r in per_node.get(h, {})]
+        rest = [v[r] for h, v in per_node.items() if h not in leaders and r in v]
+        if not lead:
+            continue
+        enters = [v[3] for v in lead]
+        last = max(lead, key=lambda v: v[3])
+        out.append({"round": r, "wait_s": max(enters) - min(enters), "exchange_s": last[1],
+                    "broadcast_s": max((v[2] for v in rest), default=0.0),
+                    "total_s": max(v[0] for v in lead + rest)})
+    return out
+
+
+def slow_start_after_idle(lab: WanLab, value: int) -> None:
+    """Set net.ipv4.tcp_slow_start_after_idle in every lab host (each namespace has its own):
+    with 1, Linux's default, a connection idle for one retransmission timeout restarts from the
+    initial window, which an outer step every H inner steps always is."""
+    import subprocess
+
+    for host, _ in TOPOLOGY.hosts():
+        subprocess.run(["ip", "netns", "exec", lab.ns(host).netns, "sysctl", "-qw",
+                        f"net.ipv4.tcp_slow_start_after_idle={value}"], check=True)
+
+
 def picture(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -166,9 +208,9 @@ def picture(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    tokens = GLOBAL_BATCH * SEQ_LEN
     for name, style in (("step", "-"), ("diloco", "-")):
         r = result["runs"][name]
+        tokens = r["tokens_per_step"]
         ax.plot([tokens * (i + 1) for i in range(len(r["loss"]))], r["loss"], style,
                 label=f"sync: {name} ({r['tokens_per_s']:.0f} tokens/s, {len(r['hosts'])} hosts)")
     ax.set_xlabel("tokens processed")
@@ -180,10 +222,16 @@ def picture(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def bench(out_dir: Path, quick: bool = False, log=print) -> dict:
+def bench(out_dir: Path, quick: bool = False, log=print, idle_restart: int = 1,
+          outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
+          inner_steps: int = INNER_STEPS, full_batch: bool = False) -> dict:
+    """``full_batch``: each island takes the step plan's whole batch every inner step (the
+    DiLoCo paper's setting, each worker its own batch), so the diloco job's batch is the
+    islands' sum and it runs 1 / islands of the steps: the same tokens as the step plan."""
     require_root()
     steps, skip = (60, 3) if quick else (200, 5)
     started = datetime.now(timezone.utc)
+    load_before = list(os.getloadavg())
     t0 = time.monotonic()
     job = the_job(steps)
     hosts = TOPOLOGY.hosts()
@@ -193,20 +241,26 @@ def bench(out_dir: Path, quick: bool = False, log=print) -> dict:
         bad = [f"{a}>{b}: {m['detail']}" for (a, b), m in bw.items() if not m["ok"]]
         if bad:
             raise RuntimeError(f"throughput tests failed: {'; '.join(bad)}")
+        slow_start_after_idle(lab, idle_restart)
         net = lab_network(job, {k: m["gbps"] for k, m in bw.items()})
         t_plan = time.monotonic()
         step_p = step_plan(job, net)
         plan_s = time.monotonic() - t_plan
         # The step plan's micro-batch: the same work per forward pass on both.
-        dil_p = diloco_placement(job, net, INNER_STEPS, COMPRESSION, step_p.micro_batch)
+        islands = len(TOPOLOGY.sites)
+        dil_job = the_job(steps // islands, GLOBAL_BATCH * islands) if full_batch else job
+        dil_p = diloco_placement(dil_job, net, inner_steps, COMPRESSION, step_p.micro_batch)
         runs, placements = {}, {"step": step_p, "diloco": dil_p}
         for name, p in placements.items():
-            log(f"[diloco_lab] {name}: {describe(p, net)}, {steps} steps")
+            log(f"[diloco_lab] {name}: {describe(p, net)}, {p.job.steps} steps")
             t_run = time.monotonic()
-            done = run(lab, p, net, steps)
-            runs[name] = {"placement": describe(p, net),
+            done = run(lab, p, net, p.job.steps, ["--outer-lr", str(outer_lr),
+                                            "--outer-momentum", str(outer_momentum)])
+            leaders = {net.ids[p.stages[0].nodes[lo]] for lo, _ in p.island_columns()}
+            runs[name] = {"placement": describe(p, net), "outer_phases": outer_phases(done, leaders),
                           "hosts": sorted({net.ids[i] for st in p.stages for i in st.nodes}),
-                          **figures(done, skip), "wall_s": time.monotonic() - t_run}
+                          **figures(done, skip, p.job.global_batch * SEQ_LEN),
+                          "wall_s": time.monotonic() - t_run}
             log(f"[diloco_lab] {name}: {runs[name]['iteration_s']:.3f} s/step, "
                 f"{runs[name]['tokens_per_s']:.0f} tokens/s, loss {runs[name]['final_loss']:.4f}")
     fitted, factor = fitted_network(net, step_p, runs["step"]["iteration_s"])
@@ -221,7 +275,16 @@ def bench(out_dir: Path, quick: bool = False, log=print) -> dict:
     loss_diff = (runs["diloco"]["final_loss"] - runs["step"]["final_loss"]) / runs["step"]["final_loss"]
     out = {
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python -m bench.diloco_lab_bench" + (" --quick" if quick else ""),
+        "command": "python -m bench.diloco_lab_bench" + (" --quick" if quick else "")
+        + ("" if idle_restart else " --idle-restart 0")
+        + (f" --outer-lr {outer_lr}" if outer_lr != OUTER_LR else "")
+        + (f" --outer-momentum {outer_momentum}" if outer_momentum != OUTER_MOMENTUM else "")
+        + (f" --inner-steps {inner_steps}" if inner_steps != INNER_STEPS else "")
+        + (" --full-batch" if full_batch else ""),
+        "diloco_batch": "full" if full_batch else "split",
+        "tcp_slow_start_after_idle": idle_restart,
+        "outer": {"lr": outer_lr, "momentum": outer_momentum},
+        "load_average_at_start": load_before,
         "lab": {"continents": [vars(s) for s in TOPOLOGY.sites],
                 "wan": {"rtt_ms": WAN[0], "mbit_s": WAN[1]}, "intra": {"rtt_ms": 1.0, "mbit_s": 400.0}},
         "job": {"script": "examples/train_gpt.py", "layers": LAYERS, "dim": DIM, "seq_len": SEQ_LEN,
@@ -273,9 +336,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.diloco_lab_bench")
     p.add_argument("--quick", action="store_true", help="60 steps instead of 200")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--idle-restart", type=int, choices=[0, 1], default=1,
+                   help="net.ipv4.tcp_slow_start_after_idle in the lab's hosts (Linux's default is 1)")
+    p.add_argument("--outer-lr", type=float, default=OUTER_LR)
+    p.add_argument("--outer-momentum", type=float, default=OUTER_MOMENTUM)
+    p.add_argument("--inner-steps", type=int, default=INNER_STEPS)
+    p.add_argument("--full-batch", action="store_true",
+                   help="each island the whole batch every inner step, half the steps")
     a = p.parse_args(argv)
     try:
-        result = bench(a.out, quick=a.quick, log=lambda s: print(s, flush=True))
+        result = bench(a.out, quick=a.quick, log=lambda s: print(s, flush=True),
+                       idle_restart=a.idle_restart, outer_lr=a.outer_lr,
+                       outer_momentum=a.outer_momentum, inner_steps=a.inner_steps,
+                       full_batch=a.full_batch)
     except LabError as err:
         print(f"diloco_lab_bench: {err}", file=sys.stderr)
         return 2

@@ -92,12 +92,15 @@ def average(flat: torch.Tensor, sizes: list[int], compression: str, group, size:
         parts = [torch.empty_like(wire) for _ in range(size)]
         dist.all_gather(parts, wire, group=group)
         return torch.stack([p.view(torch.bfloat16).float() for p in parts]).mean(0)
+    # Values and scales travel as one int8 buffer: one all_gather, so one round of the slow link.
     values, scales = quantise_int8(flat, sizes)
-    got_v = [torch.empty_like(values) for _ in range(size)]
-    got_s = [torch.empty_like(scales) for _ in range(size)]
-    dist.all_gather(got_v, values, group=group)
-    dist.all_gather(got_s, scales, group=group)
-    return torch.stack([dequantise_int8(v, s, sizes) for v, s in zip(got_v, got_s)]).mean(0)
+    wire = torch.cat([values, scales.view(torch.int8)])
+    parts = [torch.empty_like(wire) for _ in range(size)]
+    dist.all_gather(parts, wire, group=group)
+    n = values.numel()
+    # The scales start at any byte offset: copied out before they are read as fp32.
+    return torch.stack([dequantise_int8(w[:n], w[n:].clone().view(torch.float32), sizes)
+                        for w in parts]).mean(0)
 
 
 # -- the outer optimizer --------------------------------------------------------------------------
@@ -126,14 +129,17 @@ class OuterSync:
     broadcasts the averaged pseudo-gradient to its island (None: an island of one)."""
 
     def __init__(self, params: list[torch.nn.Parameter], compression: str, group, size: int,
-                 weight: int = 1, total: int = 1, island_group=None, leader: int = 0):
+                 weight: int = 1, total: int = 1, island_group=None, leader: int = 0,
+                 lr: float = OUTER_LR, mu: float = OUTER_MOMENTUM):
         self.params, self.compression, self.group, self.size = params, compression, group, size
+        self.lr, self.mu = lr, mu
         self.weight, self.total, self.island_group, self.leader = weight, total, island_group, leader
         self.sizes = [p.numel() for p in params]
         self.anchor = self._flat()
         self.momentum = torch.zeros_like(self.anchor)
         self.syncs = 0
         self.local_norms: list[float] = []   # this replica's pseudo-gradient at each outer step
+        self.phases: dict[str, float] = {}
 
     def _flat(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1).float() for p in self.params])
@@ -143,19 +149,29 @@ class OuterSync:
         self.anchor = self._flat()
 
     def sync(self) -> float:
-        """One outer step; returns its seconds. Parameters end equal to the new anchor."""
+        """One outer step; returns its seconds. Parameters end equal to the new anchor.
+
+        ``phases`` then holds where they went: ``exchange_s`` (the outer all_gather or all-reduce
+        among island leaders, waiting for the slowest leader included), ``broadcast_s`` (within
+        the island, waiting for its leader included) and ``enter`` (wall clock at entry, so the
+        leaders' wait for one another can be told from the transfer)."""
         t0 = time.perf_counter()
+        enter = time.time()
         local = self.anchor - self._flat()
         self.local_norms.append(float(local.norm()))
+        t_exchange = time.perf_counter()
         if self.group is not None or self.size == 1:
             # Islands weigh by their replicas: the mean over every replica of the stage.
             delta = average(local * (self.weight * self.size / self.total), self.sizes,
                             self.compression, self.group, self.size)
         else:
             delta = torch.empty_like(local)
+        t_broadcast = time.perf_counter()
         if self.island_group is not None:
             dist.broadcast(delta, src=self.leader, group=self.island_group)
-        outer_nesterov(self.anchor, self.momentum, delta)
+        self.phases = {"enter": enter, "exchange_s": t_broadcast - t_exchange,
+                       "broadcast_s": time.perf_counter() - t_broadcast}
+        outer_nesterov(self.anchor, self.momentum, delta, self.lr, self.mu)
         offset = 0
         with torch.no_grad():
             for p, n in zip(self.params, self.sizes):

@@ -36,7 +36,10 @@ all-reduce stays within the island, and every HULK_INNER_STEPS steps (and after 
 stage's replicas of all islands average their pseudo-gradients, compressed as
 HULK_OUTER_COMPRESSION says, for an outer Nesterov step (examples/diloco.py). Checkpoints are then
 written only right after outer steps (the first at or after ``--checkpoint-every``) and carry the
-outer momentum. HULK_STREAMING_FRAGMENTS above 0 is refused (exit 2).
+outer momentum. HULK_STREAMING_FRAGMENTS above 0 is refused (exit 2). ``--outer-lr`` and
+``--outer-momentum`` set the outer Nesterov step (default the paper's 0.7 and 0.9); each outer
+step's line says where its time went (``exchange``: among the islands' leaders, waiting for the
+slowest included; ``broadcast``: within the island).
 
 This file holds the command line and the training loop; roles, the model, the loss scale and the
 checkpoints are in gpt_parts.py beside it, DiLoCo's parts in diloco.py (copy the three to a GPU
@@ -62,8 +65,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from diloco import (COMPRESSIONS, SYNC_MODES, IslandError, OuterSync, island_groups,
-                    islands_of_replicas, outer_leaders)
+from diloco import (COMPRESSIONS, OUTER_LR, OUTER_MOMENTUM, SYNC_MODES, IslandError, OuterSync,
+                    island_groups, islands_of_replicas, outer_leaders)
 from gpt_parts import (AUTOCAST, TEXT, LossScaler, ProgressFile, Role, RoleError, StagePart,
                        agreed_resume_step, batches, check_roles, load_checkpoint, role_from_env,
                        save_checkpoint)
@@ -113,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
     p.add_argument("--keep", type=int, default=2, help="checkpoints each rank keeps")
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--outer-lr", type=float, default=OUTER_LR,
+                   help="DiLoCo's outer Nesterov learning rate (0 < lr <= 2)")
+    p.add_argument("--outer-momentum", type=float, default=OUTER_MOMENTUM,
+                   help="DiLoCo's outer Nesterov momentum (0 <= momentum < 1)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for peers")
@@ -125,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.seq_len <= len(TEXT) - 2:
         p.error(f"--seq-len must be 1..{len(TEXT) - 2} (the built-in text has {len(TEXT)} "
                 f"characters), got {args.seq_len}")
+    if not (0 < args.outer_lr <= 2 and 0 <= args.outer_momentum < 1):
+        p.error(f"--outer-lr must be in (0, 2] and --outer-momentum in [0, 1), got "
+                f"{args.outer_lr} and {args.outer_momentum}")
     if args.heads < 1 or args.dim % args.heads:
         p.error(f"--dim ({args.dim}) must be a multiple of --heads ({args.heads})")
     torch.set_num_threads(args.threads)
@@ -228,7 +238,8 @@ def train(me: Role, args: argparse.Namespace, device: torch.device = torch.devic
         my_island = island_of[me.replica]
         outer = OuterSync(params, me.outer_compression, pg_outer, me.num_islands, weight=mates,
                           total=d, island_group=pg_inner,
-                          leader=leaders[me.stage][my_island])
+                          leader=leaders[me.stage][my_island], lr=args.outer_lr,
+                          mu=args.outer_momentum)
     # DiLoCo checkpoints only right after an outer step, where the parameters are the anchor.
     every = args.checkpoint_every
     if diloco:
@@ -320,7 +331,9 @@ def train(me: Role, args: argparse.Namespace, device: torch.device = torch.devic
             losses_out.append(loss_value)
             line += f" loss {loss_value:.4f}"
         if synced:
-            line += f" outer {outer.syncs} {outer_s[-1]:.3f}s"
+            ph = outer.phases
+            line += (f" outer {outer.syncs} {outer_s[-1]:.3f}s exchange {ph['exchange_s']:.3f}s"
+                     f" broadcast {ph['broadcast_s']:.3f}s enter {ph['enter']:.3f}")
         print(line, flush=True)
         if me.checkpoint_dir and (done % every == 0 or done == args.steps):
             save_checkpoint(me.checkpoint_dir, done, me, layers, part, optimizer, scaler, args.keep,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hulk import geo
 from hulk.errors import InputError
+from planner.commands import seed_number
 from planner.core.fleet import Fleet, complete
 from planner.settings import PlannerSettings
 
@@ -71,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     done.add_argument("--out", type=Path, required=True, help="fleet JSON to write")
     done.add_argument("--model", metavar="NAME", help="the link model (default: the one the "
                       "link prediction benchmark chose; see docs/COSTMODEL.md section 2)")
-    done.add_argument("--seed", type=int, default=0, help="seed of the model's fit (default 0)")
+    done.add_argument("--seed", type=seed_number, default=0,
+                      help="seed of the model's fit (default 0)")
     done.set_defaults(func=cmd_complete)
 
 
@@ -405,7 +407,20 @@ def cmd_complete(args: argparse.Namespace) -> int:
     if prediction.model == "formula" and args.model != "formula":
         print(f"  fewer than {MIN_MEASURED_THROUGHPUTS} site pairs measured a throughput: "
               "completed by relay over measured RTTs and the window formula")
+    unreachable = unreachable_site_pairs(prediction)
+    if unreachable:
+        print(f"  {unreachable} site pairs unreachable (no measured path joins their sites): "
+              "written without a site link; no plan can use them")
     return 0
+
+
+def unreachable_site_pairs(prediction) -> int:
+    """Pairs of different sites that no RTT reaches: completed_fleet writes no link for them."""
+    import numpy as np
+
+    ii, jj = np.triu_indices(len(prediction.sites), k=1)
+    rtt = np.asarray(prediction.rtt_hi_ms, dtype=float)[ii, jj]
+    return int((~np.isfinite(rtt)).sum())
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

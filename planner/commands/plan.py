@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hulk.errors import ConfigError, HulkError, InputError, PlanningError
+from planner.commands import seed_number
 from planner.methods import DEFAULT_METHOD, METHODS, compared_methods, label, planner_for
 from planner.settings import PlannerSettings
 
@@ -32,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
     p.add_argument("--method", choices=list(METHODS), default=DEFAULT_METHOD,
                    help=f"planner to use (default {DEFAULT_METHOD}; gnn: the same portfolio "
                         "with the placement GNN's start added)")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=seed_number, default=0,
                    help="seed of the seeded planners ("
                         + ", ".join(m.name for m in METHODS.values() if m.seeded)
                         + "; default 0)")

@@ -269,6 +269,12 @@ def compute_floor_s(flops: float, throughput: float) -> float:
     return flops / throughput
 
 
+def memory_fraction(need, mem: np.ndarray) -> float:
+    """Peak memory use: the worst node's need / its memory, for per-stage ``need`` (K,) over
+    the (K, D) memories of the nodes holding each stage; inf when a node has no memory."""
+    return float((need[:, None] / mem).max()) if mem.min() > 0 else math.inf
+
+
 def estimate(placement: Placement, net: Network) -> Estimate:
     """Iteration time T = max_p T_pipe(p) + max_k T_ar(k), its compute and communication parts;
     a placement with an outer sync is priced by section 9 (planner/core/costmodel_sync.py)."""
@@ -310,9 +316,7 @@ def _estimate(placement: Placement, net: Network) -> Estimate:
     iteration = pipe_max + allreduce_max
     compute_s = float(pipe_compute.max())
 
-    need = stage_memory_bytes(job, layers, b, m, k_stages)
-    mem = net.mem[nodes]
-    fraction = float((need[:, None] / mem).max()) if mem.min() > 0 else math.inf
+    fraction = memory_fraction(stage_memory_bytes(job, layers, b, m, k_stages), net.mem[nodes])
     return Estimate(
         iteration_s=iteration,
         compute_s=compute_s,

@@ -17,8 +17,10 @@ from planner.linkpred.graph import (HIGH_QUANTILE, LOW_QUANTILE, PROVIDERS, Link
                                     SiteGraph, Source)
 from planner.linkpred.gnn import GnnConfig
 from planner.linkpred.gnn_layers import QuantileLinkGnn
+from planner.linkpred.gnn_optim import Adam
 
 QUANTILES = (LOW_QUANTILE, 0.5, HIGH_QUANTILE)
+QUANTILE_LEVELS = torch.tensor(QUANTILES)
 THROUGHPUT, RTT = 0, 1
 PROVIDER_CLASSES = (*PROVIDERS, "")                     # "" is an unknown provider
 PROVIDER_PAIRS = [(a, b) for k, a in enumerate(PROVIDER_CLASSES) for b in PROVIDER_CLASSES[k:]]
@@ -118,8 +120,8 @@ class Inputs:
     def messages(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Site features with statistics of the ``rows`` pairs, and those pairs as edges both
         ways with their figures: what the network may read."""
-        pairs, known = self.pairs[:, rows], self.known[rows]
-        z = torch.nan_to_num(self.z[rows])
+        pairs, known = self.pairs.index_select(1, rows), self.known.index_select(0, rows)
+        z = torch.nan_to_num(self.z.index_select(0, rows))
         ends = torch.cat([pairs[0], pairs[1]])
         twice = torch.cat([z, z]), torch.cat([known, known]).float()
         sums = torch.zeros(self.n_sites, 2).index_add_(0, ends, twice[0])
@@ -129,7 +131,7 @@ class Inputs:
         x = torch.cat([self.site_x, stats], dim=1)
         edge_index = torch.cat([pairs, pairs.flip(0)], dim=1)
         measured = torch.stack([z[:, 0], known[:, 0].float(), z[:, 1], known[:, 1].float()], 1)
-        edge_attr = torch.cat([measured, self.pair_attr[rows]], dim=1)
+        edge_attr = torch.cat([measured, self.pair_attr.index_select(0, rows)], dim=1)
         return x, edge_index, torch.cat([edge_attr, edge_attr])
 
     def decoder_attr(self, rows: Tensor, rtt_shown: Tensor) -> Tensor:
@@ -144,7 +146,7 @@ def pinball(predicted: Tensor, target: Tensor, mask: Tensor) -> Tensor:
     """Mean pinball loss of (P, 3) quantile predictions over the masked rows."""
     if not bool(mask.any()):
         return predicted.sum() * 0.0
-    q = torch.tensor(QUANTILES)
+    q = QUANTILE_LEVELS
     diff = target[mask, None] - predicted[mask]
     return torch.maximum(q * diff, (q - 1.0) * diff).mean()
 
@@ -161,7 +163,7 @@ def split_step(inputs: Inputs, train: np.ndarray, config: GnnConfig,
     return train[~hidden], train[hidden]
 
 
-def train_step(net: QuantileLinkGnn, optimiser: torch.optim.Optimizer, inputs: Inputs,
+def train_step(net: QuantileLinkGnn, optimiser: Adam, inputs: Inputs,
                train: np.ndarray, config: GnnConfig, rng: np.random.Generator) -> float:
     net.train()
     message_rows, target_rows = split_step(inputs, train, config, rng)
@@ -210,20 +212,19 @@ def fit(config: GnnConfig, name: str, graph: SiteGraph, seed: int) -> "FittedGnn
     scale = Scale.of(graph, train)
     if not any(learns):
         return FittedGnnLinkModel(name, config, scale, learns, None)
-    deterministic = torch.are_deterministic_algorithms_enabled()
     threads = torch.get_num_threads()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        torch.use_deterministic_algorithms(True)
         # One thread: these small products gain nothing from more, and on a busy machine
-        # threads waiting for each other made fits ten times slower; one thread also
-        # gives the same sums on every machine.
+        # threads waiting for each other made fits ten times slower; one thread also gives
+        # the same sums on every machine. Every op here is on the CPU, where each is
+        # deterministic: torch.use_deterministic_algorithms would add nothing but its import
+        # of torch._inductor (two seconds).
         torch.set_num_threads(1)
         try:
             net = train_network(config, Inputs(graph, scale), train, holdout, rng)
         finally:
             torch.set_num_threads(threads)
-            torch.use_deterministic_algorithms(deterministic)
     return FittedGnnLinkModel(name, config, scale, learns, net)
 
 
@@ -232,8 +233,7 @@ def train_network(c: GnnConfig, inputs: Inputs, train: np.ndarray, holdout: np.n
     """A network trained on ``train`` pairs, kept at its best loss on ``holdout`` pairs."""
     net = QuantileLinkGnn(SITE_DIM + STATS_DIM, EDGE_DIM, DECODER_PAIR_DIM, c.hidden,
                           c.layers)
-    optimiser = torch.optim.Adam(net.parameters(), lr=c.learning_rate,
-                                 weight_decay=c.weight_decay)
+    optimiser = Adam(net.parameters(), lr=c.learning_rate, weight_decay=c.weight_decay)
     messages = inputs.messages(torch.as_tensor(train))
     best, best_state, best_epoch = float("inf"), None, 0
     for epoch in range(1, c.max_epochs + 1):

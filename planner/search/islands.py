@@ -29,7 +29,10 @@ whole pool.
 Layers are then balanced once over every island's stage groups (the slowest replica of a stage,
 whatever its island, sets its pace), within memory that holds the outer optimizer's state too.
 The layouts are compared at the fastest outer setting the job allows (largest H, fewest bytes),
-where each is at its best (the job time never grows with H nor with fewer bytes).
+where each is at its best (the job time never grows with H nor with fewer bytes). A layout whose
+compute floor (:func:`layout_floor_s`) is already longer than the best job time found is skipped
+before its replicas are paired or its layers balanced: it could not have won, so the answer is
+the same, for less work.
 ``sync: auto`` then keeps the synchronous placement when no island layout of two or more
 islands is faster, else the island layout with the mildest setting (most bytes, then smallest
 H, from :data:`H_LADDER` up to the user's largest) whose estimate equals the fastest's: with
@@ -66,6 +69,7 @@ PATIENCE = 2             # islands added without a faster layout before a family
 # H values auto tries below the user's largest (which it always tries).
 H_LADDER = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 REL = 1e-9
+FLOOR_MARGIN = 1e-9      # a layout floor above the best by more than rounding cannot win
 
 
 def uses_islands(job: Job) -> bool:
@@ -123,14 +127,27 @@ def island_placement(job: Job, net: Network, grids: list[np.ndarray], b: int,
     return Placement(job, stages, b, islands=tuple(int(g.shape[1]) for g in grids), outer=outer)
 
 
-def cluster_grid(net: Network, nodes: np.ndarray, k: int, act: float) -> np.ndarray | None:
+def stage_groups(net: Network, nodes: np.ndarray, k: int) -> np.ndarray | None:
     """K x floor(n / K) stage groups of ``nodes`` (fastest first: stage 0 gets the fastest
-    ones), replicas paired along cheap hops (arrangement.match_rows); None when n < K."""
+    ones), replicas not yet paired (arrangement.match_rows pairs them along cheap hops);
+    None when n < K."""
     d = nodes.size // k
     if d < 1:
         return None
     order = nodes[np.lexsort((nodes, -net.mem[nodes], -net.thr[nodes]))]
-    return match_rows(net, order[:k * d].reshape(k, d), act)
+    return order[:k * d].reshape(k, d)
+
+
+def layout_floor_s(job: Job, net: Network, grids: list[np.ndarray], b: int) -> float:
+    """A lower bound of the job time of every island layout with the stage groups of ``grids``
+    (whatever the pairing of replicas and the layer split): each inner step some replica runs
+    M micro-batches through its slowest stage, and for any split of the L layers the largest
+    l_k / t_k, t_k the slowest throughput in stage k, is at least L / sum_k t_k. The outer
+    sync only adds to it (section 8)."""
+    grid = np.hstack(grids)
+    m = cm.micro_batches(job, grid.shape[1], b)
+    slowest = float(net.thr[grid].min(axis=1).sum())
+    return job.steps * m * job.flops_per_layer(b) * job.layers / slowest
 
 
 def eligible(job: Job, net: Network, nodes: np.ndarray, k: int, b: int, floor_thr: float
@@ -177,8 +194,16 @@ class _Best:
         p = island_placement(self.job, self.net, grids, b, self.outer)
         return UNSOLVED if p is None else Solved(p, estimate(p, self.net))
 
+    def cannot_win(self, grids: list[np.ndarray], b: int) -> bool:
+        """True when no layout of the stage groups ``grids`` can be kept (:meth:`keep`): its
+        :func:`layout_floor_s` is already longer than the best job time yet."""
+        return self.key is not None and \
+            layout_floor_s(self.job, self.net, grids, b) > self.key[0] * (1 + FLOOR_MARGIN)
+
     def offer(self, grids: list[np.ndarray], b: int) -> bool:
         """Judge the islands ``grids`` at micro-batch ``b``; True when they are the best yet."""
+        if self.cannot_win(grids, b):
+            return False
         if self.cache is None:
             placement, est = self._judge(grids, b)
         else:
@@ -210,9 +235,15 @@ def _grow(job: Job, net: Network, first: list[np.ndarray], clusters: list[np.nda
     misses = 0
     if grids:
         best.offer(grids, b)
+    paired = len(grids)        # grids[paired:] are stage groups whose replicas await pairing
     for pool in pools[:MAX_ISLANDS]:
-        grids.append(cluster_grid(net, pool, k, act))
-        if best.offer(grids, b):
+        grids.append(stage_groups(net, pool, k))
+        if not best.cannot_win(grids, b):
+            # Pairing (arrangement.match_rows) keeps each stage's nodes: the floor holds for
+            # it, so it is only done for layouts that are judged.
+            grids[paired:] = [match_rows(net, g, act) for g in grids[paired:]]
+            paired = len(grids)
+        if paired == len(grids) and best.offer(grids, b):
             misses = 0
         else:
             misses += 1
@@ -264,13 +295,15 @@ def island_layouts(job: Job, net: Network, nodes: np.ndarray, labels: np.ndarray
     return best.solved
 
 
-def mildest(placement: Placement, net: Network) -> Solved:
+def mildest(placement: Placement, net: Network, fast: cm.Estimate | None = None) -> Solved:
     """``placement`` with the mildest outer setting its job allows whose job time equals
     the fastest setting's (module docstring). The job time never grows with H nor with fewer
-    bytes (section 8), so per compression a bisection over H finds it."""
+    bytes (section 8), so per compression a bisection over H finds it. ``fast``: the estimate
+    at the fastest setting, when known (the layouts are judged at it)."""
     sync = placement.job.sync
     fastest = dataclasses.replace(placement, outer=fastest_setting(sync))
-    fast = estimate(fastest, net)
+    if fast is None or placement.outer != fastest.outer:
+        fast = estimate(fastest, net)
     settings = outer_settings(sync)
     for comp in dict.fromkeys(o.compression for o in settings):
         hs = [o for o in settings if o.compression == comp]   # H ascending
@@ -305,7 +338,7 @@ def with_islands(job: Job, net: Network, nodes: np.ndarray, labels: np.ndarray,
             best.estimate.job_s < step.estimate.job_s * (1 - REL)
         if not (spread and faster):
             return step
-    return mildest(best.placement, net)
+    return mildest(best.placement, net, best.estimate)
 
 
 def islands_of(placement: Placement) -> list[list[int]]:

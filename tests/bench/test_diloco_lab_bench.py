@@ -67,3 +67,18 @@ def test_each_node_gets_its_island_from_the_planners_roles():
     assert env_for(0, 3) | {"HULK_ISLAND": "x"} == {
         "HULK_SYNC": "diloco", "HULK_INNER_STEPS": "20", "HULK_OUTER_COMPRESSION": "int8",
         "HULK_STREAMING_FRAGMENTS": "0", "HULK_ISLAND": "x", "HULK_NUM_ISLANDS": "2"}
+
+
+def test_outer_phases_split_the_leaders_wait_from_the_exchange():
+    def line(total, exchange, broadcast, enter):
+        return (f"step 20/20 stage 0 replica 0 time 1.0s outer 1 {total}s exchange {exchange}s "
+                f"broadcast {broadcast}s enter {enter}")
+
+    # Leader a arrives 1.5 s before leader b, waits in its all_gather, b's exchange is the
+    # transfer alone; c (a's island mate) waits in its broadcast for both.
+    run = JobRun([NodeRun("a", 0, 0, 0, 0, line(3.6, 3.5, 0.1, 100.0)),
+                  NodeRun("b", 1, 0, 1, 0, line(2.1, 2.0, 0.1, 101.5)),
+                  NodeRun("c", 2, 0, 2, 0, line(3.7, 0.0, 3.65, 100.0))])
+    [got] = B.outer_phases(run, {"a", "b"})
+    assert got["round"] == 1 and got["wait_s"] == pytest.approx(1.5)
+    assert got["exchange_s"] == 2.0 and got["broadcast_s"] == 3.65 and got["total_s"] == 3.7

@@ -33,3 +33,7 @@ def test_the_quick_benchmark_trains_both_and_writes_its_figures(lab_available, t
     assert diloco["outer_syncs"] == 3 and step["outer_syncs"] == 0
     assert diloco["loss"][-1] < diloco["loss"][0] and step["loss"][-1] < step["loss"][0]
     assert set(diloco["hosts"]) == {"east-1", "east-2", "west-1", "west-2"}
+    # Every outer step split into the leaders' wait, the exchange and the island broadcast.
+    assert [ph["round"] for ph in diloco["outer_phases"]] == [1, 2, 3]
+    assert all(ph["exchange_s"] > 0 and ph["total_s"] >= ph["exchange_s"]
+               for ph in diloco["outer_phases"])

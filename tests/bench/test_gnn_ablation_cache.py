@@ -82,7 +82,8 @@ def test_each_start_gets_a_fresh_fleet_and_no_memo_of_the_start_before(monkeypat
     real_run_start = gnn_ablation.run_start
 
     def run_start(name, jobs, net, model):
-        seen.append((name, memo.cache_info().currsize, id(net), id(net.nodes[0])))
+        # The objects themselves, not their ids: a freed object's id may be reused.
+        seen.append((name, memo.cache_info().currsize, net, net.nodes[0]))
         memo(len(seen))   # what a start could leave behind for the next one
         net.nodes[0].city_key   # noqa: B018 (a memoised property)
         return real_run_start(name, jobs, net, model)
@@ -92,7 +93,8 @@ def test_each_start_gets_a_fresh_fleet_and_no_memo_of_the_start_before(monkeypat
     row = gnn_ablation.fleet_row({"key": "gen-test"}, Path("."), ckpt.load(), log=lambda _: None)
     assert [name for name, *_ in seen] == ["gnn", *gnn_ablation.NON_LEARNED]
     assert all(size == 0 for _, size, *_ in seen)
-    assert len({net for *_, net, _ in seen}) == len({node for *_, node in seen}) == len(seen)
+    assert len({id(net) for *_, net, _ in seen}) == len(seen)
+    assert len({id(node) for *_, node in seen}) == len(seen)
     assert set(row["starts"]) == {"gnn", *gnn_ablation.NON_LEARNED}
     assert 0.0 <= row["cluster_rule_pair_accuracy"] <= 1.0
 

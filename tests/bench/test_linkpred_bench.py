@@ -10,7 +10,9 @@ import pytest
 
 from bench.linkpred_bench import main
 from bench.linkpred_data import generated_dataset
+from bench.linkpred_regret import regret_cases
 from bench.linkpred_splits import cold_provider_splits, cold_region_splits, hide_splits
+from planner.linkpred.graph import LinkPrediction, Source
 
 CONTROLS = {"formula", "provider median", "distance", "vivaldi", "matrix", "boosted"}
 
@@ -45,6 +47,13 @@ def test_quick_run_writes_every_figure_for_every_model_on_the_same_splits(shared
         regret = d["regret_70"]["models"]
         assert list(regret) == models
         assert all(r["regret"] is not None and r["regret"] > 0.5 for r in regret.values())
+        cases = d["regret_70"]["cases"]
+        assert [c["case_seed"] for c in cases] == d["regret_70"]["case_seeds"]
+        assert len(cases) == 2
+        for model, r in regret.items():      # the headline is the worst case, beside the mean
+            assert r["regret"] == max(c["models"][model]["regret"] for c in cases)
+            assert r["regret_mean"] <= r["regret"] and r["point_regret"] is not None
+        assert {"2 starts, seed 1", "noise 1%", "noise 5%"} == set(d["regret_70"]["floor"])
         assert set(doc["targets"][name]["models"]) == set(models) - {"formula"}
 
 
@@ -71,3 +80,39 @@ def test_generated_fleets_are_seeded_and_complete():
     assert np.array_equal(a.gbps, b.gbps) and np.array_equal(a.rtt_ms, b.rtt_ms)
     assert len(a.i) == 20 * 19 // 2 and np.all(a.gbps > 0) and np.all(a.rtt_ms > 0)
     assert not np.array_equal(a.gbps, generated_dataset(20, 4).truth.gbps)
+
+
+def _truth_as_prediction(graph, model: str) -> LinkPrediction:
+    square = {}
+    for key, values in (("rtt", graph.rtt_ms), ("gbps", graph.gbps)):
+        m = np.full((graph.n_sites,) * 2, np.nan)
+        m[graph.i, graph.j] = m[graph.j, graph.i] = values
+        square[key] = m
+    sources = np.full(square["rtt"].shape, Source.MEASURED, dtype=np.uint8)
+    return LinkPrediction(model, tuple(graph.sites), square["rtt"], square["rtt"],
+                          square["gbps"], square["gbps"], sources, sources)
+
+
+@pytest.mark.slow
+def test_regret_of_the_true_links_is_one_on_every_case_and_the_worst_is_the_headline(shared_dir):
+    dataset = generated_dataset(12, 0)
+    truth = _truth_as_prediction(dataset.truth, "truth")
+    # A run to the end (no time budget) so that equal links give the same plan.
+    quartered = LinkPrediction("quartered", truth.sites, truth.rtt_ms * 4, truth.rtt_hi_ms * 4,
+                               truth.gbps / 4, truth.gbps_lo / 4, truth.rtt_source,
+                               truth.gbps_source)
+    doc = regret_cases(dataset, {"truth": truth, "quartered": quartered}, shared_dir, sites=3,
+                       jobs_named=("bert-large",), setting={"starts": 1}, case_seeds=(5, 1, 2))
+    assert [c["case_seed"] for c in doc["cases"]] == [5, 1, 2]
+    assert len({tuple(c["sites"]) for c in doc["cases"]}) == 3      # the cases differ
+    for case in doc["cases"]:
+        assert case["models"]["truth"]["regret"] == 1.0
+        assert case["models"]["truth"]["point_regret"] == 1.0
+        assert case["floor"]["noise 1%"] is not None
+        assert 0 < case["best_found_regret"] <= 1.0
+    got = doc["models"]["quartered"]
+    per_case = [c["models"]["quartered"]["regret"] for c in doc["cases"]]
+    assert got["regret"] == max(per_case)
+    assert got["regret_mean"] == pytest.approx(sum(per_case) / 3, abs=1e-4)
+    assert doc["models"]["truth"] == {"regret": 1.0, "regret_mean": 1.0, "point_regret": 1.0,
+                                      "point_regret_mean": 1.0}

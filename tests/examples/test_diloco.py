@@ -107,3 +107,54 @@ def test_the_first_replica_of_each_island_carries_the_outer_sync():
     where = {(s, r): s * 4 + r for s in range(2) for r in range(4)}
     assert diloco.outer_leaders(where, [0, 0, 0, 1], 2) == {0: [0, 3], 1: [4, 7]}
     assert diloco.outer_leaders(where, [0, 0, 0, 0], 2) == {0: [0], 1: [4]}
+
+
+def test_int8_values_and_scales_cross_in_one_all_gather(monkeypatch):
+    # Each collective over the slow link pays its round trips: the scales ride with the values.
+    calls = []
+
+    def fake_all_gather(parts, tensor, group=None):
+        calls.append(tensor.dtype)
+        for i, part in enumerate(parts):   # the other island sent the same values, doubled scales
+            part.copy_(tensor)
+            if i == 1:
+                n = tensor.numel() - 8
+                part[n:] = (tensor[n:].clone().view(torch.float32) * 2).view(torch.int8)
+
+    monkeypatch.setattr(diloco.dist, "all_gather", fake_all_gather)
+    g = torch.Generator().manual_seed(5)
+    flat = torch.randn(30, generator=g)
+    got = diloco.average(flat, [10, 20], "int8", group=None, size=2)
+    assert calls == [torch.int8]
+    values, scales = diloco.quantise_int8(flat, [10, 20])
+    mine = diloco.dequantise_int8(values, scales, [10, 20])
+    assert torch.allclose(got, 1.5 * mine)
+
+
+def test_the_outer_step_takes_the_learning_rate_and_momentum_it_is_given():
+    # One island: the averaged pseudo-gradient is its own, g = anchor - parameters.
+    def after_one_sync(**outer):
+        p = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+        sync = diloco.OuterSync([p], "none", None, 1, **outer)
+        with torch.no_grad():
+            p -= torch.tensor([0.1, -0.2])
+        sync.sync()
+        assert set(sync.phases) == {"enter", "exchange_s", "broadcast_s"}
+        return p.detach()
+
+    # lr 1, no momentum: plain averaging, the parameters stay where the inner steps left them.
+    assert torch.allclose(after_one_sync(lr=1.0, mu=0.0), torch.tensor([0.9, 2.2]))
+    # The defaults (0.7, 0.9): the first step moves by lr (1 + mu) g.
+    assert torch.allclose(after_one_sync(), torch.tensor([1.0 - 0.133, 2.0 + 0.266]))
+
+
+def test_outer_flags_out_of_range_are_refused(capsys):
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        _load("gpt_parts")
+        train_gpt = _load("train_gpt")
+        with pytest.raises(SystemExit) as stop:
+            train_gpt.main(["--outer-momentum", "1.0"])
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    assert stop.value.code == 2 and "--outer-momentum in [0, 1)" in capsys.readouterr().err

@@ -14,7 +14,8 @@ import pytest
 
 from planner.core import gpus
 from planner.core.costmodel import (Placement, Stage, compute_bound_s, estimate, estimate_plan,
-                                    problems, sequential_totals, stage_memory_bytes)
+                                    memory_fraction, problems, sequential_totals,
+                                    stage_memory_bytes)
 from planner.core.fleet import Fleet, Link, Node, bandwidth_from_rtt, complete
 from planner.core.jobs import Job
 from tests.helpers.plans import make_net
@@ -108,6 +109,13 @@ def test_memory_limit():
     assert not estimate(bad, tight).memory_ok and not estimate(bad, tight).feasible
     assert problems(bad, roomy) == [] and estimate(bad, roomy).feasible
     assert estimate(bad, roomy).peak_memory_fraction == pytest.approx(need / 9.61e9)
+
+
+def test_memory_fraction_is_the_worst_node_and_inf_without_memory():
+    need = np.array([4.0, 1.0])                         # per stage
+    mem = np.array([[8.0, 2.0], [4.0, 1.0]])            # (K, D): stage 0's second node is tight
+    assert memory_fraction(need, mem) == pytest.approx(2.0)
+    assert memory_fraction(need, np.array([[8.0, 0.0], [4.0, 1.0]])) == math.inf
 
 
 def test_structural_problems():

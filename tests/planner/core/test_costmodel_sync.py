@@ -15,7 +15,8 @@ import pytest
 
 from planner.core.costmodel import (OuterSync, Placement, Stage, estimate, outer_state_bytes,
                                     problems, pseudo_gradient_bytes, stage_memory_bytes)
-from planner.core.costmodel_sync import exposed_outer_s, outer_group
+from planner.core.costmodel_sync import (broadcast_s, exposed_outer_s, island_broadcast_s,
+                                         outer_exchange_s, outer_group)
 from planner.core.jobs import COMPRESSION_BYTES, Job, Sync
 from planner.core.lower_bound import lower_bound
 from tests.helpers.plans import make_net
@@ -44,10 +45,16 @@ def test_contract_defaults_leave_step_jobs_alone():
     assert step.islands == () and step.outer is None and estimate(step, NET).outer_sync_s == 0.0
 
 
+# The leader's broadcast of the averaged fp32 pseudo-gradient (4 P = 3.2e9 B) within an island
+# of two: one round over the 10 ms link.
+BROADCAST = 1 * (0.005 + 3.2e9 / 1e9)
+
+
 def test_two_islands_by_hand():
     e = estimate(diloco(h=10, compression="bf16"), NET)
-    outer = 2 * (2 - 1) * (0.100 + 2 * 8e8 / (2 * 5e7))   # ring of 2: a = 0.1 s, bf16 = 1.6e9 B
-    assert outer == pytest.approx(32.2)
+    # bf16 travels by all_gather between the two leaders: a = 0.1 s, 1.6e9 B each way at once.
+    outer = (2 - 1) * (0.100 + 2 * 8e8 / 5e7) + BROADCAST
+    assert outer == pytest.approx(35.305)
     assert e.micro_batches == 1
     assert e.allreduce_s == pytest.approx(INNER_AR, rel=1e-12)
     assert e.outer_sync_s == pytest.approx(outer, rel=1e-12)
@@ -71,8 +78,25 @@ def test_compression_scales_the_outer_bytes():
     times = {c: estimate(diloco(compression=c), NET).outer_sync_s for c in COMPRESSION_BYTES}
     for c, nbytes in COMPRESSION_BYTES.items():
         assert pseudo_gradient_bytes(JOB, 4, c) == nbytes * 8e8
-        assert times[c] == pytest.approx(2 * (0.1 + nbytes * 8e8 / (2 * 5e7)), rel=1e-12)
+    # none: the trainer's fp32 ring all-reduce; bf16 and int8: an all_gather among the leaders.
+    assert times["none"] == pytest.approx(2 * (0.1 + 4 * 8e8 / (2 * 5e7)) + BROADCAST, rel=1e-12)
+    for c in ("bf16", "int8"):
+        assert times[c] == pytest.approx(0.1 + COMPRESSION_BYTES[c] * 8e8 / 5e7 + BROADCAST,
+                                         rel=1e-12)
     assert times["int8"] < times["bf16"] < times["none"]
+
+
+def test_outer_sync_prices_the_all_gather_and_the_island_broadcast():
+    three = make_net([("A100", 1, 40)] * 6, [[0 if i == j else (10 if i // 2 == j // 2 else 200)
+                                              for j in range(6)] for i in range(6)])
+    p = Placement(JOB, (Stage(0, 4, tuple(range(6))),), micro_batch=2, islands=(2, 2, 2),
+                  outer=OuterSync(10, "int8"))
+    # Three leaders: two all_gather hops of 8e8 int8 bytes each; islands of two: one broadcast.
+    assert outer_exchange_s(p, three) == pytest.approx(2 * (0.1 + 8e8 / 5e7), rel=1e-12)
+    assert island_broadcast_s(p, three) == pytest.approx(BROADCAST, rel=1e-12)
+    singles = replace(p, stages=(Stage(0, 4, (0, 2, 4)),), islands=(1, 1, 1))
+    assert island_broadcast_s(singles, three) == 0.0
+    assert broadcast_s(5, 0.0, 1.0, 1.0) == 3 and broadcast_s(1, 0.1, 1.0, 1.0) == 0
 
 
 def test_streaming_hides_the_outer_all_reduce_up_to_one_fragment():
