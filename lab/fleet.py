@@ -237,6 +237,21 @@ def torchrun_processes(lab: WanLab, program: str) -> dict[str, list[str]]:
     return {host: next(iter(pids.values())) for host, pids in torchrun_pids(lab, program).items()}
 
 
+def worker_pids(lab: WanLab, host: str, program: str) -> list[int]:
+    """The ``program`` worker processes under ``host``'s torchrun (not torchrun, not the agent)."""
+    out = []
+    for torchrun in torchrun_pids(lab, program).get(host, {}):
+        for pid in descendants(torchrun):
+            try:
+                raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            argv = raw.decode(errors="replace").split("\0")
+            if program in argv and not any(a.endswith("torchrun") for a in argv[:2]):
+                out.append(pid)
+    return out
+
+
 def descendants(pid: int) -> list[int]:
     """``pid``'s children, grandchildren, ... (from /proc's parent pids)."""
     children: dict[int, list[int]] = {}

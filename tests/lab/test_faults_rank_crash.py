@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
 from lab import job_scenarios
-from lab.fleet import EXAMPLE, LabFleet, descendants, torchrun_pids
+from lab.fleet import EXAMPLE, LabFleet, worker_pids
 
 pytestmark = [pytest.mark.root, pytest.mark.process]
 
@@ -27,20 +26,6 @@ pytestmark = [pytest.mark.root, pytest.mark.process]
 @pytest.fixture
 def fleet(job_fleet) -> LabFleet:
     return job_fleet
-
-
-def trainer_pids(fleet: LabFleet, host: str) -> list[int]:
-    """The train_gpt.py worker processes under ``host``'s torchrun (not torchrun, not the agent)."""
-    out = []
-    for torchrun in torchrun_pids(fleet.lab, str(EXAMPLE)).get(host, {}):
-        for pid in descendants(torchrun):
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-            except OSError:
-                continue
-            if str(EXAMPLE) in argv and not any(a.endswith("torchrun") for a in argv[:2]):
-                out.append(pid)
-    return out
 
 
 def test_a_killed_training_process_restarts_the_job_from_its_checkpoint(fleet, tmp_path):
@@ -52,7 +37,8 @@ def test_a_killed_training_process_restarts_the_job_from_its_checkpoint(fleet, t
     fleet.wait(lambda: any(s >= 20 for s in job_scenarios.checkpoint_steps(ckpt)), 90,
                "a checkpoint at step 20 or later")
     victim = first.nodes[0]
-    pids = fleet.wait(lambda: trainer_pids(fleet, victim), 10, f"{victim}'s train_gpt.py")
+    pids = fleet.wait(lambda: worker_pids(fleet.lab, victim, str(EXAMPLE)), 10,
+                      f"{victim}'s train_gpt.py")
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
 

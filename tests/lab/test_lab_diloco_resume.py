@@ -17,13 +17,12 @@ import os
 import re
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
 from lab import job_scenarios
 from lab import matrix as lab_matrix
-from lab.fleet import EXAMPLE, LabFleet, descendants, roles_for, torchrun_pids
+from lab.fleet import EXAMPLE, LabFleet, roles_for, worker_pids
 
 pytestmark = [pytest.mark.root, pytest.mark.process]
 
@@ -41,21 +40,6 @@ def fleet(lab_fleet) -> LabFleet:
     fleet = lab_fleet(lab_matrix.from_cities(CONTINENTS).scaled(0.25))
     job_scenarios.start(fleet, 5.0)
     return fleet
-
-
-def trainer_pids(fleet: LabFleet, host: str) -> list[int]:
-    """The train_gpt.py worker processes under ``host``'s torchrun (not torchrun, not the agent)."""
-    out = []
-    for torchrun in torchrun_pids(fleet.lab, str(EXAMPLE)).get(host, {}):
-        for pid in descendants(torchrun):
-            try:
-                raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-                argv = raw.decode(errors="replace").split("\0")
-            except OSError:
-                continue
-            if str(EXAMPLE) in argv and not any(a.endswith("torchrun") for a in argv[:2]):
-                out.append(pid)
-    return out
 
 
 def test_a_diloco_job_over_two_continents_resumes_from_its_last_outer_step(fleet, tmp_path):
@@ -81,7 +65,8 @@ def test_a_diloco_job_over_two_continents_resumes_from_its_last_outer_step(fleet
     checkpointed = fleet.wait(lambda: [s for s in job_scenarios.checkpoint_steps(ckpt) if s >= 20],
                               120, "a checkpoint at an outer step >= 20", poll_s=0.2)
     victim = first.nodes[1]
-    pids = fleet.wait(lambda: trainer_pids(fleet, victim), 10, f"{victim}'s train_gpt.py")
+    pids = fleet.wait(lambda: worker_pids(fleet.lab, victim, str(EXAMPLE)), 10,
+                      f"{victim}'s train_gpt.py")
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     print(f"killed after {time.monotonic() - t0:.1f} s")
