@@ -385,7 +385,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_complete(args: argparse.Namespace) -> int:
     from planner.files.fleet import load_fleet, save_fleet_json
     from planner.linkpred.complete import (MIN_MEASURED_THROUGHPUTS, completed_fleet, link_counts,
-                                           predict_fleet_links)
+                                           predict_fleet_links, unreachable_pairs)
     from planner.linkpred.models import MODELS
 
     if args.model is not None and args.model not in MODELS:
@@ -407,20 +407,11 @@ def cmd_complete(args: argparse.Namespace) -> int:
     if prediction.model == "formula" and args.model != "formula":
         print(f"  fewer than {MIN_MEASURED_THROUGHPUTS} site pairs measured a throughput: "
               "completed by relay over measured RTTs and the window formula")
-    unreachable = unreachable_site_pairs(prediction)
+    unreachable = unreachable_pairs(prediction)
     if unreachable:
         print(f"  {unreachable} site pairs unreachable (no measured path joins their sites): "
               "written without a site link; no plan can use them")
     return 0
-
-
-def unreachable_site_pairs(prediction) -> int:
-    """Pairs of different sites that no RTT reaches: completed_fleet writes no link for them."""
-    import numpy as np
-
-    ii, jj = np.triu_indices(len(prediction.sites), k=1)
-    rtt = np.asarray(prediction.rtt_hi_ms, dtype=float)[ii, jj]
-    return int((~np.isfinite(rtt)).sum())
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

@@ -119,6 +119,15 @@ def completed_fleet(fleet: Fleet, prediction: LinkPrediction) -> Fleet:
     return dataclasses.replace(fleet, site_links=tuple(kept + out))
 
 
+def unreachable_pairs(prediction: LinkPrediction) -> int:
+    """Pairs of different sites :func:`completed_fleet` writes no link for: no RTT reaches
+    them (its point or its bound is not finite)."""
+    ii, jj = np.triu_indices(len(prediction.sites), k=1)
+    point = np.asarray(prediction.rtt_ms, dtype=float)[ii, jj]
+    high = np.asarray(prediction.rtt_hi_ms, dtype=float)[ii, jj]
+    return int(np.count_nonzero(~(np.isfinite(point) & np.isfinite(high))))
+
+
 def link_counts(prediction: LinkPrediction) -> dict[str, dict[str, int]]:
     """Pairs of different sites by source, per quantity: {"rtt": {"measured": ...}, "gbps": ...}."""
     ii, jj = np.triu_indices(len(prediction.sites), k=1)
