@@ -84,9 +84,10 @@ def splits_for(dataset: Dataset, quick: bool) -> list[Split]:
 
 
 def evaluate_models(dataset: Dataset, splits: list[Split], models: Mapping[str, LinkModel],
-                    advance: Callable[[str], None]) -> tuple[list[dict], dict]:
+                    advance: Callable[[str], None],
+                    keep_seed: int = 0) -> tuple[list[dict], dict]:
     """Every model on every split: per-split figures, pooled figures per split kind, and the
-    predictions of the REGRET_SHARE split of seed 0 (for the plans)."""
+    predictions of the REGRET_SHARE split of ``keep_seed`` (for the plans)."""
     rows, pooled, kept = [], {}, {}
     for split in splits:
         train = dataset.truth.masked(split.keep)
@@ -105,7 +106,7 @@ def evaluate_models(dataset: Dataset, splits: list[Split], models: Mapping[str, 
             judged = judge(prediction, dataset.truth, split.judge)
             row["models"][name] = {**figures([judged]), "fit_predict_s": round(seconds, 3)}
             pooled.setdefault(split.kind, {}).setdefault(name, []).append(judged)
-            if split.kind == f"hide {REGRET_SHARE:.0%}" and split.seed == 0:
+            if split.kind == f"hide {REGRET_SHARE:.0%}" and split.seed == keep_seed:
                 kept[name] = prediction
         rows.append(row)
     summary = {kind: {name: figures(js) for name, js in by_model.items()}

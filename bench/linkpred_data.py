@@ -85,9 +85,22 @@ def skyplane_dataset(shared: Path, regions: int | None = None) -> Dataset:
                    "premium tier, median of both directions")
 
 
-def generated_dataset(sites: int, seed: int) -> Dataset:
+@dataclass(frozen=True)
+class GeneratedTruth:
+    """What the generator drew before any pair's own randomness: per site its egress cap and
+    access delay, per pair (the upper triangle, ``i < j``) its distance and whether both ends are
+    one provider's backbone. bench/linkpred_floor.py predicts from these alone."""
+
+    graph: SiteGraph
+    cap_gbps: np.ndarray
+    access_ms: np.ndarray
+    km: np.ndarray
+    same: np.ndarray
+
+
+def generated_truth(sites: int, seed: int) -> GeneratedTruth:
     """A fleet of ``sites`` sites with every pair's RTT and throughput drawn from the ground
-    truth in this module's docstring."""
+    truth in this module's docstring, and the per-site and per-pair draws behind them."""
     from hulk.cloud_regions import REGIONS
 
     rng = np.random.default_rng(seed)
@@ -117,5 +130,11 @@ def generated_dataset(sites: int, seed: int) -> Dataset:
         * np.exp(rng.normal(0.0, THROUGHPUT_NOISE, len(i)))
     gpus = rng.integers(GPUS[0], GPUS[1] + 1, sites).astype(float)
     graph = SiteGraph(names, providers, lat, lon, gpus, i, j, rtt, gbps)
-    return Dataset(f"generated-{sites}-s{seed}", graph,
+    return GeneratedTruth(graph, cap, access, km, same)
+
+
+def generated_dataset(sites: int, seed: int) -> Dataset:
+    """A fleet of ``sites`` sites with every pair's RTT and throughput drawn from the ground
+    truth in this module's docstring."""
+    return Dataset(f"generated-{sites}-s{seed}", generated_truth(sites, seed).graph,
                    f"{sites} sites, ground truth of bench/linkpred_data.py, seed {seed}")

@@ -24,8 +24,10 @@ Per model: the regret of every case, its mean and its worst; the target is judge
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -60,34 +62,17 @@ def regret_cases(dataset: Dataset, predictions: Mapping[str, LinkPrediction], sh
 def plan_case(dataset: Dataset, predictions: Mapping[str, LinkPrediction], shared: Path,
               sites: int, jobs_named, setting: Mapping | None, case_seed: int) -> dict:
     """One case: the reference plan, the floor, and each model's regret and point regret."""
-    from bench.skyplane_bench import INTRA_GBPS, INTRA_RTT_MS, JOBS, PLAN_SETTING
-    from bench.skyplane_models import region_node
+    from bench.skyplane_bench import JOBS, PLAN_SETTING
     from planner.core.evaluate import evaluate
-    from planner.core.fleet import Fleet, Site, SiteLink, complete
+    from planner.core.fleet import Fleet
     from planner.files.jobs import load_jobs
     from planner.methods import DEFAULT_METHOD, plan_with
 
     jobs = [j for j in load_jobs(Path(shared) / JOBS) if j.name in jobs_named]
     setting = {**PLAN_SETTING, **(setting or {})}
-    graph = dataset.truth
-    rng = np.random.default_rng(case_seed)
-    chosen = sorted(rng.choice(graph.n_sites, size=min(sites, graph.n_sites), replace=False))
-    names = [graph.sites[k] for k in chosen]
-    nodes = tuple(region_node(name, serial) for name in names
-                  for serial in range(int(rng.integers(2, 5))))
-    true_rtt, true_bw = _square(graph, graph.rtt_ms), _square(graph, graph.gbps)
-
-    def fleet(rtt: np.ndarray, bw: np.ndarray) -> Fleet:
-        links = [SiteLink(n, n, INTRA_RTT_MS, INTRA_GBPS) for n in names]
-        for x, a in enumerate(chosen):
-            for b in chosen[x + 1:]:
-                if math.isfinite(rtt[a, b]) and rtt[a, b] >= 0:
-                    good_bw = math.isfinite(bw[a, b]) and bw[a, b] > 0
-                    links.append(SiteLink(graph.sites[a], graph.sites[b], float(rtt[a, b]),
-                                          float(bw[a, b]) if good_bw else None))
-        return complete(Fleet(nodes, name=f"{dataset.name}-regret",
-                              sites=tuple(Site(n) for n in names), site_links=tuple(links)))
-
+    case = case_network(dataset, sites, case_seed)
+    names, nodes, fleet = case.sites, case.nodes, case.fleet
+    true_rtt, true_bw = case.true_rtt, case.true_bw
     truth = fleet(true_rtt, true_bw)
 
     def judged(net: Fleet, seed: int = 0, wider: bool = False) -> float:
@@ -103,7 +88,7 @@ def plan_case(dataset: Dataset, predictions: Mapping[str, LinkPrediction], share
              regret(judged(truth, FLOOR_SEARCH_SEED, wider=True))}
     for sigma in NOISE_SIGMAS:
         noise = np.random.default_rng([case_seed, int(sigma * 1000)])
-        rtt_f, bw_f = (_symmetric_noise(noise, sigma, true_rtt.shape) for _ in range(2))
+        rtt_f, bw_f = (symmetric_noise(noise, sigma, true_rtt.shape) for _ in range(2))
         floor[f"noise {sigma:.0%}"] = regret(judged(fleet(true_rtt * rtt_f, true_bw * bw_f)))
     out = {"case_seed": case_seed, "sites": names, "servers": len(nodes),
            "true_plan_makespan_s": best, "floor": floor, "models": {}}
@@ -123,13 +108,57 @@ def plan_case(dataset: Dataset, predictions: Mapping[str, LinkPrediction], share
     return out
 
 
+@dataclass(frozen=True)
+class CaseNetwork:
+    """A plan case's servers: ``sites`` (indices ``chosen`` of the network), ``nodes`` and the
+    true links as (sites x sites) matrices; ``fleet(rtt, bw)`` completes the case's fleet on any
+    such matrices (the truth, a model's figures, noisy truth)."""
+
+    sites: list[str]
+    chosen: list[int]
+    nodes: tuple
+    true_rtt: np.ndarray
+    true_bw: np.ndarray
+    fleet: Callable[[np.ndarray, np.ndarray], Any]
+
+
+def case_network(dataset: Dataset, sites: int, case_seed: int,
+                 servers_per_site: tuple[int, int] = (2, 5)) -> CaseNetwork:
+    """``sites`` seeded sites of the network, each with a seeded number of servers in
+    ``[low, high)`` of ``servers_per_site``."""
+    from bench.skyplane_bench import INTRA_GBPS, INTRA_RTT_MS
+    from bench.skyplane_models import region_node
+    from planner.core.fleet import Fleet, Site, SiteLink, complete
+
+    graph = dataset.truth
+    rng = np.random.default_rng(case_seed)
+    chosen = sorted(rng.choice(graph.n_sites, size=min(sites, graph.n_sites), replace=False))
+    names = [graph.sites[k] for k in chosen]
+    nodes = tuple(region_node(name, serial) for name in names
+                  for serial in range(int(rng.integers(*servers_per_site))))
+
+    def fleet(rtt: np.ndarray, bw: np.ndarray) -> Fleet:
+        links = [SiteLink(n, n, INTRA_RTT_MS, INTRA_GBPS) for n in names]
+        for x, a in enumerate(chosen):
+            for b in chosen[x + 1:]:
+                if math.isfinite(rtt[a, b]) and rtt[a, b] >= 0:
+                    good_bw = math.isfinite(bw[a, b]) and bw[a, b] > 0
+                    links.append(SiteLink(graph.sites[a], graph.sites[b], float(rtt[a, b]),
+                                          float(bw[a, b]) if good_bw else None))
+        return complete(Fleet(nodes, name=f"{dataset.name}-regret",
+                              sites=tuple(Site(n) for n in names), site_links=tuple(links)))
+
+    return CaseNetwork(names, [int(k) for k in chosen], nodes,
+                       _square(graph, graph.rtt_ms), _square(graph, graph.gbps), fleet)
+
+
 def _square(graph, values) -> np.ndarray:
     out = np.full((graph.n_sites,) * 2, np.nan)
     out[graph.i, graph.j] = out[graph.j, graph.i] = values
     return out
 
 
-def _symmetric_noise(rng: np.random.Generator, sigma: float, shape) -> np.ndarray:
+def symmetric_noise(rng: np.random.Generator, sigma: float, shape) -> np.ndarray:
     upper = np.triu(np.exp(rng.normal(0.0, sigma, shape)), 1)
     return upper + upper.T + np.eye(shape[0])
 

@@ -146,6 +146,7 @@ def factor_rows(cal) -> list[tuple[str, str, str, str, str]]:
     named += [("bandwidth exponent", cal.bandwidth_exponent, "exponent")]
     named += [("hop overhead", cal.hop_overhead_s, "s"),
               ("micro-batch overhead", cal.micro_batch_overhead_s, "s"),
+              ("step overhead", cal.step_overhead_s, "s"),
               ("communication", cal.communication, "")]
     for name, f, unit in named:
         interval = f"{_num(f.low, unit)} - {_num(f.high, unit)}" if f.fitted else "-"

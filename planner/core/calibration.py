@@ -12,7 +12,9 @@ a new Network:
   always wins, docs/COSTMODEL.md section 2); an unfitted class keeps the formula;
 - ``communication`` divides every bandwidth: what training achieves against a throughput test;
 - ``hop_overhead_s`` is added once to every pipeline hop (costmodel.transfer_s);
-- ``micro_batch_overhead_s`` to every stage's compute of a micro-batch (stage_compute_s).
+- ``micro_batch_overhead_s`` to every stage's compute of a micro-batch (stage_compute_s);
+- ``step_overhead_s`` once to every replica's iteration (replica_step_s): the optimizer step
+  and per-step work no micro-batch count scales.
 
 :func:`fit_bandwidth` fits the class figures and the exponent from throughput tests
 (planner/core/calibration_bandwidth.py);
@@ -46,7 +48,9 @@ __all__ = ["FORMAT", "INTER_SITE", "INTRA_SITE", "BandwidthFit", "BandwidthObser
            "Calibration", "Factor", "Observation", "class_gbps", "classed_bandwidth", "fit",
            "fit_bandwidth", "gpu_key", "link_class", "site_class"]
 
-FORMAT = "hulk-calibration/3"
+FORMAT = "hulk-calibration/4"
+# Formats read as they are; a /3 file has no step overhead, which reads at its prior (0 s).
+READABLE_FORMATS = (FORMAT, "hulk-calibration/3")
 MAX_NAME_CHARS = 255        # a GPU, class or job name in a calibration file
 MAX_RUNS = 2 ** 31 - 1
 # Formats whose bandwidth factors multiplied the RTT formula: no Gbit/s figure follows from them.
@@ -55,6 +59,8 @@ LOG_BOUND = 5.0           # factors within exp(+-5): wider than any real GPU or 
 MAX_OUTLIER_ROUNDS = 3
 # A parameter counts as fitted only if a 5% step each way moves some run's estimate by 0.1%.
 IDENTIFY_STEP, IDENTIFY_CHANGE = 0.05, 1e-3
+# A parameter whose effect on the runs the others reproduce to 1% is not told apart from them.
+SEPARABLE = 1e-2
 
 @dataclass(frozen=True)
 class Observation:
@@ -86,11 +92,12 @@ def _factor_value(factors: Mapping[str, Factor], key: str, default: float = 1.0)
 
 
 def _applied(net: Network, thr_scale: np.ndarray, bw: np.ndarray, communication: float,
-             hop_s: float, micro_batch_s: float) -> Network:
+             hop_s: float, micro_batch_s: float, step_s: float = 0.0) -> Network:
     out = copy.copy(net)
     out.thr = net.thr * thr_scale
     out.bw = bw / communication if communication != 1.0 else bw
     out.hop_overhead_s, out.micro_batch_overhead_s = float(hop_s), float(micro_batch_s)
+    out.step_overhead_s = float(step_s)
     return out
 
 
@@ -106,6 +113,7 @@ class Calibration:
     communication: Factor = Factor.prior(1.0)
     outliers: tuple[str, ...] = ()
     bandwidth_exponent: Factor = Factor.prior(0.0)    # the class figures' shape, in [0, 1]
+    step_overhead_s: Factor = Factor.prior(0.0)
 
     def apply(self, net: Network) -> Network:
         """A new Network with this calibration's factors; ``net`` is left as it is."""
@@ -113,7 +121,8 @@ class Calibration:
         return _applied(net, scale, classed_bandwidth(net, self.bandwidth,
                                                   float(self.bandwidth_exponent.value)),
                         float(self.communication.value), float(self.hop_overhead_s.value),
-                        float(self.micro_batch_overhead_s.value))
+                        float(self.micro_batch_overhead_s.value),
+                        float(self.step_overhead_s.value))
 
     @property
     def identity(self) -> bool:
@@ -121,7 +130,8 @@ class Calibration:
         return (all(f.value == 1.0 for f in self.compute.values())
                 and not any(f.fitted for f in self.bandwidth.values())
                 and self.communication.value == 1.0
-                and self.hop_overhead_s.value == self.micro_batch_overhead_s.value == 0.0)
+                and self.hop_overhead_s.value == self.micro_batch_overhead_s.value
+                == self.step_overhead_s.value == 0.0)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT,
@@ -130,6 +140,7 @@ class Calibration:
                 "bandwidth_exponent": _factor_json(self.bandwidth_exponent),
                 "hop_overhead_s": _factor_json(self.hop_overhead_s),
                 "micro_batch_overhead_s": _factor_json(self.micro_batch_overhead_s),
+                "step_overhead_s": _factor_json(self.step_overhead_s),
                 "communication": _factor_json(self.communication),
                 "outliers": list(self.outliers)}
 
@@ -143,7 +154,7 @@ class Calibration:
                              f"multiplied the RTT formula; {FORMAT}'s are Gbit/s): write it "
                              "again with `hulk-planner calibrate --out`", path=where,
                              field="format")
-        if data.get("format") != FORMAT:
+        if data.get("format") not in READABLE_FORMATS:
             raise InputError(f"expected {FORMAT!r}, got {data.get('format')!r}", path=where,
                              field="format")
         groups = {}
@@ -161,11 +172,14 @@ class Calibration:
                 isinstance(o, str) and len(o) <= MAX_NAME_CHARS for o in outliers):
             raise InputError(f"expected a list of names of at most {MAX_NAME_CHARS} characters",
                              path=where, field="outliers")
-        # The micro-batch overhead may be absent: a file without it reads at its prior.
+        # The micro-batch overhead may be absent, and a /3 file's step overhead is: each then
+        # reads at its prior.
+        zero = _factor_json(Factor.prior(0.0))
         single = {name: _factor_from(data.get(name, default), where, name, positive=positive)
                   for name, default, positive in (
                       ("hop_overhead_s", None, False), ("communication", None, True),
-                      ("micro_batch_overhead_s", _factor_json(Factor.prior(0.0)), False))}
+                      ("micro_batch_overhead_s", zero, False),
+                      ("step_overhead_s", None if data["format"] == FORMAT else zero, False))}
         exponent = _factor_from(data.get("bandwidth_exponent"), where, "bandwidth_exponent",
                                 positive=False)
         if exponent.high > 1.0:
@@ -218,6 +232,7 @@ class _Prepared:
     hops: bool                # has pipeline hops
     communicates: bool        # has hops or an all-reduce
     slots: int                # K + M - 1: micro-batch computations on the pipeline's path
+    samples: int              # M b: samples each replica computes per iteration
 
 
 def _prepare(o: Observation, bandwidth: Mapping[str, Factor], exponent: float) -> _Prepared:
@@ -228,35 +243,42 @@ def _prepare(o: Observation, bandwidth: Mapping[str, Factor], exponent: float) -
                    for st in o.placement.stages)
     placement = replace(o.placement, stages=stages)
     k, d = placement.num_stages, placement.replicas
+    m = micro_batches(placement.job, d, placement.micro_batch)
     return _Prepared(o.name, placement, net, classed_bandwidth(net, bandwidth, exponent),
                      [gpu_key(n) for n in net.nodes], math.log(o.measured_iteration_s),
                      k > 1, k > 1 or d > 1,
-                     k + micro_batches(placement.job, d, placement.micro_batch) - 1)
+                     k + m - 1, m * placement.micro_batch)
 
 
 class _Model:
-    """Parameters of one fit: log compute factors of ``gpus``, then, each when asked for, the hop
-    and micro-batch overheads (seconds, at ``seconds``) and the log communication factor."""
+    """Parameters of one fit: log compute factors of ``gpus``, then, each when asked for, the
+    hop, micro-batch and step overheads (seconds, at ``seconds``) and the log communication
+    factor."""
 
-    def __init__(self, gpus: list[str], hop: bool, micro_batch: bool, comm: bool):
+    def __init__(self, gpus: list[str], hop: bool, micro_batch: bool, comm: bool,
+                 step: bool = False):
         self.gpus, self.hop, self.micro_batch, self.comm = gpus, hop, micro_batch, comm
-        self.size = len(gpus) + int(hop) + int(micro_batch) + int(comm)
-        self.seconds = list(range(len(gpus), len(gpus) + int(hop) + int(micro_batch)))
+        self.step = step
+        n_seconds = int(hop) + int(micro_batch) + int(step)
+        self.size = len(gpus) + n_seconds + int(comm)
+        self.seconds = list(range(len(gpus), len(gpus) + n_seconds))
 
-    def unpack(self, x: np.ndarray) -> tuple[dict[str, float], float, float, float]:
+    def unpack(self, x: np.ndarray) -> tuple[dict[str, float], float, float, float, float]:
+        """(compute factors, hop s, micro-batch s, communication factor, step s)."""
         compute = {g: math.exp(float(v)) for g, v in zip(self.gpus, x)}
         rest = iter(x[len(self.gpus):])
         hop = float(next(rest)) if self.hop else 0.0
         micro_batch = float(next(rest)) if self.micro_batch else 0.0
+        step = float(next(rest)) if self.step else 0.0
         comm = math.exp(float(next(rest))) if self.comm else 1.0
-        return compute, hop, micro_batch, comm
+        return compute, hop, micro_batch, comm, step
 
     def residuals(self, x: np.ndarray, obs: Sequence[_Prepared]) -> np.ndarray:
-        compute, hop, micro_batch, comm = self.unpack(x)
+        compute, hop, micro_batch, comm, step = self.unpack(x)
         out = np.empty(len(obs))
         for i, o in enumerate(obs):
             scale = np.array([compute.get(k, 1.0) for k in o.keys])
-            net = _applied(o.net, scale, o.bw, comm, hop, micro_batch)
+            net = _applied(o.net, scale, o.bw, comm, hop, micro_batch, step)
             est = estimate(o.placement, net).iteration_s
             out[i] = math.log(est) - o.log_measured if 0 < est < math.inf else 10.0
         return out
@@ -340,13 +362,33 @@ def _identified(model: _Model, obs: Sequence[_Prepared], x: np.ndarray,
     return out
 
 
+def _separable(model: _Model, obs: Sequence[_Prepared], hop_max: float, j: int) -> bool:
+    """Whether parameter ``j``'s effect on the runs differs from every mix of the others' at
+    the fit's starting point: a step overhead beside runs that all spend the same seconds in
+    their all-reduce moves every run as the communication factor does, and the fit could trade
+    one for the other."""
+    low, high = model.bounds(hop_max)
+    x = np.clip(np.zeros(model.size), low, high)
+    x[model.seconds] = 1e-3 * hop_max
+    r = model.residuals(x, obs)
+    steps = np.full(model.size, 1e-6)
+    steps[model.seconds] = 1e-6 * hop_max
+    jac = np.stack([(_moved(model, obs, x, i, x[i] + steps[i]) - r) / steps[i]
+                    for i in range(model.size)], axis=1)
+    column, others = jac[:, j], np.delete(jac, j, axis=1)
+    if others.shape[1]:
+        column = column - others @ np.linalg.lstsq(others, column, rcond=None)[0]
+    return float(np.linalg.norm(column)) > SEPARABLE * float(np.linalg.norm(jac[:, j]))
+
+
 def fit(observations: Sequence[Observation], *, bandwidth: Mapping[str, Factor] = {},
         bandwidth_exponent: Factor = Factor.prior(0.0), min_runs: int = 3, seed: int = 0,
-        resamples: int = 200) -> Calibration:
-    """Compute factors per GPU model, the hop and micro-batch overheads and the communication
-    factor making estimate(placement, cal.apply(net)) match the measured iteration times (robust
-    least squares in log space; ``bandwidth`` and its exponent, fitted by
-    :func:`fit_bandwidth`, held fixed). Runs with no positive finite
+        resamples: int = 200, communication: bool = True) -> Calibration:
+    """Compute factors per GPU model, the hop, micro-batch and step overheads and the
+    communication factor making estimate(placement, cal.apply(net)) match the measured iteration
+    times (robust least squares in log space; ``bandwidth`` and its exponent, fitted by
+    :func:`fit_bandwidth`, held fixed; ``communication`` False holds that factor at 1 too, for
+    runs whose links throughput tests just measured). Runs with no positive finite
     measurement or estimate, or a residual past 3 scaled MADs, are named in ``outliers``; a
     factor fewer than ``min_runs`` kept runs touch keeps its prior; intervals: seeded bootstrap."""
     bandwidth = dict(bandwidth)
@@ -364,10 +406,20 @@ def fit(observations: Sequence[Observation], *, bandwidth: Mapping[str, Factor] 
 
     def model_for(obs: Sequence[_Prepared]) -> _Model:
         gpus, hops, micro, comms = _evidence(obs)
-        # Only runs of different K + M - 1 tell a per-micro-batch cost from slower compute.
-        varied = len({o.slots for o in obs}) > 1
-        return _Model(sorted(g for g, n in gpus.items() if n >= min_runs), hops >= min_runs,
-                      micro >= min_runs and varied, comms >= min_runs)
+        # Only runs of different K + M - 1 for the same work per replica (M b samples) tell a
+        # per-micro-batch cost from slower compute; only runs of different work, a per-iteration
+        # one.
+        slots_by_work: dict[int, set[int]] = {}
+        for o in obs:
+            slots_by_work.setdefault(o.samples, set()).add(o.slots)
+        varied = any(len(slots) > 1 for slots in slots_by_work.values())
+        worked = len(slots_by_work) > 1
+        model = _Model(sorted(g for g, n in gpus.items() if n >= min_runs), hops >= min_runs,
+                       micro >= min_runs and varied, communication and comms >= min_runs,
+                       step=len(obs) >= min_runs and worked)
+        if model.step and not _separable(model, obs, hop_max, model.seconds[-1]):
+            model = _Model(model.gpus, model.hop, model.micro_batch, model.comm)
+        return model
 
     model = model_for(kept)
     x = _solve(model, kept, np.zeros(model.size), hop_max)
@@ -389,11 +441,12 @@ def _calibration(model: _Model, x: np.ndarray, boot: list[np.ndarray], kept: lis
                  bandwidth: dict[str, Factor], exponent: Factor,
                  outliers: list[str], identified: np.ndarray) -> Calibration:
     gpus, hops, micro, comms = _evidence(kept)
-    compute, hop, micro_batch, comm = model.unpack(x)
+    compute, hop, micro_batch, comm, step = model.unpack(x)
     draws = [model.unpack(b) for b in boot]
-    # Parameter order: model.gpus, then hop, micro-batch and communication where fitted.
+    # Parameter order: model.gpus, then hop, micro-batch, step and communication where fitted.
     pinned = dict(zip([*model.gpus, *(["hop"] if model.hop else []),
                        *(["micro"] if model.micro_batch else []),
+                       *(["step"] if model.step else []),
                        *(["comm"] if model.comm else [])], identified.tolist()))
 
     def one(on: bool, value: float, samples: list[float], runs: int, prior: float) -> Factor:
@@ -410,4 +463,6 @@ def _calibration(model: _Model, x: np.ndarray, boot: list[np.ndarray], kept: lis
                                                   [d[2] for d in draws], micro, 0.0),
                        communication=one(pinned.get("comm", False), comm,
                                          [d[3] for d in draws], comms, 1.0),
-                       outliers=tuple(outliers), bandwidth_exponent=exponent)
+                       outliers=tuple(outliers), bandwidth_exponent=exponent,
+                       step_overhead_s=one(pinned.get("step", False), step,
+                                           [d[4] for d in draws], len(kept), 0.0))

@@ -225,6 +225,14 @@ def stage_compute_s(flops_per_layer: float, layers, thr, net: Network):
     return c + net.micro_batch_overhead_s if net.micro_batch_overhead_s else c
 
 
+def replica_step_s(pipe, net: Network):
+    """A replica's iteration before the all-reduce: its pipeline time (a number or an array)
+    plus s, the network's ``step_overhead_s``, the per-iteration work no micro-batch count
+    scales (optimizer step, framework); 0 in the reference model, where it is not even added,
+    so every number stays bit for bit."""
+    return pipe + net.step_overhead_s if net.step_overhead_s else pipe
+
+
 def pipeline_s(compute, transfer, num_micro_batches: int):
     """T_pipe = sum_k c_k + sum_k x_k + (M - 1) max(max_k c_k, max_k x_k) over the stages
     (axis 0) of ``compute`` (K, ...) and ``transfer`` (K - 1, ...): one time per replica.
@@ -302,8 +310,8 @@ def _estimate(placement: Placement, net: Network) -> Estimate:
         transfer = transfer_s(net, src, dst, act)
     else:
         transfer = np.zeros((0, d))
-    pipe = pipeline_s(compute, transfer, m)             # T_pipe(p), (D,)
-    pipe_compute = pipeline_s(compute, None, m)
+    pipe = replica_step_s(pipeline_s(compute, transfer, m), net)   # T_pipe(p) + s, (D,)
+    pipe_compute = replica_step_s(pipeline_s(compute, None, m), net)
 
     if d > 1:
         a_max, bw_min = ring_links(net, nodes)          # (K,)

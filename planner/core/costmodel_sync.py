@@ -15,8 +15,8 @@ import numpy as np
 from planner.core.costmodel import (
     Estimate, Placement, allreduce_s, gradient_bytes, memory_fraction, micro_batches,
     outer_state_bytes,
-    pipeline_s, pseudo_gradient_bytes, ring_links, stage_compute_s, stage_memory_bytes,
-    transfer_s,
+    pipeline_s, pseudo_gradient_bytes, replica_step_s, ring_links, stage_compute_s,
+    stage_memory_bytes, transfer_s,
 )
 from planner.core.fleet import Network
 
@@ -107,8 +107,8 @@ def estimate_outer(placement: Placement, net: Network) -> Estimate:
         transfer = transfer_s(net, nodes[:-1], nodes[1:], job.activation_bytes(b))
     else:
         transfer = np.zeros((0, d))
-    pipe = pipeline_s(compute, transfer, m)             # (D,)
-    pipe_compute = pipeline_s(compute, None, m)
+    pipe = replica_step_s(pipeline_s(compute, transfer, m), net)   # every inner step pays s
+    pipe_compute = replica_step_s(pipeline_s(compute, None, m), net)
 
     inner, pipe_max, allreduce_max = 0.0, 0.0, 0.0
     for lo, hi in placement.island_columns():

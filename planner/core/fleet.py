@@ -233,8 +233,9 @@ class Network:
     ``bw[i, j]``: bandwidth in bytes/s, ``inf`` on the diagonal (same node talks for free).
     ``imputed[i, j]``: True where the pair was completed rather than measured.
     ``hop_overhead_s``: seconds every pipeline hop adds; ``micro_batch_overhead_s``: seconds
-    every stage adds per micro-batch (kernel launches, framework work). Both 0 in the reference
-    model; a calibrated network sets them (planner/core/calibration.py).
+    every stage adds per micro-batch (kernel launches, framework work); ``step_overhead_s``:
+    seconds every replica adds once per iteration (optimizer step, per-step framework work). All
+    0 in the reference model; a calibrated network sets them (planner/core/calibration.py).
     """
 
     nodes: tuple[Node, ...]
@@ -243,6 +244,7 @@ class Network:
     imputed: np.ndarray
     hop_overhead_s: float = 0.0
     micro_batch_overhead_s: float = 0.0
+    step_overhead_s: float = 0.0
     thr: np.ndarray = field(init=False)   # FLOP/s per node
     mem: np.ndarray = field(init=False)   # bytes per node
     index: dict[str, int] = field(init=False)
@@ -274,7 +276,8 @@ class Network:
         grid = np.ix_(keep, keep)
         out = Network(tuple(self.nodes[i] for i in keep), self.rtt_ms[grid], self.bw[grid],
                       self.imputed[grid], hop_overhead_s=self.hop_overhead_s,
-                      micro_batch_overhead_s=self.micro_batch_overhead_s)
+                      micro_batch_overhead_s=self.micro_batch_overhead_s,
+                      step_overhead_s=self.step_overhead_s)
         out.thr, out.mem = self.thr[keep], self.mem[keep]
         return out
 

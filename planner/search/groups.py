@@ -200,7 +200,7 @@ def _approx_time(job: Job, net: Network, grid: np.ndarray, b: int, trim: bool,
             with np.errstate(divide="ignore", invalid="ignore"):
                 hop = transfer_s(net, src, dst, act).max(axis=1)
         # Every stage as its slowest replica: an upper bound of max_p T_pipe(p).
-        t = float(cm.pipeline_s(c, hop, m))
+        t = float(cm.replica_step_s(cm.pipeline_s(c, hop, m), net))
         if d > 1:
             t += float((ar_base[rows] + ar_per_layer[rows] * layers).max())
         return t if math.isfinite(t) else math.inf

@@ -161,4 +161,5 @@ def has_evidence(cal: Calibration) -> bool:
     """True when some factor moved off its prior on enough evidence."""
     return any(f.fitted for f in (*cal.compute.values(), *cal.bandwidth.values(),
                                   cal.hop_overhead_s, cal.micro_batch_overhead_s,
+                                  cal.step_overhead_s,
                                   cal.communication))

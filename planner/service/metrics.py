@@ -393,8 +393,9 @@ class PlannerMetrics(ServeEvents):
                                          "throughput test", buckets=GBPS_BUCKETS, registry=r)
         self.calibration = Gauge("hulk_calibration_factor", "A factor of the calibrated cost "
                                  "model serve plans with: compute:<gpu> (multiplier), "
-                                 "hop_overhead_s and micro_batch_overhead_s (seconds), "
-                                 "communication (divisor of bandwidths); 1, 0, 0 and 1 when "
+                                 "hop_overhead_s, micro_batch_overhead_s and "
+                                 "step_overhead_s (seconds), communication (divisor of "
+                                 "bandwidths); 1, 0, 0, 0 and 1 when "
                                  "not fitted", ["factor"],
                                  registry=r)
         self.link_refits = Counter("hulk_link_model_refits", "Refits of the link model that "

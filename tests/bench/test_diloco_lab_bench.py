@@ -82,3 +82,29 @@ def test_outer_phases_split_the_leaders_wait_from_the_exchange():
     [got] = B.outer_phases(run, {"a", "b"})
     assert got["round"] == 1 and got["wait_s"] == pytest.approx(1.5)
     assert got["exchange_s"] == 2.0 and got["broadcast_s"] == 3.65 and got["total_s"] == 3.7
+
+
+def test_the_calibration_runs_recover_a_step_overhead_none_of_them_the_diloco_run():
+    from planner.core.calibration import Calibration, Factor
+
+    job = B.the_job(40)
+    net = B.lab_network(job, GBPS)
+    step_p = B.Placement(job, (B.Stage(0, B.LAYERS, (net.index["west-1"], net.index["west-2"])),), 1)
+    placements = B.calibration_placements(step_p)
+    assert all(p.outer is None for p in placements)
+    assert {p.replicas for p in placements} == {1, 2}
+    truth = Calibration(compute={"lab-cpu-30": Factor.prior(1.3)},
+                        step_overhead_s=Factor.prior(0.19))
+    runs = [{"iteration_s": estimate(p, truth.apply(net)).iteration_s} for p in placements]
+    cal = B.calibrated(step_p, net, runs)
+    # The step placement's runs alone, their all-reduce the same at every batch: communication
+    # held at 1, else it could stand in for the step overhead.
+    assert cal.step_overhead_s.fitted and not cal.communication.fitted
+    one_host = B.calibrated(step_p, net, runs, one_host=True)
+    assert one_host.step_overhead_s.value == pytest.approx(0.19, rel=0.02)
+    assert cal.step_overhead_s.value == pytest.approx(0.19, rel=0.02)
+    assert cal.compute["lab-cpu-30"].value == pytest.approx(1.3, rel=0.02)
+    dil = B.diloco_placement(job, net, 20, "int8", 1)
+    assert estimate(dil, cal.apply(net)).iteration_s == pytest.approx(
+        estimate(dil, truth.apply(net)).iteration_s, rel=0.01)
+    assert B.calibration_json(cal)["step_overhead_s"]["value"] == cal.step_overhead_s.value

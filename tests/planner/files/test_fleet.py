@@ -56,6 +56,19 @@ def test_json_round_trip(tmp_path: Path, paper_fleet_dir: Path):
     assert doc == fleet_to_json(again)
 
 
+def test_saved_text_is_json_dumps_layout_in_utf8(tmp_path: Path, paper_fleet_dir: Path):
+    """The written text is json.dumps(indent=1)'s, except that non-ASCII stays UTF-8."""
+    import dataclasses
+
+    fleet = load_fleet(paper_fleet_dir)
+    first = dataclasses.replace(fleet.nodes[0], city="São Paulo")
+    fleet = dataclasses.replace(fleet, nodes=(first, *fleet.nodes[1:]))
+    save_fleet_json(fleet, tmp_path / "f.json")
+    text = (tmp_path / "f.json").read_text(encoding="utf-8")
+    assert text == json.dumps(fleet_to_json(fleet), indent=1, ensure_ascii=False) + "\n"
+    assert load_fleet(tmp_path / "f.json").nodes[0].city == "São Paulo"
+
+
 def test_design_md_example_reads(tmp_path: Path):
     p = tmp_path / "d.json"
     p.write_text("""{"nodes": [{"id": "beijing-1", "city": "Beijing", "gpus": 8,
