@@ -49,7 +49,8 @@ def slots(sender: str, receiver: str, lab: WanLab, *, start_ms: int, duration_s:
     return send.check("send"), receive.check("receive")
 
 
-def _slot_json(slot: ThroughputSlot) -> str:
+def slot_json(slot: ThroughputSlot) -> str:
+    """A throughput slot as the JSON argument ``python -m agent.throughput`` takes."""
     data = {name: getattr(slot, name) for name in ThroughputSlot.__dataclass_fields__}
     data["secret"] = slot.secret.hex()
     return json.dumps(data)
@@ -69,7 +70,7 @@ def measure_round(lab: WanLab, pairs: Sequence[tuple[str, str]], *, duration_s: 
     for sender, receiver in pairs:
         send, receive = slots(sender, receiver, lab, start_ms=start_ms, duration_s=duration_s,
                               streams=streams)
-        procs = [lab.popen(host, [python, "-m", "agent.throughput", _slot_json(slot)], env=env,
+        procs = [lab.popen(host, [python, "-m", "agent.throughput", slot_json(slot)], env=env,
                            cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for host, slot in ((receiver, receive), (sender, send))]
         running.append((sender, receiver, receive, procs))
