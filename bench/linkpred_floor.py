@@ -32,13 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.linkpred_bench import COLD_SEEDS, GENERATED, HIDE_SEEDS
+from bench.linkpred_bench import COLD_SEEDS, GENERATED, HIDE_SEEDS, VS_CONTROL, best_control
 from bench.linkpred_data import (INFLATION, KM_PER_MS_RTT, RTT_NOISE, RTT_SCALE_MS,
                                  THROUGHPUT_NOISE, GeneratedTruth, generated_truth)
 from bench.linkpred_splits import cold_region_splits, hide_splits
 
 REPO = Path(__file__).resolve().parents[1]
-TARGET_VS_CONTROL = 0.9     # the issue: p90 at least 10% below the best non-graph control
 KINDS = ("hide 50%", "cold region 3")     # the two the issue's targets name
 
 
@@ -91,19 +90,19 @@ def compared(floor: float, results: dict | None, name: str, kind: str) -> dict:
     (empty without them)."""
     if not results:
         return {}
-    summary = results.get("datasets", {}).get(name, {}).get("summary", {}).get(kind)
-    if not summary:
+    summary = results.get("datasets", {}).get(name, {}).get("summary", {})
+    best = best_control(summary, kind)
+    if best is None:
         return {}
-    p90 = {m: f["gbps_p90"] for m, f in summary.items()}
-    controls = {m: v for m, v in p90.items() if m not in ("gnn", "formula")}
-    best, best_p90 = min(controls.items(), key=lambda kv: kv[1])
-    target = TARGET_VS_CONTROL * best_p90
-    out = {"best_control": best, "best_control_p90": best_p90,
+    best_name, best_p90 = best
+    target = VS_CONTROL * best_p90
+    out = {"best_control": best_name, "best_control_p90": best_p90,
            "target_p90": round(target, 4), "target_reachable": floor < target}
-    if "gnn" in p90:
+    gnn = summary[kind].get("gnn", {}).get("gbps_p90")
+    if gnn is not None:
         gap = best_p90 - floor
-        out["gnn_p90"] = p90["gnn"]
-        out["gnn_share_of_gap_closed"] = round((best_p90 - p90["gnn"]) / gap, 3) if gap > 0 else None
+        out["gnn_p90"] = gnn
+        out["gnn_share_of_gap_closed"] = round((best_p90 - gnn) / gap, 3) if gap > 0 else None
     return out
 
 
