@@ -110,44 +110,50 @@ class Inputs:
 
     def __init__(self, graph: SiteGraph, scale: Scale) -> None:
         self.n_sites = graph.n_sites
-        self.pairs = torch.as_tensor(np.stack([graph.i, graph.j]).astype(np.int64))
+        self.pairs_array = np.stack([graph.i, graph.j]).astype(np.int64)
+        self.pairs = torch.as_tensor(self.pairs_array)
         self.pair_attr = torch.as_tensor(pair_features(graph, graph.i, graph.j))
         self.site_x = torch.as_tensor(site_features(graph))
         self.z = torch.as_tensor(np.stack([standardised(graph.gbps, scale.log_gbps),
                                            standardised(graph.rtt_ms, scale.log_rtt)], axis=1))
         self.known = torch.isfinite(self.z)
+        # Per pair, what ``messages`` reads of it, built once: each step only picks rows.
+        z, known = torch.nan_to_num(self.z), self.known.float()
+        self.filled_z, self.known_flag = z, known
+        self.edge_attr = torch.cat([torch.stack([z[:, 0], known[:, 0], z[:, 1], known[:, 1]], 1),
+                                    self.pair_attr], dim=1)
 
     def messages(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Site features with statistics of the ``rows`` pairs, and those pairs as edges both
         ways with their figures: what the network may read."""
-        pairs, known = self.pairs.index_select(1, rows), self.known.index_select(0, rows)
-        z = torch.nan_to_num(self.z.index_select(0, rows))
+        pairs = self.pairs.index_select(1, rows)
+        z, known = self.filled_z.index_select(0, rows), self.known_flag.index_select(0, rows)
         ends = torch.cat([pairs[0], pairs[1]])
-        twice = torch.cat([z, z]), torch.cat([known, known]).float()
-        sums = torch.zeros(self.n_sites, 2).index_add_(0, ends, twice[0])
-        counts = torch.zeros(self.n_sites, 2).index_add_(0, ends, twice[1])
+        sums = torch.zeros(self.n_sites, 2).index_add_(0, ends, torch.cat([z, z]))
+        counts = torch.zeros(self.n_sites, 2).index_add_(0, ends, torch.cat([known, known]))
         stats = torch.cat([sums / counts.clamp(min=1.0),
                            torch.log1p(counts) / float(np.log1p(self.n_sites))], dim=1)
         x = torch.cat([self.site_x, stats], dim=1)
         edge_index = torch.cat([pairs, pairs.flip(0)], dim=1)
-        measured = torch.stack([z[:, 0], known[:, 0].float(), z[:, 1], known[:, 1].float()], 1)
-        edge_attr = torch.cat([measured, self.pair_attr.index_select(0, rows)], dim=1)
+        edge_attr = self.edge_attr.index_select(0, rows)
         return x, edge_index, torch.cat([edge_attr, edge_attr])
 
     def decoder_attr(self, rows: Tensor, rtt_shown: Tensor) -> Tensor:
         """Pair features of ``rows`` plus their measured RTT where ``rtt_shown``."""
-        shown_z = torch.where(rtt_shown, torch.nan_to_num(self.z[rows, RTT]), 0.0)
-        return torch.cat([self.pair_attr[rows], shown_z[:, None], rtt_shown[:, None].float()], 1)
+        shown_z = torch.where(rtt_shown, self.filled_z.index_select(0, rows)[:, RTT], 0.0)
+        return torch.cat([self.pair_attr.index_select(0, rows), shown_z[:, None],
+                          rtt_shown[:, None].float()], 1)
 
 
 # ------------------------------------------------------------------------------------ training
 
 def pinball(predicted: Tensor, target: Tensor, mask: Tensor) -> Tensor:
     """Mean pinball loss of (P, 3) quantile predictions over the masked rows."""
-    if not bool(mask.any()):
+    rows = mask.nonzero().squeeze(1)     # found once for both sides (a mask indexes twice)
+    if len(rows) == 0:
         return predicted.sum() * 0.0
     q = QUANTILE_LEVELS
-    diff = target[mask, None] - predicted[mask]
+    diff = target.index_select(0, rows)[:, None] - predicted.index_select(0, rows)
     return torch.maximum(q * diff, (q - 1.0) * diff).mean()
 
 
@@ -157,7 +163,7 @@ def split_step(inputs: Inputs, train: np.ndarray, config: GnnConfig,
     hidden, and so is most of what a few random sites measured (so cold sites are learnt)."""
     hidden = rng.random(len(train)) < config.target_share
     cold = rng.random(inputs.n_sites) < config.cold_share
-    pairs = inputs.pairs[:, train].numpy()
+    pairs = inputs.pairs_array[:, train]
     at_cold = cold[pairs[0]] | cold[pairs[1]]
     hidden |= at_cold & (rng.random(len(train)) < config.cold_drop)
     return train[~hidden], train[hidden]
@@ -170,10 +176,10 @@ def train_step(net: QuantileLinkGnn, optimiser: Adam, inputs: Inputs,
     if len(target_rows) == 0 or len(message_rows) == 0:
         return 0.0
     rows = torch.as_tensor(target_rows)
-    shown = inputs.known[rows, RTT] & torch.as_tensor(rng.random(len(rows)) < config.rtt_shown)
-    out = net(*inputs.messages(torch.as_tensor(message_rows)), inputs.pairs[:, rows],
+    z, known = inputs.z.index_select(0, rows), inputs.known.index_select(0, rows)
+    shown = known[:, RTT] & torch.as_tensor(rng.random(len(rows)) < config.rtt_shown)
+    out = net(*inputs.messages(torch.as_tensor(message_rows)), inputs.pairs.index_select(1, rows),
               inputs.decoder_attr(rows, shown))
-    z, known = inputs.z[rows], inputs.known[rows]
     loss = (pinball(out[:, THROUGHPUT], z[:, THROUGHPUT], known[:, THROUGHPUT])
             + pinball(out[:, RTT], z[:, RTT], known[:, RTT] & ~shown))
     optimiser.zero_grad()
@@ -182,16 +188,16 @@ def train_step(net: QuantileLinkGnn, optimiser: Adam, inputs: Inputs,
     return float(loss.detach())
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def holdout_loss(net: QuantileLinkGnn, inputs: Inputs, messages: tuple[Tensor, Tensor, Tensor],
                  holdout: np.ndarray) -> float:
     """Pinball loss on held-out pairs, predicted from the training pairs' ``messages`` with
     both figures hidden (as an unmeasured pair is)."""
     net.eval()
     rows = torch.as_tensor(holdout)
-    out = net(*messages, inputs.pairs[:, rows],
+    out = net(*messages, inputs.pairs.index_select(1, rows),
               inputs.decoder_attr(rows, torch.zeros(len(rows), dtype=torch.bool)))
-    z, known = inputs.z[rows], inputs.known[rows]
+    z, known = inputs.z.index_select(0, rows), inputs.known.index_select(0, rows)
     return float(pinball(out[:, THROUGHPUT], z[:, THROUGHPUT], known[:, THROUGHPUT])
                  + pinball(out[:, RTT], z[:, RTT], known[:, RTT]))
 

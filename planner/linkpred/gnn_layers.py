@@ -1,7 +1,7 @@
 """The link predictor's network: a message-passing layer over measured site pairs and an edge
 decoder giving quantiles (planner/linkpred/gnn.py builds the inputs and trains it).
 
-Written in plain torch (gather, ``scatter_add_``) in the shape of a PyTorch Geometric
+Written in plain torch (``index_select``, ``index_add_``) in the shape of a PyTorch Geometric
 ``MessagePassing`` layer with ``aggr="mean"``: the same sums in the same order, without
 importing PyG, which costs about two seconds of every ``fleet complete``.
 """
@@ -16,12 +16,19 @@ QUANTITIES = 2      # log throughput, log RTT
 QUANTILE_COUNT = 3  # low, median, high
 
 
-def mean_at(values: Tensor, index: Tensor, size: int) -> Tensor:
-    """(size, H): the mean of the ``values`` rows sent to each index (0 where none is)."""
-    count = values.new_zeros(size).scatter_add_(0, index, values.new_ones(len(index)))
-    spread = index.view(-1, 1).expand_as(values)
-    total = values.new_zeros(size, values.size(1)).scatter_add_(0, spread, values)
-    return total / count.clamp(min=1).view(-1, 1)
+def received_counts(index: Tensor, size: int) -> Tensor:
+    """(size, 1): how many rows are sent to each index, at least 1 (the mean's divisor; one
+    edge list serves every layer, so it is counted once)."""
+    count = torch.zeros(size).index_add_(0, index, torch.ones(len(index)))
+    return count.clamp(min=1).view(-1, 1)
+
+
+def mean_at(values: Tensor, index: Tensor, counts: Tensor) -> Tensor:
+    """(size, H): the mean of the ``values`` rows sent to each index (0 where none is), with
+    ``counts`` from :func:`received_counts`. ``index_add_`` adds each row in edge order, the
+    sums ``scatter_add_`` gives, with one row-wide add per edge instead of one per value."""
+    total = values.new_zeros(counts.size(0), values.size(1)).index_add_(0, index, values)
+    return total / counts
 
 
 class MeasuredPairConv(nn.Module):
@@ -66,10 +73,17 @@ class MeasuredPairConv(nn.Module):
         for lin in (self.lin_node, self.lin_edge, self.lin_pooled, self.root):
             lin.reset_parameters()
 
-    def forward(self, h: Tensor, edge_index: Tensor, edge_attr: Tensor) -> Tensor:
+    def forward(self, h: Tensor, edge_index: Tensor, edge_attr: Tensor,
+                counts: Tensor | None = None) -> Tensor:
+        """``counts``: :func:`received_counts` of ``edge_index[1]`` (counted here if None)."""
+        if counts is None:
+            counts = received_counts(edge_index[1], h.size(0))
         sent = self.lin_node(h).index_select(0, edge_index[0])
-        messages = torch.relu(sent + self.lin_edge(edge_attr))
-        pooled = mean_at(messages, edge_index[1], h.size(0))
+        # sent + lin_edge(edge_attr) as one product added into ``sent`` in place, then its ReLU
+        # in place: the same sums (the product is added to ``sent`` after it is taken) without
+        # three (E, H) temporaries, the largest tensors of a fit.
+        messages = sent.addmm_(edge_attr, self.lin_edge.weight.t()).relu_()
+        pooled = mean_at(messages, edge_index[1], counts)
         return h + torch.relu(self.root(h) + self.lin_pooled(pooled))
 
 
@@ -125,12 +139,13 @@ class QuantileLinkGnn(nn.Module):
 
     def embed(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor) -> Tensor:
         h = self.encode(x)
+        counts = received_counts(edge_index[1], x.size(0))
         for conv in self.convs:
-            h = conv(h, edge_index, edge_attr)
+            h = conv(h, edge_index, edge_attr, counts)
         return h
 
     def quantiles(self, h: Tensor, pairs: Tensor, pair_attr: Tensor) -> Tensor:
-        a, b = h[pairs[0]], h[pairs[1]]
+        a, b = h.index_select(0, pairs[0]), h.index_select(0, pairs[1])
         raw = self.decode(torch.cat([a + b, a * b, (a - b).abs(), pair_attr], dim=-1))
         raw = raw.view(-1, QUANTITIES, QUANTILE_COUNT)
         median = raw[..., 1]
