@@ -1,6 +1,6 @@
 """Plan regret of link prediction with the exact search: no search noise in the reference.
 
-    .venv/bin/python -m bench.linkpred_regret_exact --shared ../shared [--quick]
+    .venv/bin/python -m bench.linkpred_regret_exact --shared ../shared [--quick] [--models M,..]
 
 The regret of bench/linkpred_regret.py (70% of a network's pairs hidden; the makespan, judged on
 the true links, of the plan made on the links a model completed, over that of the plan made on
@@ -21,10 +21,18 @@ bench/linkpred_bench.evaluate_models (which also gives that split's prediction e
   (every pair, both quantities; NOISE_DRAWS draws), judged the same way;
 - per exact search: whether it proved its optimum, else the gap it left.
 
+On the generated networks one more "model", ``oracle``, bounds what any predictor could reach:
+per pair the median throughput of bench/linkpred_floor.oracle_log_gbps (every site's draws
+known, only the pair's own randomness not) and the TRUE RTT of every pair (which no predictor
+has), measured pairs kept as measured, no spread (its conservative and point links are one).
+Skyplane's links are measured, with no generator behind them: no oracle there.
+``--models`` picks the models (``oracle`` among them); a network with none to run is skipped.
+
 ``below_one`` counts model plans judged shorter than a proved reference. The proof covers
 allocations and phases; each job's arrangement is the per-job solver's on the links it is given,
 so links other than the true ones can lead to an arrangement the true links' solver missed.
-Writes bench/results/linkpred_regret_exact.json.
+Writes bench/results/linkpred_regret_exact.json (with ``--models``,
+linkpred_regret_exact_<models>.json, so a partial run leaves the full results alone).
 """
 
 from __future__ import annotations
@@ -33,9 +41,11 @@ import argparse
 import json
 import math
 import platform
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -43,11 +53,13 @@ import numpy as np
 
 from bench.linkpred_bench import (REGRET_JOBS, REGRET_SHARE, bench_models, datasets,
                                   evaluate_models)
-from bench.linkpred_data import Dataset
+from bench.linkpred_data import Dataset, GeneratedTruth, generated_truth
+from bench.linkpred_floor import oracle_log_gbps
 from bench.linkpred_regret import case_network, symmetric_noise
 from bench.linkpred_splits import hide_splits
 from hulk.errors import InputError
-from planner.linkpred.graph import LinkModel, LinkPrediction
+from planner.linkpred.controls_base import assemble
+from planner.linkpred.graph import LinkModel, LinkPrediction, SiteGraph
 
 REPO = Path(__file__).resolve().parents[1]
 SITES = 6                   # 6 sites x 2 servers: 12 servers, 6 server classes (3^6 vectors)
@@ -62,6 +74,58 @@ NOISE_DRAWS = 2
 QUICK = {"sites": 3, "jobs": ("t5-11b",), "hide_seeds": (0,), "case_seeds": (5, 1),
          "noise_draws": 1, "models": ("formula", "provider median", "distance")}
 REL = 1e-9
+TARGET_REGRET = 1.02    # issue 30's target: every case's regret at most this
+ORACLE = "oracle"
+ORACLE_DRAWS = 400      # Monte Carlo samples per pair: bench/linkpred_floor's default
+NO_ORACLE = "none: measured links, no generator whose draws an oracle could know"
+
+
+@dataclass(frozen=True)
+class OracleLinks:
+    """The generated network's oracle as a link model (module docstring): the same links
+    whatever was measured, except that measured pairs keep their measured figures."""
+
+    truth: GeneratedTruth
+    log_gbps: np.ndarray        # per pair of ``truth.graph``: the oracle's median ln(Gbit/s)
+    name: str = ORACLE
+
+    def fit(self, graph: SiteGraph, seed: int = 0) -> "OracleLinks":
+        if graph.sites != self.truth.graph.sites:
+            raise ValueError("the oracle knows one generated network's sites, not these")
+        return self
+
+    def predict(self, graph: SiteGraph) -> LinkPrediction:
+        full = self.truth.graph
+        rtt = _square(full, full.rtt_ms)
+        gbps = _square(full, np.exp(self.log_gbps))
+        return assemble(self.name, graph, rtt, rtt, gbps, gbps)
+
+
+def _square(graph: SiteGraph, values: np.ndarray) -> np.ndarray:
+    out = np.full((graph.n_sites,) * 2, np.nan)
+    out[graph.i, graph.j] = out[graph.j, graph.i] = values
+    return out
+
+
+def oracle_for(dataset: Dataset, draws: int = ORACLE_DRAWS) -> OracleLinks | None:
+    """The oracle of a generated network (bench/linkpred_data.generated_dataset's name tells its
+    sites and seed; the regenerated truth must equal the dataset's), else None."""
+    named = re.fullmatch(r"generated-(\d+)-s(\d+)", dataset.name)
+    if named is None:
+        return None
+    truth = generated_truth(int(named[1]), int(named[2]))
+    g, d = truth.graph, dataset.truth
+    if not (g.sites == d.sites and np.array_equal(g.i, d.i) and np.array_equal(g.j, d.j)
+            and np.array_equal(g.rtt_ms, d.rtt_ms) and np.array_equal(g.gbps, d.gbps)):
+        return None
+    return OracleLinks(truth, oracle_log_gbps(truth, draws))
+
+
+def network_models(dataset: Dataset, models: Mapping[str, LinkModel],
+                   oracle: bool) -> dict[str, LinkModel]:
+    """``models``, and the oracle where asked for and the network has one."""
+    found = oracle_for(dataset) if oracle else None
+    return {**models, ORACLE: found} if found is not None else dict(models)
 
 
 def load_case_jobs(shared: Path, names) -> list:
@@ -115,8 +179,13 @@ class Case:
                 "servers": len(self.network.nodes), "reference": reference, "floor": floor}
 
     def model_plans(self, prediction: LinkPrediction) -> dict:
-        return {"conservative": self.solve(prediction.rtt_hi_ms, prediction.gbps_lo),
-                "point": self.solve(prediction.rtt_ms, prediction.gbps)}
+        conservative = self.solve(prediction.rtt_hi_ms, prediction.gbps_lo)
+        # The exact search gives one plan per links: no spread, no second search.
+        same = (np.array_equal(prediction.rtt_hi_ms, prediction.rtt_ms, equal_nan=True)
+                and np.array_equal(prediction.gbps_lo, prediction.gbps, equal_nan=True))
+        return {"conservative": conservative,
+                "point": {**conservative, "same_links_as": "conservative"} if same
+                else self.solve(prediction.rtt_ms, prediction.gbps)}
 
 
 def regret(solved: dict, reference: dict) -> float | None:
@@ -165,7 +234,8 @@ def _spread(values: list) -> dict:
     known = [v for v in values if v is not None]
     return {"worst": max(known) if known else None,
             "mean": round(sum(known) / len(known), 6) if known else None,
-            "plans": len(values), "missing": len(values) - len(known)}
+            "plans": len(values), "missing": len(values) - len(known),
+            "above_target": sum(1 for v in known if v > TARGET_REGRET + REL)}
 
 
 def summarize_models(models, splits: list[dict], case_rows: list[dict]) -> dict:
@@ -196,7 +266,7 @@ def proved_share(case_rows: list[dict], splits: list[dict]) -> dict:
     searches = [c["reference"] for c in case_rows]
     searches += [d for c in case_rows for draws in c["floor"].values() for d in draws]
     searches += [p for s in splits for c in s["cases"] for plans in c["models"].values()
-                 for p in plans.values()]
+                 for p in plans.values() if "same_links_as" not in p]
     gaps = [s["gap"] for s in searches if not s["proved"] and s.get("gap") is not None]
     return {"searches": len(searches), "proved": sum(s["proved"] for s in searches),
             "references_proved": sum(c["reference"]["proved"] for c in case_rows),
@@ -207,11 +277,14 @@ def proved_share(case_rows: list[dict], splits: list[dict]) -> dict:
 
 def run(out_dir: Path, shared: Path, quick: bool = False,
         advance: Callable[[str], None] = lambda _: None, log=print,
-        models: Mapping[str, LinkModel] | None = None) -> dict:
+        models: Mapping[str, LinkModel] | None = None, oracle: bool = True,
+        selection: str | None = None) -> dict:
+    """``selection``: the ``--models`` given, if any (it names the output file and the
+    command); ``models`` and ``oracle`` say what runs."""
     from planner.search import exact
 
     started = time.perf_counter()
-    models = dict(models or bench_models())
+    models = bench_models() if models is None else dict(models)
     if quick:
         models = {k: v for k, v in models.items() if k in QUICK["models"]}
     setting = ({"sites": QUICK["sites"], "hide_seeds": QUICK["hide_seeds"],
@@ -223,40 +296,74 @@ def run(out_dir: Path, shared: Path, quick: bool = False,
     doc = {"benchmark": "linkpred_regret_exact",
            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "command": "python -m bench.linkpred_regret_exact --shared ../shared"
-                      + (" --quick" if quick else ""),
+                      + (" --quick" if quick else "")
+                      + (f" --models {selection}" if selection else ""),
            "quick": quick, "python": platform.python_version(), "models": list(models),
+           "oracle": ({"draws": ORACLE_DRAWS, "links": "true RTT of every pair; throughput the "
+                       "median of bench/linkpred_floor.oracle_log_gbps; measured pairs as "
+                       "measured; conservative = point", "where": "generated networks only"}
+                      if oracle else None),
+           "target_regret": TARGET_REGRET,
            "jobs": list(job_names), "hidden": HIDDEN, "servers_per_site": SERVERS_PER_SITE,
            **{k: list(v) if isinstance(v, tuple) else v for k, v in setting.items()},
            "noise_sigmas": list(NOISE_SIGMAS), "evaluations": exact.EVALUATIONS,
            "regret": "exact plan's makespan judged on the true links / the exact plan's on the "
                      "true links (planner.core.costmodel.estimate_plan)",
            "datasets": {}}
+    name = _file_name(selection)
     for dataset in datasets(shared, quick):
-        result = network_regret(dataset, models, jobs, evaluations=exact.EVALUATIONS,
+        here = network_models(dataset, models, oracle)
+        note = {"oracle": ORACLE in here} if ORACLE in here or not oracle \
+            else {"oracle": NO_ORACLE}
+        if not here:
+            doc["datasets"][dataset.name] = {"sites": dataset.truth.n_sites, **note,
+                                             "skipped": "no model to run on this network"}
+            continue
+        result = network_regret(dataset, here, jobs, evaluations=exact.EVALUATIONS,
                                 advance=advance, **setting)
-        doc["datasets"][dataset.name] = {"sites": dataset.truth.n_sites, **result}
+        doc["datasets"][dataset.name] = {"sites": dataset.truth.n_sites, **note, **result}
         worst = {m: r["conservative"]["worst"] for m, r in result["models"].items()}
         log(f"{dataset.name}: worst regret " + ", ".join(f"{m} {v}" for m, v in worst.items()))
         # Each network's figures are kept as soon as they are known: a long run cut short
         # leaves the networks it finished (``complete`` says whether all of them are there).
-        _write(out_dir, {**doc, "complete": False,
-                         "seconds": round(time.perf_counter() - started, 1)})
+        _write(out_dir, name, {**doc, "complete": False,
+                               "seconds": round(time.perf_counter() - started, 1)})
     doc.update(complete=True, seconds=round(time.perf_counter() - started, 1))
-    _write(out_dir, doc)
+    _write(out_dir, name, doc)
     return doc
 
 
-def _write(out_dir: Path, doc: dict) -> None:
+def _file_name(selection: str | None) -> str:
+    if not selection:
+        return "linkpred_regret_exact.json"
+    return "linkpred_regret_exact_" + re.sub(r"[^a-z0-9]+", "_", selection.lower()) + ".json"
+
+
+def _write(out_dir: Path, name: str, doc: dict) -> None:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "linkpred_regret_exact.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out_dir / name).write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def steps(shared: Path, quick: bool, models: int) -> int:
+def steps(shared: Path, quick: bool, models: int, oracle: bool = True) -> int:
     """How many progress steps run() reports (the bar's total)."""
     n_cases = len(QUICK["case_seeds"] if quick else CASE_SEEDS)
     n_splits = len(QUICK["hide_seeds"] if quick else HIDE_SEEDS)
-    return len(datasets(shared, quick)) * n_cases * (1 + n_splits * models)
+    per_network = [models + (oracle and d.name.startswith("generated-"))
+                   for d in datasets(shared, quick)]
+    return sum(n_cases * (1 + n_splits * n) for n in per_network if n)
+
+
+def choose_models(selection: str, available: Mapping[str, LinkModel]
+                  ) -> tuple[dict[str, LinkModel], bool]:
+    """``--models a,b,oracle``: those models, and whether the oracle runs."""
+    names = [n.strip() for n in selection.split(",") if n.strip()]
+    known = [*available, ORACLE]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise InputError(f"--models: expected names among {', '.join(known)}, "
+                         f"got {selection!r}")
+    return {n: available[n] for n in names if n != ORACLE}, ORACLE in names
 
 
 def table(doc: dict):
@@ -264,18 +371,24 @@ def table(doc: dict):
     from rich.table import Table
 
     t = Table(title="plan regret at 70% hidden, exact search (worst / mean)")
-    for col in ("network", "model", "regret", "point regret", "proved plans", "below 1"):
+    above = f"above {doc.get('target_regret', TARGET_REGRET)}"
+    for col in ("network", "model", "regret", "point regret", "proved plans", "below 1", above):
         t.add_column(col)
     for name, d in doc["datasets"].items():
+        if "skipped" in d:
+            t.add_row(name, f"skipped: {d['skipped']}", "", "", "", "", "", end_section=True)
+            continue
         for model, r in d["models"].items():
             c, p = r["conservative"], r["point"]
             t.add_row(name, model, _pair(c), _pair(p),
                       f"{c['proved'] + p['proved']}/{c['plans'] + p['plans']}",
-                      str(c["below_one"] + p["below_one"]))
+                      str(c["below_one"] + p["below_one"]),
+                      f"{c.get('above_target', '-')}/{c['plans']}")
         for key, f in d["floor"].items():
-            t.add_row(name, f"floor: {key}", _pair(f), "", "", "")
+            t.add_row(name, f"floor: {key}", _pair(f), "", "", "",
+                      f"{f.get('above_target', '-')}/{f['plans']}")
         pr = d["proved"]
-        t.add_row(name, "all searches", "", "", f"{pr['proved']}/{pr['searches']}", "",
+        t.add_row(name, "all searches", "", "", f"{pr['proved']}/{pr['searches']}", "", "",
                   end_section=True)
     return t
 
@@ -291,23 +404,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--quick", action="store_true",
                         help="the quick networks, three models, 3 sites, one small job")
+    parser.add_argument("--models", metavar="M,..",
+                        help="comma-separated models to run (the benchmark's, or 'oracle'); "
+                             "default: all of them and the oracle")
     args = parser.parse_args(argv)
     from rich.console import Console
     from rich.progress import Progress
     from threadpoolctl import threadpool_limits
 
-    models = bench_models()
     try:
+        models, oracle = bench_models(), True
+        if args.models is not None:
+            models, oracle = choose_models(args.models, models)
         with Progress(transient=True) as progress, threadpool_limits(1):
-            count = len(QUICK["models"]) if args.quick else len(models)
+            count = len([m for m in models if not args.quick or m in QUICK["models"]])
             task = progress.add_task("exact regret",
-                                     total=steps(args.shared, args.quick, count))
+                                     total=steps(args.shared, args.quick, count, oracle))
 
             def advance(what: str) -> None:
                 progress.update(task, advance=1, description=what[:60])
 
             doc = run(args.out, args.shared, args.quick, advance=advance,
-                      log=progress.console.print, models=models)
+                      log=progress.console.print, models=models, oracle=oracle,
+                      selection=args.models)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -10,7 +10,7 @@ import pytest
 
 from bench.linkpred_data import generated_dataset
 from bench.linkpred_regret import case_network
-from bench.linkpred_regret_exact import NOISE_SIGMAS, QUICK, main, run
+from bench.linkpred_regret_exact import NO_ORACLE, NOISE_SIGMAS, ORACLE, QUICK, main, run
 
 # The only figures allowed to differ between two runs: when, and how long things took.
 RUN_FACTS = {"date", "seconds", "fit_predict_s"}
@@ -33,6 +33,11 @@ def test_quick_run_keys_no_plan_beats_a_proved_optimum_and_runs_repeat(shared_di
     regrets = []
     for name, d in doc["datasets"].items():
         assert set(d) >= {"cases", "splits", "models", "floor", "proved"}
+        # the oracle by default, on the generated network only
+        generated = name.startswith("generated-")
+        assert d["oracle"] is True if generated else d["oracle"] == NO_ORACLE
+        expected = set(doc["models"]) | ({ORACLE} if generated else set())
+        assert set(d["models"]) == expected
         assert set(d["floor"]) == {f"noise {s:.0%}" for s in NOISE_SIGMAS}
         assert [c["case_seed"] for c in d["cases"]] == list(QUICK["case_seeds"])
         proved = {c["case_seed"]: c["reference"]["proved"] for c in d["cases"]}
@@ -44,9 +49,9 @@ def test_quick_run_keys_no_plan_beats_a_proved_optimum_and_runs_repeat(shared_di
                     if proved[c["case_seed"]]:
                         assert draw["regret"] >= 1 - 1e-9, (name, c["case_seed"], draw)
         for split in d["splits"]:
-            assert set(split["errors"]) == set(doc["models"])
+            assert set(split["errors"]) == expected
             for case in split["cases"]:
-                assert set(case["models"]) == set(doc["models"])
+                assert set(case["models"]) == expected
                 for model, plans in case["models"].items():
                     for kind, plan in plans.items():
                         assert plan["regret"] is not None, (name, model, kind)
