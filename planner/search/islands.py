@@ -156,8 +156,15 @@ def eligible(job: Job, net: Network, nodes: np.ndarray, k: int, b: int, floor_th
     layers in an island layout of K stages (min(M, K) taken as K: an upper bound). Every
     replica of every island runs the same micro-batches, so a slow node anywhere slows the
     stage it is in, in every island."""
-    u = _memory_per_layer(job, b, k, k)
-    need = u * math.ceil(job.layers / k)
+    return _fit(net, nodes, _share_bytes(job, k, b), floor_thr)
+
+
+def _share_bytes(job: Job, k: int, b: int) -> float:
+    """Memory an equal share of the layers over K stages needs (:func:`eligible`)."""
+    return _memory_per_layer(job, b, k, k) * math.ceil(job.layers / k)
+
+
+def _fit(net: Network, nodes: np.ndarray, need: float, floor_thr: float) -> np.ndarray:
     return nodes[(net.thr[nodes] >= floor_thr) & (net.mem[nodes] >= need)]
 
 
@@ -200,9 +207,11 @@ class _Best:
         return self.key is not None and \
             layout_floor_s(self.job, self.net, grids, b) > self.key[0] * (1 + FLOOR_MARGIN)
 
-    def offer(self, grids: list[np.ndarray], b: int) -> bool:
-        """Judge the islands ``grids`` at micro-batch ``b``; True when they are the best yet."""
-        if self.cannot_win(grids, b):
+    def offer(self, grids: list[np.ndarray], b: int, floor_checked: bool = False) -> bool:
+        """Judge the islands ``grids`` at micro-batch ``b``; True when they are the best yet.
+        ``floor_checked``: the caller found :meth:`cannot_win` False for them since the best
+        last changed, so the floor is not computed twice."""
+        if not floor_checked and self.cannot_win(grids, b):
             return False
         if self.cache is None:
             placement, est = self._judge(grids, b)
@@ -223,12 +232,28 @@ class _Best:
         return False
 
 
+def _paired(net: Network, grid: np.ndarray, act: float, cache: GridCache | None) -> np.ndarray:
+    """``arrangement.match_rows(net, grid, act)``, kept in the run's ``cache``: the same
+    cluster's stage groups come back in most pools of a run (one pairing in eight is new on the
+    400-server DiLoCo bench fleet). Read-only, as it may be shared."""
+    if cache is None:
+        return match_rows(net, grid, act)
+
+    def pair() -> np.ndarray:
+        out = match_rows(net, grid, act)
+        out.flags.writeable = False
+        return out
+
+    return cache.remember("island_pairs", (grid.shape, grid.tobytes(), act), pair)
+
+
 def _grow(job: Job, net: Network, first: list[np.ndarray], clusters: list[np.ndarray], k: int,
           b: int, floor_thr: float, best: _Best) -> None:
     """Offer the layouts ``first`` + islands in the first j of ``clusters`` (j = 0, 1, ...;
     each cluster's :func:`eligible` nodes, most compute first) until :data:`PATIENCE` islands
     in a row bring nothing faster."""
-    pools = [e for cl in clusters if (e := eligible(job, net, cl, k, b, floor_thr)).size >= k]
+    need = _share_bytes(job, k, b)
+    pools = [e for cl in clusters if (e := _fit(net, cl, need, floor_thr)).size >= k]
     pools.sort(key=lambda e: (-float(net.thr[e].sum()), int(e.min())))
     grids = list(first)
     act = job.activation_bytes(b)
@@ -241,9 +266,9 @@ def _grow(job: Job, net: Network, first: list[np.ndarray], clusters: list[np.nda
         if not best.cannot_win(grids, b):
             # Pairing (arrangement.match_rows) keeps each stage's nodes: the floor holds for
             # it, so it is only done for layouts that are judged.
-            grids[paired:] = [match_rows(net, g, act) for g in grids[paired:]]
+            grids[paired:] = [_paired(net, g, act, best.cache) for g in grids[paired:]]
             paired = len(grids)
-        if paired == len(grids) and best.offer(grids, b):
+        if paired == len(grids) and best.offer(grids, b, floor_checked=True):
             misses = 0
         else:
             misses += 1
@@ -256,7 +281,8 @@ def fewest_stages(job: Job, net: Network, clusters: list[np.ndarray], b: int,
     """The fewest stages K (up to :data:`MAX_STAGES`) for which some cluster has K
     :func:`eligible` nodes; None when none has."""
     for k in range(1, min(job.layers, MAX_STAGES) + 1):
-        if any(eligible(job, net, cl, k, b, floor_thr).size >= k for cl in clusters):
+        need = _share_bytes(job, k, b)
+        if any(_fit(net, cl, need, floor_thr).size >= k for cl in clusters):
             return k
     return None
 
@@ -273,8 +299,11 @@ def island_layouts(job: Job, net: Network, nodes: np.ndarray, labels: np.ndarray
         used = np.asarray(anchor.nodes, dtype=np.int64)
         single = dataclasses.replace(anchor, job=job, islands=(anchor.replicas,),
                                      outer=best.outer)
-        best.keep(single, estimate(single, net))
-        rest = [cl[~np.isin(cl, used)] for cl in clusters]
+        best.keep(single, estimate(single, net) if cache is None else
+                  cache.remember("islands_single", single, lambda: estimate(single, net)))
+        in_anchor = np.zeros(net.n, dtype=bool)
+        in_anchor[used] = True
+        rest = [cl[~in_anchor[cl]] for cl in clusters]
         _grow(job, net, [anchor.node_matrix()], rest, anchor.num_stages, anchor.micro_batch,
               float(net.thr[used].min()), best)
     sizes = sorted({job.micro_batch} | ({anchor.micro_batch} if anchor is not None else set()))
@@ -307,7 +336,8 @@ def mildest(placement: Placement, net: Network, fast: cm.Estimate | None = None)
     settings = outer_settings(sync)
     for comp in dict.fromkeys(o.compression for o in settings):
         hs = [o for o in settings if o.compression == comp]   # H ascending
-        top = estimate(dataclasses.replace(placement, outer=hs[-1]), net)
+        top = fast if hs[-1] == fastest.outer else \
+            estimate(dataclasses.replace(placement, outer=hs[-1]), net)
         if not top.job_s <= fast.job_s * (1 + REL):
             continue
         lo, hi, found = 0, len(hs) - 1, (hs[-1], top)
@@ -338,7 +368,12 @@ def with_islands(job: Job, net: Network, nodes: np.ndarray, labels: np.ndarray,
             best.estimate.job_s < step.estimate.job_s * (1 - REL)
         if not (spread and faster):
             return step
-    return mildest(best.placement, net, best.estimate)
+    if cache is None:
+        return mildest(best.placement, net, best.estimate)
+    # Pools of different moves often end on the same best layout (a third of the calls are new
+    # on the 400-server DiLoCo bench fleet); the answer depends on the placement only.
+    return cache.remember("mildest", best.placement,
+                          lambda: mildest(best.placement, net, best.estimate))
 
 
 def islands_of(placement: Placement) -> list[list[int]]:
