@@ -93,6 +93,13 @@ class Topology:
         hosts = self.hosts()
         return {(x, y): self.link(a, b)[1] for x, a in hosts for y, b in hosts if x != y}
 
+    def path_mtu(self, size: int | None) -> dict[tuple[str, str], int]:
+        """Every pair of hosts in two different sites given a path MTU of ``size`` bytes (None:
+        none, every pair keeps the lab's MTU)."""
+        hosts = self.hosts()
+        return {} if size is None else {(x, y): size for x, a in hosts for y, b in hosts
+                                        if a.name != b.name}
+
 
 TOPOLOGIES = (
     # A fast site near a middling one, a slow site far from the fast one.

@@ -1,7 +1,8 @@
 """DiLoCo across two lab continents against the best every-step placement of the same job.
 
     python -m bench.diloco_lab_bench [--quick] [--inner-steps H] [--outer-lr LR]
-        [--outer-momentum MU] [--full-batch] [--idle-restart 0|1]   (root: network namespaces)
+        [--outer-momentum MU] [--full-batch] [--idle-restart 0|1] [--wan-mtu BYTES]
+        [--every-host-steps N]   (root: network namespaces)
 
 Two "continents" of two hosts each, every host held to the same CPU quota (cgroup v1), joined
 by a slow link (150 ms RTT, 4 Mbit/s each way, the lab switch's delay and serialisation queue);
@@ -16,6 +17,11 @@ for the same number of steps:
   within the island, an int8 outer all-reduce every H = 20 steps between the
   islands' first replicas, outer Nesterov).
 
+- ``sync: step`` over all four hosts, one island (every step's all-reduce crosses the slow
+  link), for ``--every-host-steps`` steps (12, 4 with --quick; the first 2 left out): what
+  DiLoCo saves a job that must use both continents, and a check of the cost model's WAN
+  all-reduce.
+
 Measured per run: the mean iteration (the slowest node's step, outer syncs included), tokens
 per second (tokens per step / that), the loss per step averaged over the replicas, and per outer
 step where its time went (the island leaders' wait for one another, the exchange, the broadcast
@@ -25,15 +31,17 @@ same tokens (mean of the last tenth of the steps) within 5%, and the cost model'
 iteration (planner/core/costmodel.py estimate() on the same network) within 15% of measured,
 three ways: (a) the nominal per-core throughput; (b) the throughput fitted on the step run (one
 factor for every core, from that other placement's measured iteration); (c) the calibrated cost
-model (planner/core/calibration.py fit(): a compute factor and the per-iteration step overhead)
-fitted on short calibration runs made before the two runs, 25 steps each: the step plan's
-placement at global batches 16, 8 and 4 (M = 8, 4, 2 micro-batches per replica), and its first
-host alone at 8 and 4. The step placement's runs, of different work per replica, tell the
-trainer's per-step cost (optimizer step, Python, scheduling, the all-reduce's fixed part) from
-its per-sample compute; their all-reduce costs the same at every batch, so a communication
-factor would move them exactly as a step overhead does, and the fit holds communication at 1
-(the throughput tests just measured the links). The one-host runs, fitted alone, say how much of
-that per-step cost a replica pays with no all-reduce. None of the runs is the DiLoCo run
+model (planner/core/calibration.py fit(): a compute factor, the per-iteration step overhead and
+the communication factor) fitted on short calibration runs made before the judged runs: the step
+plan's placement at global batches 16, 8 and 4 (M = 8, 4, 2 micro-batches per replica) and its
+first host alone at 8 and 4, 25 steps each, then the step job over all four hosts for 6 steps.
+The step placement's runs, of different work per replica, tell the trainer's per-step cost
+(optimizer step, Python, scheduling, the all-reduce's fixed part) from its per-sample compute;
+their all-reduce costs the same at every batch, so alone a communication factor would move them
+exactly as a step overhead does. The run over all four hosts spends most of its step in an
+all-reduce over the slow link, which tells the communication factor (what the trainer's
+transfers achieve against the throughput tests) apart. The one-host runs, fitted alone, say how
+much of the per-step cost a replica pays with no all-reduce. None of the runs is a run
 judged. The 15% target is judged on (c).
 """
 
@@ -57,6 +65,7 @@ import numpy as np
 from bench.calibration_lab_bench import (DIM, GLOBAL_BATCH, LAYERS, MICRO_BATCH, NOMINAL_FLOPS_PER_CORE,
                                          SEQ_LEN, Site, Topology, measure_site_bandwidth, quota_class)
 from bench.lab_bench import example_params
+from bench.diloco_lab_report import picture, summarize
 from lab.netns import LabError, require_root
 from lab.train import JobRun, run_placement
 from lab.wan import WanLab
@@ -68,6 +77,9 @@ from planner.core.jobs import Job
 REPO = Path(__file__).resolve().parents[1]
 CORES = 0.3
 WAN = (150.0, 4.0)      # RTT ms, Mbit/s each way between the continents
+# The path MTU between continents: a real WAN's 1500 bytes, not the lab's 65 KB packets (which
+# at 4 Mbit/s take 130 ms each, so TCP would probe a queue of a handful of packets).
+WAN_MTU = 1500
 TOPOLOGY = Topology("two-continents", (Site("east", 2, CORES), Site("west", 2, CORES)),
                     {("east", "west"): WAN})
 INNER_STEPS, COMPRESSION = 20, "int8"
@@ -77,7 +89,12 @@ PHASES = re.compile(r" outer (\d+) ([0-9.]+)s exchange ([0-9.]+)s broadcast ([0-
 # Calibration runs: this many steps, the first skipped; the global batches of the step
 # placement's runs and of the one-host runs.
 CALIBRATION_STEPS, CALIBRATION_SKIP = 25, 3
+CALIBRATION_EVERY_HOST_STEPS = 6
+QUICK_CALIBRATION_STEPS, QUICK_CALIBRATION_EVERY_HOST_STEPS = 12, 4     # --quick
 STEP_BATCHES, ONE_HOST_BATCHES = (16, 8, 4), (8, 4)
+# The step job over every host of both continents (each step's all-reduce crosses the slow
+# link): a few steps tell its iteration; its loss is not compared.
+EVERY_HOST_STEPS, EVERY_HOST_QUICK, EVERY_HOST_SKIP = 12, 3, 2
 TARGETS = {"tokens_per_s_ratio": 3.0, "loss_rel_diff": 0.05, "estimate_rel_error": 0.15}
 
 
@@ -120,6 +137,12 @@ def diloco_placement(job: Job, net: Network, inner_steps: int, compression: str,
     return p
 
 
+def every_host_step_placement(job: Job, net: Network, micro_batch: int) -> Placement:
+    """``sync: step`` over every host: one stage, every host a replica, one island."""
+    order = tuple(net.ids.index(name) for name, _ in TOPOLOGY.hosts())
+    return Placement(job, (Stage(0, job.layers, order),), micro_batch)
+
+
 def diloco_env(p: Placement, net: Network):
     """(stage, replica) -> the HULK_SYNC family the agent's launcher sets from the roles the
     planner gives the placement's nodes."""
@@ -156,27 +179,41 @@ def fitted_network(net: Network, p: Placement, measured_s: float) -> tuple[Netwo
     return fitted, factor
 
 
-def calibration_placements(step_p: Placement) -> list[Placement]:
-    """The placements of the calibration runs, CALIBRATION_STEPS steps each: the step plan's
-    at each of STEP_BATCHES, then its first host holding every layer at each of
-    ONE_HOST_BATCHES."""
+def calibration_placements(step_p: Placement, net: Network | None = None,
+                           every_host_steps: int = CALIBRATION_EVERY_HOST_STEPS,
+                           steps: int = CALIBRATION_STEPS) -> list[Placement]:
+    """The placements of the calibration runs: the step plan's at each of STEP_BATCHES, its
+    first host holding every layer at each of ONE_HOST_BATCHES (``steps`` steps each),
+    then, given ``net`` and ``every_host_steps``, the step job over every host for that many
+    steps: its all-reduce crosses the slow link, which is what tells the communication factor
+    (what training's transfers achieve against the throughput tests) from a per-step cost."""
     host = step_p.stages[0].nodes[0]
-    one = [Placement(the_job(CALIBRATION_STEPS, batch), (Stage(0, LAYERS, (host,)),),
+    one = [Placement(the_job(steps, batch), (Stage(0, LAYERS, (host,)),),
                      step_p.micro_batch) for batch in ONE_HOST_BATCHES]
-    return [*(replace(step_p, job=the_job(CALIBRATION_STEPS, batch)) for batch in STEP_BATCHES),
-            *one]
+    wide = ([every_host_step_placement(the_job(every_host_steps), net, step_p.micro_batch)]
+            if net is not None and every_host_steps else [])
+    return [*(replace(step_p, job=the_job(steps, batch)) for batch in STEP_BATCHES),
+            *one, *wide]
+
+
+def warmup_steps(p: Placement) -> int:
+    """Steps a run's mean leaves out: a step over the slow link is long enough to need fewer."""
+    return EVERY_HOST_SKIP if p.replicas == len(TOPOLOGY.hosts()) else CALIBRATION_SKIP
 
 
 def calibration_runs(lab: WanLab, step_p: Placement, net: Network, extra: list[str],
-                     log=print) -> list[dict]:
-    """Each calibration placement run briefly: its measured mean iteration."""
+                     log=print, quick: bool = False) -> list[dict]:
+    """Each calibration placement run briefly (more briefly with ``quick``): its measured mean
+    iteration."""
     out = []
-    for p in calibration_placements(step_p):
-        done = run(lab, p, net, CALIBRATION_STEPS, extra)
+    shape = ({"every_host_steps": QUICK_CALIBRATION_EVERY_HOST_STEPS,
+              "steps": QUICK_CALIBRATION_STEPS} if quick else {})
+    for p in calibration_placements(step_p, net, **shape):
+        done = run(lab, p, net, p.job.steps, extra)
         out.append({"placement": describe(p, net), "global_batch": p.job.global_batch,
                     "micro_batches": micro_batches(p.job, p.replicas, p.micro_batch),
-                    "steps": CALIBRATION_STEPS, "warmup_steps_skipped": CALIBRATION_SKIP,
-                    "iteration_s": done.mean_iteration_s(CALIBRATION_SKIP)})
+                    "steps": p.job.steps, "warmup_steps_skipped": warmup_steps(p),
+                    "iteration_s": done.mean_iteration_s(warmup_steps(p))})
         log(f"[diloco_lab] calibration run {out[-1]['placement']['stages']}, global batch "
             f"{p.job.global_batch}: {out[-1]['iteration_s']:.3f} s/step")
     return out
@@ -184,13 +221,23 @@ def calibration_runs(lab: WanLab, step_p: Placement, net: Network, extra: list[s
 
 def calibrated(step_p: Placement, net: Network, runs: list[dict],
                one_host: bool = False) -> Calibration:
-    """fit() of the step placement's calibration runs (``runs`` in the order of
-    calibration_placements), communication held at 1; ``one_host``: of the one-host runs."""
-    pairs = list(zip(calibration_placements(step_p), runs))
-    pairs = pairs[len(STEP_BATCHES):] if one_host else pairs[:len(STEP_BATCHES)]
+    """fit() of the calibration runs (``runs`` in the order of calibration_placements with
+    ``net``): the step placement's runs and, where it ran, the run over every host, with the
+    communication factor fitted only beside that run (the step placement's all-reduce is the
+    same at every batch, so alone it moves every run as a step overhead does); ``one_host``:
+    the one-host runs alone."""
+    pairs = list(zip(calibration_placements(step_p, net, every_host_steps=(
+        CALIBRATION_EVERY_HOST_STEPS if len(runs) > len(STEP_BATCHES) + len(ONE_HOST_BATCHES)
+        else 0)), runs))
+    step_runs = len(STEP_BATCHES)
+    if one_host:
+        pairs = pairs[step_runs:step_runs + len(ONE_HOST_BATCHES)]
+    else:
+        pairs = pairs[:step_runs] + pairs[step_runs + len(ONE_HOST_BATCHES):]
+    wide = len(pairs) > step_runs and not one_host
     obs = [Observation(p, net, r["iteration_s"], f"calibration-{i}")
            for i, (p, r) in enumerate(pairs)]
-    return fit(obs, seed=0, min_runs=len(obs), communication=False)
+    return fit(obs, seed=0, min_runs=len(obs), communication=wide)
 
 
 def calibration_json(cal: Calibration) -> dict:
@@ -261,42 +308,25 @@ def slow_start_after_idle(lab: WanLab, value: int) -> None:
                         f"net.ipv4.tcp_slow_start_after_idle={value}"], check=True)
 
 
-def picture(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, style in (("step", "-"), ("diloco", "-")):
-        r = result["runs"][name]
-        tokens = r["tokens_per_step"]
-        ax.plot([tokens * (i + 1) for i in range(len(r["loss"]))], r["loss"], style,
-                label=f"sync: {name} ({r['tokens_per_s']:.0f} tokens/s, {len(r['hosts'])} hosts)")
-    ax.set_xlabel("tokens processed")
-    ax.set_ylabel("training loss (mean over replicas)")
-    ax.set_title(f"two lab continents, {WAN[0]:.0f} ms / {WAN[1]:.0f} Mbit/s between them")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def bench(out_dir: Path, quick: bool = False, log=print, idle_restart: int = 1,
           outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
-          inner_steps: int = INNER_STEPS, full_batch: bool = False) -> dict:
+          inner_steps: int = INNER_STEPS, full_batch: bool = False,
+          wan_mtu: int | None = WAN_MTU, every_host_steps: int | None = None) -> dict:
     """``full_batch``: each island takes the step plan's whole batch every inner step (the
     DiLoCo paper's setting, each worker its own batch), so the diloco job's batch is the
     islands' sum and it runs 1 / islands of the steps: the same tokens as the step plan."""
     require_root()
     steps, skip = (60, 3) if quick else (200, 5)
+    wide_steps = every_host_steps if every_host_steps is not None else (
+        EVERY_HOST_QUICK if quick else EVERY_HOST_STEPS)
     started = datetime.now(timezone.utc)
     load_before = list(os.getloadavg())
     t0 = time.monotonic()
     job = the_job(steps)
     hosts = TOPOLOGY.hosts()
     with WanLab(TOPOLOGY.matrix(), hub=False, rate_mbps=TOPOLOGY.rates(),
-                cpu_cores={h: s.cores for h, s in hosts}) as lab:
+                cpu_cores={h: s.cores for h, s in hosts},
+                path_mtu=TOPOLOGY.path_mtu(wan_mtu)) as lab:
         bw = measure_site_bandwidth(lab, TOPOLOGY, duration_s=2.0)
         bad = [f"{a}>{b}: {m['detail']}" for (a, b), m in bw.items() if not m["ok"]]
         if bad:
@@ -311,9 +341,12 @@ def bench(out_dir: Path, quick: bool = False, log=print, idle_restart: int = 1,
         dil_job = the_job(steps // islands, GLOBAL_BATCH * islands) if full_batch else job
         dil_p = diloco_placement(dil_job, net, inner_steps, COMPRESSION, step_p.micro_batch)
         runs, placements = {}, {"step": step_p, "diloco": dil_p}
+        if wide_steps:
+            placements["step_every_host"] = every_host_step_placement(
+                the_job(wide_steps), net, step_p.micro_batch)
         extra = ["--outer-lr", str(outer_lr), "--outer-momentum", str(outer_momentum)]
         t_cal = time.monotonic()
-        cal_runs = calibration_runs(lab, step_p, net, extra, log)
+        cal_runs = calibration_runs(lab, step_p, net, extra, log, quick)
         cal_wall_s = time.monotonic() - t_cal
         for name, p in placements.items():
             log(f"[diloco_lab] {name}: {describe(p, net)}, {p.job.steps} steps")
@@ -322,7 +355,8 @@ def bench(out_dir: Path, quick: bool = False, log=print, idle_restart: int = 1,
             leaders = {net.ids[p.stages[0].nodes[lo]] for lo, _ in p.island_columns()}
             runs[name] = {"placement": describe(p, net), "outer_phases": outer_phases(done, leaders),
                           "hosts": sorted({net.ids[i] for st in p.stages for i in st.nodes}),
-                          **figures(done, skip, p.job.global_batch * SEQ_LEN),
+                          **figures(done, EVERY_HOST_SKIP if name == "step_every_host" else skip,
+                                    p.job.global_batch * SEQ_LEN),
                           "wall_s": time.monotonic() - t_run}
             log(f"[diloco_lab] {name}: {runs[name]['iteration_s']:.3f} s/step, "
                 f"{runs[name]['tokens_per_s']:.0f} tokens/s, loss {runs[name]['final_loss']:.4f}")
@@ -346,9 +380,12 @@ def bench(out_dir: Path, quick: bool = False, log=print, idle_restart: int = 1,
         + (f" --outer-lr {outer_lr}" if outer_lr != OUTER_LR else "")
         + (f" --outer-momentum {outer_momentum}" if outer_momentum != OUTER_MOMENTUM else "")
         + (f" --inner-steps {inner_steps}" if inner_steps != INNER_STEPS else "")
-        + (" --full-batch" if full_batch else ""),
+        + (" --full-batch" if full_batch else "")
+        + (f" --wan-mtu {wan_mtu or 0}" if wan_mtu != WAN_MTU else "")
+        + (f" --every-host-steps {every_host_steps}" if every_host_steps is not None else ""),
         "diloco_batch": "full" if full_batch else "split",
         "tcp_slow_start_after_idle": idle_restart,
+        "wan_path_mtu": wan_mtu,
         "outer": {"lr": outer_lr, "momentum": outer_momentum},
         "load_average_at_start": load_before,
         "lab": {"continents": [vars(s) for s in TOPOLOGY.sites],
@@ -363,12 +400,15 @@ def bench(out_dir: Path, quick: bool = False, log=print, idle_restart: int = 1,
         "throughput_factor_fitted": factor,
         "calibration": {"runs": cal_runs, "wall_s": cal_wall_s, "fitted": calibration_json(cal),
                         "one_host_fit": calibration_json(one_host),
-                        "note": "fitted on the step placement's three calibration runs, "
-                                "communication held at 1; one_host_fit: the two one-host runs "
-                                "alone (the per-step cost without an all-reduce); neither of "
-                                "the two runs judged"},
+                        "note": "fitted on the step placement's three calibration runs and "
+                                "the run over every host (communication fitted beside it); "
+                                "one_host_fit: the two one-host runs alone (the per-step cost "
+                                "without an all-reduce); none of the runs judged"},
         "estimate_target_judged_on": "calibrated",
         "tokens_per_s_ratio": ratio,
+        "tokens_per_s_ratio_vs_step_every_host": (
+            runs["diloco"]["tokens_per_s"] / runs["step_every_host"]["tokens_per_s"]
+            if "step_every_host" in runs else None),
         "loss_rel_diff": loss_diff,
         "targets": TARGETS,
         "met": {"tokens_per_s_ratio": ratio >= TARGETS["tokens_per_s_ratio"],
@@ -387,33 +427,6 @@ def bench(out_dir: Path, quick: bool = False, log=print, idle_restart: int = 1,
     return out
 
 
-def summarize(r: dict) -> str:
-    s, d = r["runs"]["step"], r["runs"]["diloco"]
-    en, ef = r["estimates"]["nominal"]["diloco"], r["estimates"]["fitted_on_step_run"]["diloco"]
-    ec = r["estimates"]["calibrated"]["diloco"]
-    fitted = r["calibration"]["fitted"]
-    compute = ", ".join(f"{k} {v['value']:.3g}x" for k, v in fitted["compute"].items())
-    met = {k: "met" if v else "MISSED" for k, v in r["met"].items()}
-    return "\n".join([
-        f"{r['command']} ({r['date']}), {r['job']['steps']} steps of {r['job']['tokens_per_step']} tokens:",
-        f"- sync: step (Hulk's plan {s['placement']['stages']}): {s['iteration_s']:.3f} s/step, "
-        f"{s['tokens_per_s']:.0f} tokens/s, final loss {s['final_loss']:.4f}",
-        f"- sync: diloco (islands {d['placement']['islands']}, H={d['placement']['outer']['inner_steps']}, "
-        f"{d['placement']['outer']['compression']}): {d['iteration_s']:.3f} s/step, "
-        f"{d['tokens_per_s']:.0f} tokens/s, final loss {d['final_loss']:.4f}",
-        f"- tokens/s ratio {r['tokens_per_s_ratio']:.2f}x (target >= 3x: {met['tokens_per_s_ratio']}); "
-        f"loss difference {r['loss_rel_diff']:+.1%} (target within 5%: {met['loss_rel_diff']})",
-        f"- estimate of the diloco iteration: nominal {en['iteration_s']:.3f} s "
-        f"({en['rel_error']:.0%} off, {met['estimate_nominal']}); throughput fitted on the step run "
-        f"{ef['iteration_s']:.3f} s ({ef['rel_error']:.0%} off, {met['estimate_fitted']}); "
-        f"estimated outer all-reduce {en['outer_sync_s']:.2f} s",
-        f"- calibrated (compute {compute}, step overhead "
-        f"{fitted['step_overhead_s']['value']:.3f} s, fitted: "
-        f"{fitted['step_overhead_s']['fitted']}): {ec['iteration_s']:.3f} s "
-        f"({ec['rel_error']:.0%} off; the 15% target, judged here: {met['estimate_calibrated']})",
-    ]) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.diloco_lab_bench")
     p.add_argument("--quick", action="store_true", help="60 steps instead of 200")
@@ -425,12 +438,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inner-steps", type=int, default=INNER_STEPS)
     p.add_argument("--full-batch", action="store_true",
                    help="each island the whole batch every inner step, half the steps")
+    p.add_argument("--every-host-steps", type=int, default=None,
+                   help=f"steps of the step job over all four hosts ({EVERY_HOST_STEPS}; "
+                        f"{EVERY_HOST_QUICK} with --quick; 0: not run)")
+    p.add_argument("--wan-mtu", type=int, default=WAN_MTU,
+                   help="path MTU between the continents (0: the lab's own)")
     a = p.parse_args(argv)
     try:
         result = bench(a.out, quick=a.quick, log=lambda s: print(s, flush=True),
                        idle_restart=a.idle_restart, outer_lr=a.outer_lr,
                        outer_momentum=a.outer_momentum, inner_steps=a.inner_steps,
-                       full_batch=a.full_batch)
+                       full_batch=a.full_batch, wan_mtu=a.wan_mtu or None,
+                       every_host_steps=a.every_host_steps)
     except LabError as err:
         print(f"diloco_lab_bench: {err}", file=sys.stderr)
         return 2

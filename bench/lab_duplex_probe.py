@@ -32,11 +32,11 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.diloco_lab_bench import TOPOLOGY
+from bench.diloco_lab_bench import TOPOLOGY, WAN_MTU
 from lab import bandwidth as lab_bandwidth
 from lab.netns import require_root
 from lab.switch import DEFAULT_QUEUE_S, MIN_QUEUE_BYTES
-from lab.wan import WanLab
+from lab.wan import QUEUE_PACKETS, WanLab
 
 REPO = Path(__file__).resolve().parents[1]
 EAST, WEST = "east-1", "west-1"
@@ -184,20 +184,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=10.0, help="each throughput test")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--idle-s", type=float, default=8.0)
+    ap.add_argument("--wan-mtu", type=int, default=WAN_MTU,
+                    help="path MTU between the continents (0: the lab's own)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "lab_duplex.json")
     args = ap.parse_args(argv)
     require_root()
     started, load = datetime.now(timezone.utc), list(os.getloadavg())
     rate = TOPOLOGY.links[("east", "west")][1]
-    queue_bytes = max(MIN_QUEUE_BYTES, rate * 1e6 / 8 * DEFAULT_QUEUE_S)
+    smallest = QUEUE_PACKETS * args.wan_mtu if args.wan_mtu else MIN_QUEUE_BYTES
+    queue_bytes = max(smallest, rate * 1e6 / 8 * DEFAULT_QUEUE_S)
     res = {"date": started.strftime("%Y-%m-%d %H:%M UTC"),
            "command": "python -m bench.lab_duplex_probe " + " ".join(argv),
            "load_average_at_start": load, "hosts": [EAST, WEST], "message_bytes": MESSAGE_BYTES,
            "link": {"rtt_ms": TOPOLOGY.links[("east", "west")][0], "mbps_each_way": rate,
+                    "path_mtu": args.wan_mtu or None,
                     "queue_bytes": queue_bytes, "queue_delay_s": queue_bytes * 8 / (rate * 1e6)}}
     hosts = TOPOLOGY.hosts()
     with WanLab(TOPOLOGY.matrix(), hub=False, rate_mbps=TOPOLOGY.rates(),
-                cpu_cores={h: s.cores for h, s in hosts}) as lab:
+                cpu_cores={h: s.cores for h, s in hosts},
+                path_mtu=TOPOLOGY.path_mtu(args.wan_mtu or None)) as lab:
         s0 = lab.switch_stats()["dropped_queue_full"]
         res["one_way"] = {**throughput(lab, [(EAST, WEST)], args.seconds),
                           **throughput(lab, [(WEST, EAST)], args.seconds)}

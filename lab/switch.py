@@ -20,8 +20,9 @@ SIGINT stops it; SIGUSR1 (and exit) write the counters to ``stats``.
 Rate: with ``"rate_mbps"`` (a matrix like ``one_way_s``; 0 or null = unlimited) a directed pair is a
 link of that rate with a router's tail-drop buffer. A packet i -> j leaves the link at
 ``max(now, previous departure of i -> j) + size * 8 / rate`` and arrives the pair's one-way delay
-later; a packet that would find more than ``"queue_bytes"`` (default: ``DEFAULT_QUEUE_S`` of the
-rate, at least ``MIN_QUEUE_BYTES``) already waiting for the link is dropped and counted.
+later; a packet that would find more than ``"queue_bytes"`` (a number for every rated pair or a
+matrix like ``rate_mbps``; default: ``DEFAULT_QUEUE_S`` of the rate, at least ``MIN_QUEUE_BYTES``)
+already waiting for the link is dropped and counted.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class Switch:
     def __init__(self, fds: list[int], addresses: list[str], one_way_s: list[list[float]],
                  early_s: float = DEFAULT_EARLY_S,
                  rate_mbps: list[list[float | None]] | None = None,
-                 queue_bytes: float | None = None,
+                 queue_bytes: float | list[list[float | None]] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  read: Callable[[int, int], bytes] = os.read,
                  write: Callable[[int, bytes], int] = os.write):
@@ -114,9 +115,14 @@ class Switch:
                          for row in (rate_mbps or [[None] * n for _ in range(n)])]
         if any(r is not None and r < 0 for row in self.rate_Bps for r in row):
             raise ValueError("rate_mbps must be positive (0 or null: unlimited)")
-        self.queue_bytes = [[0.0 if r is None else float(queue_bytes) if queue_bytes is not None
-                             else max(MIN_QUEUE_BYTES, r * DEFAULT_QUEUE_S) for r in row]
-                            for row in self.rate_Bps]
+        if not isinstance(queue_bytes, list):
+            queue_bytes = [[queue_bytes] * n for _ in range(n)]
+        elif len(queue_bytes) != n or any(len(r) != n for r in queue_bytes):
+            raise ValueError("queue_bytes must be a number or an n x n matrix over the same hosts")
+        self.queue_bytes = [[0.0 if r is None else float(q) if q else
+                             max(MIN_QUEUE_BYTES, r * DEFAULT_QUEUE_S)
+                             for r, q in zip(rates, queues)]
+                            for rates, queues in zip(self.rate_Bps, queue_bytes)]
         self.free_at = [[0.0] * n for _ in range(n)]
         self.index = {fd: i for i, fd in enumerate(self.fds)}
         self.clock, self._read, self._write = clock, read, write

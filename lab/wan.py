@@ -7,9 +7,13 @@ With ``hub=True`` (the default) there is one more host, ``hub`` at ``10.77.0.1``
 to every other host: the planner and the broker run there, so agents reach them over the lab
 network exactly as they reach each other, and the root namespace needs no route into the lab.
 
-Both optional: ``rate_mbps`` {(src, dst): Mbit/s} makes those directed pairs links of that rate
-(the switch's serialisation queue), and ``cpu_cores`` {host: cores} holds every process the lab
-starts in a host to that many cores (a cgroup v1 ``cpu`` quota). The hub is never limited.
+All optional: ``rate_mbps`` {(src, dst): Mbit/s} makes those directed pairs links of that rate
+(the switch's serialisation queue); ``path_mtu`` {(src, dst): bytes} gives those directed pairs a
+smaller MTU than the lab's (a route to the destination with that ``mtu``, so TCP sends segments
+of a real WAN's size where the lab's 65 KB packets would make a slow link's queue hold a handful
+of packets; a rated pair's queue is then sized for that MTU); ``cpu_cores`` {host: cores} holds
+every process the lab starts in a host to that many cores (a cgroup v1 ``cpu`` quota). The hub is
+never limited.
 """
 
 from __future__ import annotations
@@ -26,10 +30,13 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from lab.matrix import LatencyMatrix
-from lab.netns import DEFAULT_MTU, HUB_ADDRESS, LabError, Namespace, Namespaces
+from lab.netns import DEVICE, DEFAULT_MTU, HUB_ADDRESS, LabError, Namespace, Namespaces
+from lab.switch import DEFAULT_QUEUE_S
 
 REPO = Path(__file__).resolve().parents[1]
 HUB = "hub"
+MIN_PATH_MTU = 576          # the smallest MTU every IPv4 host must accept
+QUEUE_PACKETS = 4           # a rated pair's queue holds at least this many of its largest packets
 
 _PING_TIME = re.compile(r"time[=<]([0-9.]+) ms")
 
@@ -38,7 +45,8 @@ class WanLab:
     def __init__(self, matrix: LatencyMatrix, *, hub: bool = True, mtu: int = DEFAULT_MTU,
                  work_dir: Path | None = None, python: str = sys.executable,
                  rate_mbps: Mapping[tuple[str, str], float] | None = None,
-                 cpu_cores: Mapping[str, float] | None = None):
+                 cpu_cores: Mapping[str, float] | None = None,
+                 path_mtu: Mapping[tuple[str, str], int] | None = None):
         if hub and HUB in matrix.names:
             raise LabError(f"a lab host may not be called {HUB!r} (the planner's host)")
         self.matrix = matrix
@@ -50,6 +58,14 @@ class WanLab:
                 raise LabError(f"rate for {a!r} -> {b!r}: both must be distinct lab hosts")
             if not rate > 0:
                 raise LabError(f"rate for {a!r} -> {b!r} must be a positive Mbit/s, got {rate!r}")
+        self.path_mtu = dict(path_mtu or {})
+        for (a, b), size in self.path_mtu.items():
+            if a not in matrix.names or b not in matrix.names or a == b:
+                raise LabError(f"path MTU for {a!r} -> {b!r}: both must be distinct lab hosts")
+            if not (isinstance(size, int) and MIN_PATH_MTU <= size <= mtu):
+                raise LabError(f"path MTU for {a!r} -> {b!r} must be an integer from "
+                               f"{MIN_PATH_MTU} to the lab's {mtu}, got {size!r}")
+        self.mtu = mtu
         self.namespaces = Namespaces(matrix.names, hub=hub, mtu=mtu, cpu_cores=dict(cpu_cores or {}))
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="hulk-lab-"))
@@ -61,6 +77,9 @@ class WanLab:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.namespaces.create()
         try:
+            for (a, b), size in self.path_mtu.items():
+                self.namespaces.runner(["ip", "-n", self.ns(a).netns, "route", "add",
+                                        f"{self.address(b)}/32", "dev", DEVICE, "mtu", str(size)])
             self._start_switch()
         except BaseException:
             self.stop()
@@ -86,12 +105,27 @@ class WanLab:
             table[names.index(a)][names.index(b)] = float(rate)
         return table
 
+    def _queue_table(self) -> list[list[float]] | None:
+        """Each rated pair's queue in bytes (0: the switch's default): where the pair has a path
+        MTU, ``DEFAULT_QUEUE_S`` of its rate and at least ``QUEUE_PACKETS`` packets of that MTU."""
+        if not (self.rate_mbps and self.path_mtu):
+            return None
+        names = self.matrix.names
+        size = len(names) + (1 if self.hub else 0)
+        table = [[0.0] * size for _ in range(size)]
+        for (a, b), rate in self.rate_mbps.items():
+            if (a, b) in self.path_mtu:
+                table[names.index(a)][names.index(b)] = max(
+                    QUEUE_PACKETS * self.path_mtu[(a, b)], rate * 1e6 / 8 * DEFAULT_QUEUE_S)
+        return table
+
     def _start_switch(self) -> None:
         fds = [m.fd for m in self.namespaces.members]
         cfg = {"fds": fds, "addresses": [m.address for m in self.namespaces.members],
                "one_way_s": self._one_way_s(), "stats": str(self._stats_path)}
         if self.rate_mbps:
             cfg["rate_mbps"] = self._rate_table()
+            cfg["queue_bytes"] = self._queue_table()
         cfg_path = self.work_dir / "switch.json"
         cfg_path.write_text(json.dumps(cfg))
         env = dict(os.environ)

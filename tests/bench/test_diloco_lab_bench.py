@@ -108,3 +108,29 @@ def test_the_calibration_runs_recover_a_step_overhead_none_of_them_the_diloco_ru
     assert estimate(dil, cal.apply(net)).iteration_s == pytest.approx(
         estimate(dil, truth.apply(net)).iteration_s, rel=0.01)
     assert B.calibration_json(cal)["step_overhead_s"]["value"] == cal.step_overhead_s.value
+
+
+def test_a_calibration_run_over_the_slow_link_fits_the_communication_factor():
+    from planner.core.calibration import Calibration, Factor
+
+    job = B.the_job(40)
+    net = B.lab_network(job, GBPS)
+    step_p = B.Placement(job, (B.Stage(0, B.LAYERS, (net.index["west-1"], net.index["west-2"])),), 1)
+    placements = B.calibration_placements(step_p, net)
+    wide = placements[-1]
+    assert wide.replicas == 4 and wide.outer is None
+    assert wide.job.steps == B.CALIBRATION_EVERY_HOST_STEPS and B.warmup_steps(wide) == B.EVERY_HOST_SKIP
+    # Training's transfers at half the throughput tests' rate (fp32 gradients where the model
+    # counts two bytes, say), a per-step cost and slower cores.
+    truth = Calibration(compute={"lab-cpu-30": Factor.prior(1.3)},
+                        step_overhead_s=Factor.prior(0.09), communication=Factor.prior(2.0))
+    runs = [{"iteration_s": estimate(p, truth.apply(net)).iteration_s} for p in placements]
+    cal = B.calibrated(step_p, net, runs)
+    assert cal.communication.fitted and cal.communication.value == pytest.approx(2.0, rel=0.02)
+    assert cal.step_overhead_s.value == pytest.approx(0.09, rel=0.05)
+    dil = B.diloco_placement(job, net, 20, "int8", 1)
+    assert estimate(dil, cal.apply(net)).iteration_s == pytest.approx(
+        estimate(dil, truth.apply(net)).iteration_s, rel=0.01)
+    # Without the run over the slow link the factor cannot be told apart: held at 1.
+    alone = B.calibrated(step_p, net, runs[:len(B.STEP_BATCHES) + len(B.ONE_HOST_BATCHES)])
+    assert not alone.communication.fitted

@@ -23,6 +23,7 @@ def lab_available() -> None:
         pytest.skip(str(err))
 
 
+@pytest.mark.timeout(600)   # six calibration runs and three judged ones, two over the slow link
 def test_the_quick_benchmark_trains_both_and_writes_its_figures(lab_available, tmp_path):
     result = B.bench(tmp_path, quick=True, log=lambda s: None)
     written = json.loads((tmp_path / "diloco_lab.json").read_text())
@@ -37,3 +38,14 @@ def test_the_quick_benchmark_trains_both_and_writes_its_figures(lab_available, t
     assert [ph["round"] for ph in diloco["outer_phases"]] == [1, 2, 3]
     assert all(ph["exchange_s"] > 0 and ph["total_s"] >= ph["exchange_s"]
                for ph in diloco["outer_phases"])
+    # The step job over both continents pays the slow link at every step.
+    wide = result["runs"]["step_every_host"]
+    assert len(wide["loss"]) == B.EVERY_HOST_QUICK and wide["outer_syncs"] == 0
+    assert wide["iteration_s"] > 2 * step["iteration_s"]
+    assert result["tokens_per_s_ratio_vs_step_every_host"] > result["tokens_per_s_ratio"]
+    assert set(result["estimates"]["calibrated"]) == {"step", "diloco", "step_every_host"}
+    # The calibration run over the slow link lets the fit tell communication apart.
+    wide_cal = result["calibration"]["runs"][-1]
+    assert len(wide_cal["placement"]["stages"][0]["hosts"]) == 4
+    assert wide_cal["steps"] == B.QUICK_CALIBRATION_EVERY_HOST_STEPS
+    assert result["calibration"]["fitted"]["communication"]["fitted"]

@@ -115,3 +115,15 @@ def test_cpu_group_writes_period_and_quota_and_wraps_the_command(tmp_path):
 def test_namespaces_refuse_a_quota_for_an_unknown_host():
     with pytest.raises(netns.LabError, match="not in the lab: ghost"):
         netns.Namespaces(["a", "b"], cpu_cores={"ghost": 0.5})
+
+
+def test_a_queue_matrix_sizes_each_rated_pair_and_zero_keeps_the_default():
+    rates = [[0, 8, 0], [8, 0, 0], [0, 0, 0]]
+    sw, wire = make([[0, 0, 0]] * 3, rates, queue_bytes=[[0, 3000, 0], [0, 0, 0], [0, 0, 0]])
+    assert sw.queue_bytes[0][1] == 3000 and sw.queue_bytes[1][0] == MIN_QUEUE_BYTES
+    # 8 Mbit/s: 1 ms per 1000-byte packet; the fourth of a burst finds 3 ms (3000 bytes) waiting.
+    for _ in range(6):
+        sw.receive(0, ipv4(A[0], A[1], b"z" * 980), now=0.0)
+    assert sw.stats.dropped_queue_full == 2
+    with pytest.raises(ValueError, match="queue_bytes"):
+        make([[0, 0, 0]] * 3, rates, queue_bytes=[[0, 1], [0, 0]])
