@@ -2,7 +2,7 @@
 
     python -m bench.diloco_lab_bench [--quick] [--inner-steps H] [--outer-lr LR]
         [--outer-momentum MU] [--full-batch] [--idle-restart 0|1] [--wan-mtu BYTES]
-        [--every-host-steps N]   (root: network namespaces)
+        [--every-host-steps N] [--corpus builtin|markov]   (root: network namespaces)
 
 Two "continents" of two hosts each, every host held to the same CPU quota (cgroup v1), joined
 by a slow link (150 ms RTT, 4 Mbit/s each way, the lab switch's delay and serialisation queue);
@@ -311,7 +311,8 @@ def slow_start_after_idle(lab: WanLab, value: int) -> None:
 def bench(out_dir: Path, quick: bool = False, log=print, idle_restart: int = 1,
           outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
           inner_steps: int = INNER_STEPS, full_batch: bool = False,
-          wan_mtu: int | None = WAN_MTU, every_host_steps: int | None = None) -> dict:
+          wan_mtu: int | None = WAN_MTU, every_host_steps: int | None = None,
+          corpus: str = "builtin") -> dict:
     """``full_batch``: each island takes the step plan's whole batch every inner step (the
     DiLoCo paper's setting, each worker its own batch), so the diloco job's batch is the
     islands' sum and it runs 1 / islands of the steps: the same tokens as the step plan."""
@@ -344,7 +345,8 @@ def bench(out_dir: Path, quick: bool = False, log=print, idle_restart: int = 1,
         if wide_steps:
             placements["step_every_host"] = every_host_step_placement(
                 the_job(wide_steps), net, step_p.micro_batch)
-        extra = ["--outer-lr", str(outer_lr), "--outer-momentum", str(outer_momentum)]
+        extra = ["--outer-lr", str(outer_lr), "--outer-momentum", str(outer_momentum),
+                 "--corpus", corpus]
         t_cal = time.monotonic()
         cal_runs = calibration_runs(lab, step_p, net, extra, log, quick)
         cal_wall_s = time.monotonic() - t_cal
@@ -382,7 +384,9 @@ def bench(out_dir: Path, quick: bool = False, log=print, idle_restart: int = 1,
         + (f" --inner-steps {inner_steps}" if inner_steps != INNER_STEPS else "")
         + (" --full-batch" if full_batch else "")
         + (f" --wan-mtu {wan_mtu or 0}" if wan_mtu != WAN_MTU else "")
-        + (f" --every-host-steps {every_host_steps}" if every_host_steps is not None else ""),
+        + (f" --every-host-steps {every_host_steps}" if every_host_steps is not None else "")
+        + (f" --corpus {corpus}" if corpus != "builtin" else ""),
+        "corpus": corpus,
         "diloco_batch": "full" if full_batch else "split",
         "tcp_slow_start_after_idle": idle_restart,
         "wan_path_mtu": wan_mtu,
@@ -443,13 +447,15 @@ def main(argv: list[str] | None = None) -> int:
                         f"{EVERY_HOST_QUICK} with --quick; 0: not run)")
     p.add_argument("--wan-mtu", type=int, default=WAN_MTU,
                    help="path MTU between the continents (0: the lab's own)")
+    p.add_argument("--corpus", choices=["builtin", "markov"], default="builtin",
+                   help="train_gpt.py's text (markov: one the model cannot memorise)")
     a = p.parse_args(argv)
     try:
         result = bench(a.out, quick=a.quick, log=lambda s: print(s, flush=True),
                        idle_restart=a.idle_restart, outer_lr=a.outer_lr,
                        outer_momentum=a.outer_momentum, inner_steps=a.inner_steps,
                        full_batch=a.full_batch, wan_mtu=a.wan_mtu or None,
-                       every_host_steps=a.every_host_steps)
+                       every_host_steps=a.every_host_steps, corpus=a.corpus)
     except LabError as err:
         print(f"diloco_lab_bench: {err}", file=sys.stderr)
         return 2

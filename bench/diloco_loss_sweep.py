@@ -1,12 +1,13 @@
 """The loss of examples/train_gpt.py's DiLoCo under outer settings, without a lab.
 
-    python -m bench.diloco_loss_sweep [--steps N] H,LR,MU[,full] ...
+    python -m bench.diloco_loss_sweep [--steps N] [--corpus builtin|markov] step|H,LR,MU[,full] ...
 
 Loss does not depend on the network, so each setting trains the lab bench's job
 (bench/diloco_lab_bench.py: 4 blocks of width 128, 64-token sequences, global batch 16) on
 127.0.0.1 as four replicas in two islands of two, int8 outer exchange, every H steps an outer
 step of learning rate LR and Nesterov momentum MU. ``full``: each island takes the whole batch
-every inner step and trains N / 2 steps, the same tokens. Prints the mean loss over the last
+every inner step and trains N / 2 steps, the same tokens. ``step``: the same four replicas
+synchronised every step (the baseline). ``--corpus`` is train_gpt.py's. Prints the mean loss over the last
 tenth of the steps, the figure the lab bench compares with ``sync: step``'s.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from dataclasses import dataclass
 
 from bench.calibration_lab_bench import DIM, GLOBAL_BATCH, LAYERS, SEQ_LEN
@@ -29,11 +31,14 @@ class Setting:
     outer_lr: float
     outer_momentum: float
     full_batch: bool = False
+    step_sync: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Setting":
+        if text == "step":
+            return cls(1, 1.0, 0.0, step_sync=True)
         parts = text.split(",")
-        problem = ValueError(f"setting {text!r}: expected H,LR,MU or H,LR,MU,full "
+        problem = ValueError(f"setting {text!r}: expected H,LR,MU, H,LR,MU,full or step "
                              "(H a whole number, LR and MU numbers)")
         if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] != "full"):
             raise problem
@@ -55,11 +60,12 @@ class Setting:
         return (steps // ISLANDS, split * ISLANDS) if self.full_batch else (steps, split)
 
 
-def final_loss(setting: Setting, steps: int) -> float:
+def final_loss(setting: Setting, steps: int, corpus: str = "builtin") -> float:
     n, m = setting.steps_and_micro_batches(steps)
     done = run_placement([list(HOSTS)], lab=None, layers=LAYERS, steps=n, micro_batch=1,
-                         timeout_s=1800, env_for=setting.env,
+                         timeout_s=1800, env_for=None if setting.step_sync else setting.env,
                          args=["--micro-batches", str(m), "--dim", str(DIM), "--seq-len", str(SEQ_LEN),
+                               "--corpus", corpus,
                                "--outer-lr", str(setting.outer_lr),
                                "--outer-momentum", str(setting.outer_momentum)])
     if not done.ok:
@@ -71,7 +77,9 @@ def final_loss(setting: Setting, steps: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.diloco_loss_sweep")
     p.add_argument("--steps", type=int, default=60)
-    p.add_argument("settings", nargs="+", help="H,LR,MU or H,LR,MU,full")
+    p.add_argument("--corpus", choices=["builtin", "markov"], default="builtin",
+                   help="train_gpt.py's --corpus")
+    p.add_argument("settings", nargs="+", help="step, H,LR,MU or H,LR,MU,full")
     a = p.parse_args(argv)
     try:
         settings = [Setting.parse(s) for s in a.settings]
@@ -79,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"diloco_loss_sweep: {err}", file=sys.stderr)
         return 2
     for s in settings:
-        print(f"{s}: loss {final_loss(s, a.steps):.4f}", flush=True)
+        t0 = time.monotonic()
+        loss = final_loss(s, a.steps, a.corpus)
+        print(f"{s} corpus {a.corpus} steps {a.steps}: loss {loss:.4f} "
+              f"({time.monotonic() - t0:.0f} s)", flush=True)
     return 0
 
 

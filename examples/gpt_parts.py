@@ -9,6 +9,7 @@ needs both files.
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -70,6 +71,64 @@ TEXT = (
     "or tensor parallelism over the whole fleet. Latency between Beijing and Tokyo is low; "
     "between Beijing and Brasilia it is high, so a pipeline should not cross the world twice. "
 )
+
+
+CORPORA = ("builtin", "markov")
+
+
+def markov_text(length: int = 200_000, order: int = 2, smoothing: float = 0.02,
+                seed: int = 0) -> str:
+    """``length`` characters from an order-``order`` character Markov chain fitted on TEXT.
+
+    TEXT alone is memorised by the small GPT within a few hundred steps, which hides how two
+    ways of training compare; this text has irreducible entropy, so the loss plateaus well
+    above zero. P(c | context) = (n(context, c) + smoothing * V * u(c)) / (n(context) +
+    smoothing * V), u being TEXT's character frequencies: every character stays possible after
+    every context, so the alphabet is TEXT's. The defaults give about 1.65 nats a character.
+    Plain Python and one seeded generator: the same text on every rank and platform.
+    """
+    import bisect
+    import random
+
+    alphabet = sorted(set(TEXT))
+    v = len(alphabet)
+    wrapped = TEXT + TEXT[:order]  # cyclic: every context of TEXT has a successor
+    counts: dict[str, list[float]] = {}
+    for i in range(len(TEXT)):
+        counts.setdefault(wrapped[i:i + order], [0.0] * v)[alphabet.index(wrapped[i + order])] += 1
+    unigram = [TEXT.count(c) / len(TEXT) for c in alphabet]
+    cumulative: dict[str, list[float]] = {}
+
+    def table(context: str) -> list[float]:
+        row = counts.get(context, [0.0] * v)
+        weights = [n + smoothing * v * u for n, u in zip(row, unigram)]
+        out, total = [], 0.0
+        for w in weights:
+            total += w
+            out.append(total)
+        return [c / total for c in out]
+
+    rng = random.Random(seed)
+    chars = list(TEXT[:order])
+    for _ in range(length - order):
+        context = "".join(chars[-order:])
+        cum = cumulative.get(context)
+        if cum is None:
+            cum = cumulative[context] = table(context)
+        chars.append(alphabet[min(bisect.bisect_right(cum, rng.random()), v - 1)])
+    return "".join(chars)
+
+
+_CORPUS_CACHE: dict[str, str] = {}
+
+
+def corpus(name: str) -> str:
+    """The training text called ``name`` (one of CORPORA), built once per process."""
+    if name not in CORPORA:
+        raise ValueError(f"corpus must be one of {', '.join(CORPORA)}, got {name!r}")
+    if name not in _CORPUS_CACHE:
+        _CORPUS_CACHE[name] = TEXT if name == "builtin" else markov_text()
+    return _CORPUS_CACHE[name]
 
 
 class RoleError(Exception):
@@ -250,10 +309,17 @@ class StagePart(nn.Module):
         return out
 
 
+@functools.lru_cache(maxsize=4)
+def _encoded(text: str) -> torch.Tensor:
+    """The text as indices into its sorted alphabet (cached: a long corpus is not re-encoded
+    every step)."""
+    index = {c: i for i, c in enumerate(sorted(set(text)))}
+    return torch.tensor([index[c] for c in text], dtype=torch.long)
+
+
 def batches(text: str, seq_len: int, batch: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch of ``step``: ``batch`` windows of the text, same on every rank."""
-    chars = sorted(set(text))
-    ids = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
+    ids = _encoded(text)
     g = torch.Generator().manual_seed(seed * 100_003 + step)
     starts = torch.randint(0, len(ids) - seq_len - 1, (batch,), generator=g)
     x = torch.stack([ids[s:s + seq_len] for s in starts])
