@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+from tests.helpers.examples import EXAMPLES, load_example
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-diloco = _load("diloco")
+diloco = load_example("diloco")
 
 
 def test_int8_round_trip_is_within_half_a_step_of_each_tensors_scale():
@@ -79,7 +68,7 @@ def test_islands_that_are_not_contiguous_blocks_are_refused(roles, problem):
         diloco.islands_of_replicas(roles, 2)
 
 
-gpt_parts = _load("gpt_parts")
+gpt_parts = load_example("gpt_parts")
 
 
 def test_a_diloco_role_is_read_from_the_environment(monkeypatch):
@@ -151,8 +140,8 @@ def test_the_outer_step_takes_the_learning_rate_and_momentum_it_is_given():
 def test_outer_flags_out_of_range_are_refused(capsys):
     sys.path.insert(0, str(EXAMPLES))
     try:
-        _load("gpt_parts")
-        train_gpt = _load("train_gpt")
+        load_example("gpt_parts")
+        train_gpt = load_example("train_gpt")
         with pytest.raises(SystemExit) as stop:
             train_gpt.main(["--outer-momentum", "1.0"])
     finally:

@@ -4,26 +4,15 @@ train_gpt.py's --corpus."""
 from __future__ import annotations
 
 import collections
-import importlib.util
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+from tests.helpers.examples import EXAMPLES, load_example
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-parts = _load("gpt_parts")
+parts = load_example("gpt_parts")
 
 
 def conditional_entropy(text: str, order: int) -> float:
