@@ -33,7 +33,8 @@ from planner import settings as planner_settings
 from planner.commands import serve
 from planner.core import calibration
 from planner.core import fleet as core_fleet
-from planner.core.jobs import COMPRESSION_BYTES, JOB_BOUNDS, SYNC_BOUNDS, SYNC_MODES
+from planner.core.jobs import (COMPRESSION_BYTES, DEFAULT_DTYPE, DTYPE_BYTES, DTYPE_FIELDS,
+                               JOB_BOUNDS, SYNC_BOUNDS, SYNC_MODES)
 from planner.files import jobs as jobs_file
 from planner.files import paper
 from planner.files import plan as plan_file
@@ -163,6 +164,8 @@ JOBS_YAML = Table("jobs.yaml", "file", "planner/files/jobs.py, planner/core/jobs
     *numbers(SYNC_BOUNDS, "jobs[]."),
     ("jobs[].outer_compression", Rule("one of " + ", ".join(COMPRESSION_BYTES)
                                       + "; under sync: auto, a list of them")),
+    *((f"jobs[].{key}", Rule("one of " + ", ".join(DTYPE_BYTES) + f" (default {DEFAULT_DTYPE})"))
+      for key in DTYPE_FIELDS),
     ("jobs[].command", Rule(f"1 to {MAX_COMMAND_WORDS} words, "
                            f"{jobs_file.MAX_COMMAND_CHARS:,} characters in all, no NUL")),
     ("jobs[].checkpoint_dir", Text(MAX_PATH, "no NUL; a relative path without '..'", 1)),

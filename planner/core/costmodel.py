@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.core.fleet import Network
-from planner.core.jobs import COMPRESSION_BYTES, Job
+from planner.core.jobs import COMPRESSION_BYTES, DTYPE_BYTES, Job
 
 BYTES_PER_OUTER_STATE = 8   # fp32 anchor + fp32 outer Nesterov momentum per parameter
 
@@ -253,8 +253,9 @@ def ring_links(net: Network, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def gradient_bytes(job: Job, layers):
-    """S = 2 P l / L: bytes of the gradients of ``layers`` layers (fp16)."""
-    return 2.0 * job.params * layers / job.layers
+    """S = g P l / L: bytes of the gradients of ``layers`` layers, g the bytes of the job's
+    ``gradient_dtype`` (2 for fp16, the default; 4 for fp32)."""
+    return float(DTYPE_BYTES[job.gradient_dtype]) * job.params * layers / job.layers
 
 
 def allreduce_s(replicas: int, a_max, nbytes, bw_min):

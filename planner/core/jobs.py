@@ -9,7 +9,13 @@ from typing import Any
 from hulk.validate import Bound, Invalid, shown
 
 BYTES_PER_PARAM_STATE = 16   # fp16 weights + grads, fp32 master, Adam m and v
-BYTES_PER_ACTIVATION = 2     # fp16
+# Bytes per value of the dtype a job's gradients (data-parallel all-reduce) and activations
+# (stage boundaries) cross the network in. fp16 is the reference model's assumption, so a job
+# that names neither is priced as before; a trainer that all-reduces fp32 gradients (as
+# examples/train_gpt.py and Megatron's bf16 default do) says so in jobs.yaml.
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+DEFAULT_DTYPE = "fp16"
+DTYPE_FIELDS = ("gradient_dtype", "activation_dtype")
 # A crash of the job's own processes (an OOM kill, a lost GPU) is often transient: restart from
 # the latest checkpoint a few times before calling the job failed, as torchrun's --max-restarts.
 DEFAULT_MAX_RESTARTS = 3
@@ -48,6 +54,8 @@ class Job:
     checkpoint_dir: str | None = None        # absolute, or relative to the job's working directory
     max_restarts: int = DEFAULT_MAX_RESTARTS  # restarts after its own processes fail (not node losses)
     sync: Sync = Sync()
+    gradient_dtype: str = DEFAULT_DTYPE    # a key of DTYPE_BYTES: the all-reduce's values
+    activation_dtype: str = DEFAULT_DTYPE  # a key of DTYPE_BYTES: a stage boundary's values
 
     def flops_per_layer(self, micro_batch: int | None = None) -> float:
         """f = 6 * (P / L) * s * b: training FLOPs per micro-batch per layer."""
@@ -55,9 +63,10 @@ class Job:
         return 6.0 * (self.params / self.layers) * self.seq_len * b
 
     def activation_bytes(self, micro_batch: int | None = None) -> float:
-        """A = 2 * s * b * h: bytes crossing a stage boundary per micro-batch."""
+        """A = v * s * b * h: bytes crossing a stage boundary per micro-batch, v the bytes of
+        ``activation_dtype`` (2 for fp16)."""
         b = micro_batch or self.micro_batch
-        return BYTES_PER_ACTIVATION * self.seq_len * b * self.hidden
+        return DTYPE_BYTES[self.activation_dtype] * self.seq_len * b * self.hidden
 
     @property
     def state_bytes(self) -> float:
@@ -130,6 +139,22 @@ def check_job_field(key: str, value: Any) -> int | float:
     except Invalid as bad:
         raise Invalid(bad.expected, field=key) from None
     return float(number) if key == "params" else number
+
+
+def check_dtype(key: str, value: Any) -> str:
+    """The job field ``key`` (one of DTYPE_FIELDS) as a key of DTYPE_BYTES, DEFAULT_DTYPE when
+    None; raises Invalid naming the field."""
+    if value is None:
+        return DEFAULT_DTYPE
+    if not isinstance(value, str) or value not in DTYPE_BYTES:
+        raise Invalid(f"expected one of {', '.join(DTYPE_BYTES)} (default {DEFAULT_DTYPE}), got "
+                      f"{shown(value)}", field=key)
+    return value
+
+
+def dtype_fields(job: Job) -> dict[str, str]:
+    """The jobs.yaml dtype fields of ``job`` that differ from the default (empty for most)."""
+    return {key: getattr(job, key) for key in DTYPE_FIELDS if getattr(job, key) != DEFAULT_DTYPE}
 
 
 # Low-communication training (docs/COSTMODEL.md section 9). H = 100 is INTELLECT-1's choice for
@@ -211,6 +236,7 @@ def catalog_job(model: str, name: str | None = None, **overrides) -> Job:
     """A job for a catalog model, with explicit fields overriding the catalog's (checked against
     JOB_BOUNDS: Invalid names the field)."""
     fields = dict(MODEL_CATALOG[model])
-    fields.update({k: check_job_field(k, v) if k in JOB_BOUNDS else v
+    fields.update({k: check_job_field(k, v) if k in JOB_BOUNDS
+                   else check_dtype(k, v) if k in DTYPE_FIELDS else v
                    for k, v in overrides.items() if v is not None})
     return Job(name=name or model, model=model, **fields)

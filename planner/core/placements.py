@@ -22,8 +22,9 @@ from hulk.validate import Invalid
 from hulk.wire.placement import SUMMARY_FORMAT, NodePlacement, PlanSummary, Role
 from planner.core.costmodel import OuterSync, Placement, Stage, micro_batches
 from planner.core.fleet import Network
-from planner.core.jobs import (COMPRESSION_BYTES, DEFAULT_MAX_RESTARTS, SYNC_FIELDS, Job, check_job_field,
-                               parse_sync, sync_fields)
+from planner.core.jobs import (COMPRESSION_BYTES, DEFAULT_MAX_RESTARTS, DTYPE_FIELDS, SYNC_FIELDS,
+                               Job, check_dtype, check_job_field, dtype_fields, parse_sync,
+                               sync_fields)
 from planner.core.plan import Plan
 
 DEFAULT_BASE_PORT = 29500
@@ -117,7 +118,7 @@ def job_spec(job: Job) -> dict[str, Any]:
             **({"checkpoint_dir": job.checkpoint_dir} if job.checkpoint_dir is not None else {}),
             **({"max_restarts": job.max_restarts}
                if job.max_restarts != DEFAULT_MAX_RESTARTS else {}),
-            **sync_fields(job.sync)}
+            **sync_fields(job.sync), **dtype_fields(job)}
 
 
 def build_summary(plan: Plan, net: Network, *, fleet: str, plan_id: str, issued_at_ms: int,
@@ -164,7 +165,8 @@ def build_summary(plan: Plan, net: Network, *, fleet: str, plan_id: str, issued_
 
 
 def job_from_spec(name: str, spec: Mapping[str, Any]) -> Job:
-    """Rebuild a Job from a summary's spec."""
+    """Rebuild a Job from a summary's spec (a job record's too); one stored before the dtype
+    fields existed has none and is fp16, the default."""
     try:
         params = float(spec["params"])
         if not math.isfinite(params) or params <= 0:
@@ -174,7 +176,8 @@ def job_from_spec(name: str, spec: Mapping[str, Any]) -> Job:
                    micro_batch=int(spec.get("micro_batch") or 1), steps=int(spec.get("steps") or 1),
                    model=spec.get("model"), command=command_argv(spec.get("command")),
                    checkpoint_dir=_spec_path(spec.get("checkpoint_dir")),
-                   max_restarts=spec_max_restarts(spec), sync=_spec_sync(spec))
+                   max_restarts=spec_max_restarts(spec), sync=_spec_sync(spec),
+                   **{key: check_dtype(key, spec.get(key)) for key in DTYPE_FIELDS})
     except Invalid as bad:
         raise InputError(bad.expected, path="plan summary", field=f"{name}.spec.{bad.field}") from None
     except (KeyError, TypeError, ValueError, InputError):

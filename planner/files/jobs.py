@@ -11,7 +11,8 @@ from hulk.errors import InputError
 from hulk.userfile import read_user_file
 from hulk.wire.placement import MAX_COMMAND_WORDS, MAX_PATH, valid_job_name
 from hulk.validate import Invalid
-from planner.core.jobs import MODEL_CATALOG, SYNC_FIELDS, Job, check_job_field, parse_sync
+from planner.core.jobs import (DTYPE_FIELDS, MODEL_CATALOG, SYNC_FIELDS, Job, check_dtype,
+                               check_job_field, parse_sync)
 
 INT_FIELDS = ("layers", "hidden", "seq_len", "global_batch", "micro_batch", "steps",
               "max_restarts")
@@ -19,7 +20,7 @@ NUMBER_FIELDS = ("params",) + INT_FIELDS
 # What a model outside the catalog must give; micro_batch and steps have defaults.
 REQUIRED_WITHOUT_CATALOG = ("params", "layers", "hidden", "seq_len", "global_batch")
 JOB_KEYS = frozenset({"name", "model", "command", "checkpoint_dir", "sync", *SYNC_FIELDS,
-                      *NUMBER_FIELDS})
+                      *DTYPE_FIELDS, *NUMBER_FIELDS})
 TOP_KEYS = frozenset({"jobs"})
 MAX_MODEL_CHARS = 128
 MAX_JOBS_FILE_BYTES = 16 << 20    # thousands of jobs; a larger file is no jobs.yaml
@@ -138,10 +139,11 @@ def _parse_job(entry, index: int, path: str) -> Job:
     try:
         sync = parse_sync(entry.get("sync"), layers=fields["layers"],
                           **{key: entry.get(key) for key in SYNC_FIELDS})
+        dtypes = {key: check_dtype(key, entry.get(key)) for key in DTYPE_FIELDS}
     except Invalid as bad:
         raise fail(bad.field, bad.expected) from None
     return Job(name=name, model=model, command=command, checkpoint_dir=checkpoint_dir,
-               sync=sync, **fields)
+               sync=sync, **dtypes, **fields)
 
 
 def _job_name(entry, index: int, path: str) -> str:

@@ -36,6 +36,31 @@ def test_the_diloco_placement_has_one_island_per_continent_and_a_priced_outer_sy
     assert e.iteration_s < e.outer_sync_s
 
 
+def test_the_jobs_are_priced_at_train_gpts_fp32_and_the_outer_exchange_at_int8():
+    from dataclasses import replace
+
+    from planner.core.costmodel import gradient_bytes, pseudo_gradient_bytes
+
+    net = B.lab_network(B.the_job(40), GBPS)
+    step_p = B.Placement(B.the_job(40), (B.Stage(0, B.LAYERS, (net.index["west-1"],
+                                                               net.index["west-2"])),), 1)
+    placements = [*B.calibration_placements(step_p, net), B.every_host_step_placement(
+        B.the_job(12), net, 1), B.diloco_placement(B.the_job(40), net, 20, "int8", 1)]
+    assert {(p.job.gradient_dtype, p.job.activation_dtype)
+            for p in placements} == {("fp32", "fp32")}
+    job = B.the_job(40)
+    assert gradient_bytes(job, B.LAYERS) == 4 * job.params
+    assert pseudo_gradient_bytes(job, B.LAYERS, "int8") == job.params
+    # The run over both continents: its all-reduce over the slow link at 4 bytes a gradient.
+    wide = B.every_host_step_placement(job, net, 1)
+    fp16 = replace(wide, job=replace(job, gradient_dtype="fp16", activation_dtype="fp16"))
+    latency = 2 * (4 - 1) * B.WAN[0] / 2000      # 2 (D - 1) a_max: the bytes' part doubles
+    assert estimate(wide, net).allreduce_s - latency == pytest.approx(
+        2 * (estimate(fp16, net).allreduce_s - latency))
+    dil = B.diloco_placement(job, net, 20, "int8", 1)
+    assert estimate(dil, net).outer_sync_s == estimate(replace(dil, job=fp16.job), net).outer_sync_s
+
+
 def test_the_throughput_fitted_on_one_run_reproduces_that_run():
     job = B.the_job(40)
     net = B.lab_network(job, GBPS)
@@ -120,8 +145,8 @@ def test_a_calibration_run_over_the_slow_link_fits_the_communication_factor():
     wide = placements[-1]
     assert wide.replicas == 4 and wide.outer is None
     assert wide.job.steps == B.CALIBRATION_EVERY_HOST_STEPS and B.warmup_steps(wide) == B.EVERY_HOST_SKIP
-    # Training's transfers at half the throughput tests' rate (fp32 gradients where the model
-    # counts two bytes, say), a per-step cost and slower cores.
+    # Training's transfers at half the throughput tests' rate (TCP's shortfall over the slow
+    # link, say), a per-step cost and slower cores.
     truth = Calibration(compute={"lab-cpu-30": Factor.prior(1.3)},
                         step_overhead_s=Factor.prior(0.09), communication=Factor.prior(2.0))
     runs = [{"iteration_s": estimate(p, truth.apply(net)).iteration_s} for p in placements]
