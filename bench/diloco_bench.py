@@ -2,7 +2,7 @@
 on fleets the search was not tuned on; makespan by the reference cost model (docs/COSTMODEL.md,
 section 8 for island placements), every plan checked, planning time of each.
 
-    .venv/bin/python -m bench.diloco_bench [--quick]
+    .venv/bin/python -m bench.diloco_bench [--quick] [--repeats N]
 
 Fleets: servers in real cloud regions (bench/regions.py) drawn with seeds no other benchmark
 uses (held out), and the scale benchmark's 10,000 servers in 200 sites written with site links
@@ -13,8 +13,9 @@ they are (``sync: step``) and once with :data:`AUTO` (``sync: auto``: H up to 50
 none / bf16 / int8).
 
 Each fleet is planned with the default method as `hulk-planner plan` runs it
-(planner.methods.planner_for("portfolio"), every core), ``step`` first, then ``auto``. Per
-run: makespan, wall and CPU seconds (this process and its reaped workers), whether every
+(planner.methods.planner_for("portfolio"), every core), ``step`` first, then ``auto``, the pair
+``--repeats`` times (default 3; times are the medians, so a spell of load on this shared machine
+falls on both and moves neither much). Per run: makespan, wall and CPU seconds (this process and its reaped workers), whether every
 placement is valid (costmodel.problems empty, no node twice in a phase, every job placed) and,
 for ``auto``, what each job got (islands, H, compression, or step). Targets: every plan valid,
 ``auto``'s makespan never longer than ``step``'s and shorter on the fleets spread over
@@ -31,6 +32,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -132,12 +134,29 @@ def measure(jobs, net, workers: int | None = None) -> dict:
             "island_jobs": sum(p.outer is not None for p in plan.placements)}
 
 
-def run_fleet(fl: Fleet, log=print, workers: int | None = None) -> dict:
+def repeated(runs: list[dict]) -> dict:
+    """The first of ``runs`` (plans of the same jobs) with planning_s and cpu_s replaced by their
+    medians, every run's times kept, and whether every run's makespan was the same."""
+    out = dict(runs[0])
+    for key in ("planning_s", "cpu_s"):
+        out[f"{key[:-2]}_runs_s"] = [r[key] for r in runs]
+        out[key] = statistics.median(r[key] for r in runs)
+    out["valid"] = all(r["valid"] for r in runs)
+    out["makespans_agree"] = len({r["makespan_s"] for r in runs}) == 1
+    return out
+
+
+def run_fleet(fl: Fleet, log=print, workers: int | None = None, repeats: int = 1) -> dict:
+    """``fl`` planned ``repeats`` times with ``step`` and ``auto`` alternating (so both see the
+    same spells of load); times are medians."""
     step_jobs, auto_jobs, net = load(fl)
     row = {"fleet": fl.name, "nodes": net.n, "jobs": len(step_jobs), "seed": fl.seed,
-           "models": [j.model or j.name for j in step_jobs]}
-    row["step"] = measure(step_jobs, net, workers)
-    row["auto"] = measure(auto_jobs, net, workers)
+           "models": [j.model or j.name for j in step_jobs], "repeats": repeats}
+    runs: dict[str, list[dict]] = {"step": [], "auto": []}
+    for _ in range(repeats):
+        runs["step"].append(measure(step_jobs, net, workers))
+        runs["auto"].append(measure(auto_jobs, net, workers))
+    row["step"], row["auto"] = repeated(runs["step"]), repeated(runs["auto"])
     s, a = row["step"], row["auto"]
     row["makespan_ratio"] = (a["makespan_s"] / s["makespan_s"]
                              if a["makespan_s"] and s["makespan_s"] else None)
@@ -166,6 +185,10 @@ def summary(rows: list[dict]) -> dict:
         "geomean_makespan_ratio": _geomean(ratios),
         "best_makespan_ratio": min(ratios, default=None),
         "max_time_ratio": max(times, default=None),
+        "max_cpu_ratio": max((r["cpu_ratio"] for r in rows if r["cpu_ratio"] is not None),
+                             default=None),
+        "makespans_agree": all(r[k].get("makespans_agree", True) for r in rows
+                               for k in ("step", "auto")),
         "geomean_time_ratio": _geomean(times),
         "time_target_met": bool(times) and max(times) <= TARGET_TIME_RATIO,
     }
@@ -177,7 +200,7 @@ def _geomean(xs: list[float]) -> float | None:
 
 
 def run(out_dir: Path, quick: bool = False, fleets=None, log=print,
-        command: str | None = None, workers: int | None = None) -> dict:
+        command: str | None = None, workers: int | None = None, repeats: int = 1) -> dict:
     from rich.progress import Progress
 
     fleets = list(fleets if fleets is not None else (QUICK_FLEETS if quick else FLEETS))
@@ -189,7 +212,7 @@ def run(out_dir: Path, quick: bool = False, fleets=None, log=print,
         task = bar.add_task("sync: step and sync: auto", total=len(fleets))
         for fl in fleets:
             bar.update(task, description=fl.name)
-            rows.append(run_fleet(fl, log, workers))
+            rows.append(run_fleet(fl, log, workers, repeats))
             bar.advance(task)
     doc = {
         "benchmark": "diloco", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -201,7 +224,7 @@ def run(out_dir: Path, quick: bool = False, fleets=None, log=print,
                   + ("every core" if workers is None else f"{workers} worker(s)"),
         "cost_model": "reference (docs/COSTMODEL.md; section 8 for islands)",
         "auto_limits": {**AUTO_LIMITS, "compressions": list(AUTO_LIMITS["compressions"])},
-        "target_time_ratio": TARGET_TIME_RATIO,
+        "target_time_ratio": TARGET_TIME_RATIO, "repeats": repeats,
         "results": rows, "summary": summary(rows),
     }
     (out_dir / "diloco.json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -217,15 +240,16 @@ def summarize(doc: dict) -> str:
         ratio = "-" if r["makespan_ratio"] is None else f"{r['makespan_ratio']:.3f}"
         lines.append(f"| {r['fleet']} | {_h(s['makespan_s'])}, {s['planning_s']:.1f} s | "
                      f"{_h(a['makespan_s'])}, {a['planning_s']:.1f} s | {ratio} "
-                     f"(time {r['time_ratio']:.2f}x) | {a['island_jobs']} of {r['jobs']} | "
+                     f"(time {r['time_ratio']:.2f}x, CPU {r['cpu_ratio']:.2f}x) | {a['island_jobs']} of {r['jobs']} | "
                      f"{s['valid'] and a['valid']} |")
     s = doc["summary"]
     gm = s["geomean_makespan_ratio"]
     lines += ["", f"auto shorter on {s['auto_shorter']} of {s['fleets']} fleets, never longer "
               f"on {s['auto_not_longer']}; geometric mean auto / step "
               f"{'-' if gm is None else f'{gm:.3f}'}; planning time at most "
-              f"{s['max_time_ratio'] or 0:.2f}x step's (target {TARGET_TIME_RATIO}x); every "
-              f"plan valid: {s['all_valid']}."]
+              f"{s['max_time_ratio'] or 0:.2f}x step's in wall time, "
+              f"{s.get('max_cpu_ratio') or 0:.2f}x in CPU time (target {TARGET_TIME_RATIO}x); "
+              f"every plan valid: {s['all_valid']}."]
     return "\n".join(lines) + "\n"
 
 
@@ -234,8 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--quick", action="store_true",
                         help=f"{len(QUICK_FLEETS)} small region fleets only")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="plans of each fleet and mode, alternating; times are medians "
+                             "(default 3)")
     args = parser.parse_args(argv)
-    doc = run(args.out, quick=args.quick,
+    if args.repeats < 1:
+        parser.error("--repeats: expected a whole number of at least 1")
+    doc = run(args.out, quick=args.quick, repeats=args.repeats,
               command="python -m bench.diloco_bench " + " ".join(sys.argv[1:] if argv is None
                                                                   else argv))
     print(summarize(doc), end="")

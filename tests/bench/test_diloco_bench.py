@@ -41,3 +41,22 @@ def test_check_names_what_makes_a_plan_invalid():
     assert B.check(plan, net, jobs) == []
     doubled = Plan("x", [plan.placements[0], dataclasses.replace(plan.placements[0])])
     assert any("once" in p for p in B.check(doubled, net, jobs))
+
+
+def test_repeated_runs_keep_every_time_and_report_medians():
+    runs = [{"makespan_s": 10.0, "planning_s": t, "cpu_s": 2 * t, "valid": True, "sync": {}}
+            for t in (3.0, 1.0, 2.0)]
+    out = B.repeated(runs)
+    assert out["planning_s"] == 2.0 and out["cpu_s"] == 4.0
+    assert out["planning_runs_s"] == [3.0, 1.0, 2.0] and out["cpu_runs_s"] == [6.0, 2.0, 4.0]
+    assert out["makespans_agree"] and out["valid"]
+    runs[1] = {**runs[1], "makespan_s": 11.0, "valid": False}
+    out = B.repeated(runs)
+    assert not out["makespans_agree"] and not out["valid"]
+
+
+def test_repeats_below_one_are_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        B.main(["--repeats", "0", "--quick"])
+    assert exit_.value.code == 2
+    assert "--repeats" in capsys.readouterr().err
