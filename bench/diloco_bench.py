@@ -187,8 +187,7 @@ def summary(rows: list[dict]) -> dict:
         "max_time_ratio": max(times, default=None),
         "max_cpu_ratio": max((r["cpu_ratio"] for r in rows if r["cpu_ratio"] is not None),
                              default=None),
-        "makespans_agree": all(r[k].get("makespans_agree", True) for r in rows
-                               for k in ("step", "auto")),
+        "makespans_agree": all(r[k]["makespans_agree"] for r in rows for k in ("step", "auto")),
         "geomean_time_ratio": _geomean(times),
         "time_target_met": bool(times) and max(times) <= TARGET_TIME_RATIO,
     }
@@ -248,7 +247,7 @@ def summarize(doc: dict) -> str:
               f"on {s['auto_not_longer']}; geometric mean auto / step "
               f"{'-' if gm is None else f'{gm:.3f}'}; planning time at most "
               f"{s['max_time_ratio'] or 0:.2f}x step's in wall time, "
-              f"{s.get('max_cpu_ratio') or 0:.2f}x in CPU time (target {TARGET_TIME_RATIO}x); "
+              f"{s['max_cpu_ratio'] or 0:.2f}x in CPU time (target {TARGET_TIME_RATIO}x); "
               f"every plan valid: {s['all_valid']}."]
     return "\n".join(lines) + "\n"
 

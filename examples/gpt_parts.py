@@ -119,16 +119,12 @@ def markov_text(length: int = 200_000, order: int = 2, smoothing: float = 0.02,
     return "".join(chars)
 
 
-_CORPUS_CACHE: dict[str, str] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def corpus(name: str) -> str:
     """The training text called ``name`` (one of CORPORA), built once per process."""
     if name not in CORPORA:
         raise ValueError(f"corpus must be one of {', '.join(CORPORA)}, got {name!r}")
-    if name not in _CORPUS_CACHE:
-        _CORPUS_CACHE[name] = TEXT if name == "builtin" else markov_text()
-    return _CORPUS_CACHE[name]
+    return TEXT if name == "builtin" else markov_text()
 
 
 class RoleError(Exception):
