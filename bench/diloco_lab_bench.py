@@ -22,27 +22,34 @@ for the same number of steps:
   DiLoCo saves a job that must use both continents, and a check of the cost model's WAN
   all-reduce.
 
-Measured per run: the mean iteration (the slowest node's step, outer syncs included), tokens
-per second (tokens per step / that), the loss per step averaged over the replicas, and per outer
-step where its time went (the island leaders' wait for one another, the exchange, the broadcast
-within the islands).
+Measured per run: the iteration, wall seconds per step after the warm-up (from the trainers'
+clocks at each step's end, the last node's; outer steps included), tokens per second (tokens per
+step / that), the loss per step averaged over the replicas, and per outer step where its time
+went (the island leaders' wait for one another, the exchange, the broadcast within the islands).
+Beside it, ``step_max_mean_s``, the mean over steps of the slowest node's step time (this
+bench's measure before 2026-11-27): with islands it counts their drift twice, once in the slower
+island's steps and again in the other's wait at the outer step.
 Compared with the targets: DiLoCo's tokens/s at least 3x the step plan's, its loss after the
 same tokens (mean of the last tenth of the steps) within 5%, and the cost model's estimate of its
 iteration (planner/core/costmodel.py estimate() on the same network) within 15% of measured,
 three ways: (a) the nominal per-core throughput; (b) the throughput fitted on the step run (one
 factor for every core, from that other placement's measured iteration); (c) the calibrated cost
-model (planner/core/calibration.py fit(): a compute factor, the per-iteration step overhead and
-the communication factor) fitted on short calibration runs made before the judged runs: the step
-plan's placement at global batches 16, 8 and 4 (M = 8, 4, 2 micro-batches per replica) and its
-first host alone at 8 and 4, 25 steps each, then the step job over all four hosts for 6 steps.
+model (planner/core/calibration.py fit(): a compute factor, the per-iteration step overhead,
+the communication factor and the outer-sync factor) fitted on short calibration runs made before
+the judged runs: the step plan's placement at global batches 16, 8 and 4 (M = 8, 4, 2
+micro-batches per replica) and its first host alone at 8 and 4, 25 steps each, then the step job
+over all four hosts for 6 steps, then the DiLoCo placement at H = 2, 5 and 10 (2 and 4 with
+--quick) for four rounds each, the first left out, timed by the wall clock.
 The step placement's runs, of different work per replica, tell the trainer's per-step cost
 (optimizer step, Python, scheduling, the all-reduce's fixed part) from its per-sample compute;
 their all-reduce costs the same at every batch, so alone a communication factor would move them
 exactly as a step overhead does. The run over all four hosts spends most of its step in an
 all-reduce over the slow link, which tells the communication factor (what the trainer's
 transfers achieve against the throughput tests) apart. The one-host runs, fitted alone, say how
-much of the per-step cost a replica pays with no all-reduce. None of the runs is a run
-judged. The 15% target is judged on (c).
+much of the per-step cost a replica pays with no all-reduce. The DiLoCo runs are the only ones
+with outer syncs, which no other run prices (the islands' wait for one another, both directions
+of the slow link at once, int8 packing under the quota): they fit the outer-sync factor, and
+``calibrated_without_diloco_runs`` is the fit without them. None of the runs is a run judged. The 15% target is judged on (c).
 """
 
 from __future__ import annotations
@@ -50,10 +57,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import os
-import re
-import statistics
 import sys
 import time
 from dataclasses import replace
@@ -65,6 +69,7 @@ import numpy as np
 from bench.calibration_lab_bench import (DIM, GLOBAL_BATCH, LAYERS, MICRO_BATCH, NOMINAL_FLOPS_PER_CORE,
                                          SEQ_LEN, Site, Topology, measure_site_bandwidth, quota_class)
 from bench.lab_bench import example_params
+from bench.diloco_lab_figures import figures, outer_phases
 from bench.diloco_lab_report import picture, summarize
 from lab.netns import LabError, require_root
 from lab.train import JobRun, run_placement
@@ -87,8 +92,6 @@ TOPOLOGY = Topology("two-continents", (Site("east", 2, CORES), Site("west", 2, C
                     {("east", "west"): WAN})
 INNER_STEPS, COMPRESSION = 20, "int8"
 OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9   # examples/diloco.py's defaults (the paper's)
-OUTER = re.compile(r" outer \d+ ([0-9.]+)s")
-PHASES = re.compile(r" outer (\d+) ([0-9.]+)s exchange ([0-9.]+)s broadcast ([0-9.]+)s enter ([0-9.]+)")
 # Calibration runs: this many steps, the first skipped; the global batches of the step
 # placement's runs and of the one-host runs.
 CALIBRATION_STEPS, CALIBRATION_SKIP = 25, 3
@@ -98,6 +101,10 @@ STEP_BATCHES, ONE_HOST_BATCHES = (16, 8, 4), (8, 4)
 # The step job over every host of both continents (each step's all-reduce crosses the slow
 # link): a few steps tell its iteration; its loss is not compared.
 EVERY_HOST_STEPS, EVERY_HOST_QUICK, EVERY_HOST_SKIP = 12, 3, 2
+# The DiLoCo placement at these H (fewer with --quick), its first round left out and the next
+# DILOCO_CALIBRATION_ROUNDS measured: what an outer sync costs, which no run above has.
+DILOCO_CALIBRATION_H, QUICK_DILOCO_CALIBRATION_H = (2, 5, 10), (2, 4)
+DILOCO_CALIBRATION_ROUNDS = 3
 WIRE_DTYPE = "fp32"     # examples/train_gpt.py's gradients and activations (no autocast)
 TARGETS = {"tokens_per_s_ratio": 3.0, "loss_rel_diff": 0.05, "estimate_rel_error": 0.15}
 
@@ -187,74 +194,89 @@ def fitted_network(net: Network, p: Placement, measured_s: float) -> tuple[Netwo
 
 def calibration_placements(step_p: Placement, net: Network | None = None,
                            every_host_steps: int = CALIBRATION_EVERY_HOST_STEPS,
-                           steps: int = CALIBRATION_STEPS) -> list[Placement]:
+                           steps: int = CALIBRATION_STEPS, dil_p: Placement | None = None,
+                           inner_steps: tuple[int, ...] = DILOCO_CALIBRATION_H) -> list[Placement]:
     """The placements of the calibration runs: the step plan's at each of STEP_BATCHES, its
     first host holding every layer at each of ONE_HOST_BATCHES (``steps`` steps each),
     then, given ``net`` and ``every_host_steps``, the step job over every host for that many
     steps: its all-reduce crosses the slow link, which is what tells the communication factor
-    (what training's transfers achieve against the throughput tests) from a per-step cost."""
+    (what training's transfers achieve against the throughput tests) from a per-step cost;
+    then, given ``dil_p``, that DiLoCo placement at each H of ``inner_steps`` for one round
+    more than DILOCO_CALIBRATION_ROUNDS: what its outer sync costs against its price."""
     host = step_p.stages[0].nodes[0]
     one = [Placement(the_job(steps, batch), (Stage(0, LAYERS, (host,)),),
                      step_p.micro_batch) for batch in ONE_HOST_BATCHES]
     wide = ([every_host_step_placement(the_job(every_host_steps), net, step_p.micro_batch)]
             if net is not None and every_host_steps else [])
+    outer = ([replace(dil_p, job=the_job(h * (1 + DILOCO_CALIBRATION_ROUNDS),
+                                         dil_p.job.global_batch),
+                      outer=replace(dil_p.outer, inner_steps=h)) for h in inner_steps]
+             if dil_p is not None else [])
     return [*(replace(step_p, job=the_job(steps, batch)) for batch in STEP_BATCHES),
-            *one, *wide]
+            *one, *wide, *outer]
 
 
 def warmup_steps(p: Placement) -> int:
-    """Steps a run's mean leaves out: a step over the slow link is long enough to need fewer."""
+    """Steps a run's figure leaves out: a step over the slow link is long enough to need fewer;
+    a DiLoCo run leaves out its first round."""
+    if p.outer is not None:
+        return p.outer.inner_steps
     return EVERY_HOST_SKIP if p.replicas == len(TOPOLOGY.hosts()) else CALIBRATION_SKIP
 
 
-def calibration_runs(lab: WanLab, step_p: Placement, net: Network, extra: list[str],
-                     log=print, quick: bool = False) -> list[dict]:
-    """Each calibration placement run briefly (more briefly with ``quick``): its measured median
-    iteration, which the fit uses (no calibration run has outer steps, so every step does the same
-    work and a step stalled by other work on the machine should not move the figure), and the
-    mean beside it."""
+def quick_calibration_placements(step_p: Placement, net: Network,
+                                 dil_p: Placement) -> list[Placement]:
+    return calibration_placements(step_p, net, QUICK_CALIBRATION_EVERY_HOST_STEPS,
+                                  QUICK_CALIBRATION_STEPS, dil_p, QUICK_DILOCO_CALIBRATION_H)
+
+
+def calibration_runs(lab: WanLab, placements: list[Placement], net: Network, extra: list[str],
+                     log=print) -> list[dict]:
+    """Each calibration placement run briefly: the figure the fit uses, and the mean beside it.
+    Runs with no outer steps do the same work every step: their median step, so that a step
+    stalled by other work on the machine does not move it. DiLoCo runs: wall seconds per step
+    over whole rounds (the outer step is what they are run for)."""
     out = []
-    shape = ({"every_host_steps": QUICK_CALIBRATION_EVERY_HOST_STEPS,
-              "steps": QUICK_CALIBRATION_STEPS} if quick else {})
-    for p in calibration_placements(step_p, net, **shape):
+    for p in placements:
         done = run(lab, p, net, p.job.steps, extra)
+        skip = warmup_steps(p)
         out.append({"placement": describe(p, net), "global_batch": p.job.global_batch,
                     "micro_batches": micro_batches(p.job, p.replicas, p.micro_batch),
-                    "steps": p.job.steps, "warmup_steps_skipped": warmup_steps(p),
-                    "iteration_s": done.iteration_s(warmup_steps(p)),
-                    "mean_iteration_s": done.mean_iteration_s(warmup_steps(p))})
+                    "steps": p.job.steps, "warmup_steps_skipped": skip,
+                    "iteration_s": (done.wall_iteration_s(skip) if p.outer is not None
+                                    else done.iteration_s(skip)),
+                    "mean_iteration_s": done.mean_iteration_s(skip)})
+        kind = "median" if p.outer is None else f"H = {p.outer.inner_steps}, wall clock"
         log(f"[diloco_lab] calibration run {out[-1]['placement']['stages']}, global batch "
-            f"{p.job.global_batch}: {out[-1]['iteration_s']:.3f} s/step (median; mean "
+            f"{p.job.global_batch}: {out[-1]['iteration_s']:.3f} s/step ({kind}; mean "
             f"{out[-1]['mean_iteration_s']:.3f} s)")
     return out
 
 
-def calibrated(step_p: Placement, net: Network, runs: list[dict],
-               one_host: bool = False) -> Calibration:
-    """fit() of the calibration runs (``runs`` in the order of calibration_placements with
-    ``net``): the step placement's runs and, where it ran, the run over every host, with the
-    communication factor fitted only beside that run (the step placement's all-reduce is the
-    same at every batch, so alone it moves every run as a step overhead does); ``one_host``:
-    the one-host runs alone."""
-    pairs = list(zip(calibration_placements(step_p, net, every_host_steps=(
-        CALIBRATION_EVERY_HOST_STEPS if len(runs) > len(STEP_BATCHES) + len(ONE_HOST_BATCHES)
-        else 0)), runs))
-    step_runs = len(STEP_BATCHES)
+def calibrated(placements: list[Placement], net: Network, runs: list[dict],
+               one_host: bool = False, outer_runs: bool = True) -> Calibration:
+    """fit() of the calibration runs (``runs`` measured ``placements``): the step placement's
+    runs, the run over every host where it ran, with the communication factor fitted only
+    beside it (the step placement's all-reduce is the same at every batch, so alone it moves
+    every run as a step overhead does), and with ``outer_runs`` the DiLoCo runs, which fit the
+    outer-sync factor; ``one_host``: the one-host runs alone."""
+    named = [(f"calibration-{i}", p, r) for i, (p, r) in enumerate(zip(placements, runs))]
     if one_host:
-        pairs = pairs[step_runs:step_runs + len(ONE_HOST_BATCHES)]
+        chosen, outer = [c for c in named if len(c[1].nodes) == 1], []
     else:
-        pairs = pairs[:step_runs] + pairs[step_runs + len(ONE_HOST_BATCHES):]
-    wide = len(pairs) > step_runs and not one_host
-    obs = [Observation(p, net, r["iteration_s"], f"calibration-{i}")
-           for i, (p, r) in enumerate(pairs)]
-    return fit(obs, seed=0, min_runs=len(obs), communication=wide)
+        chosen = [c for c in named if len(c[1].nodes) > 1 and c[1].outer is None]
+        outer = [c for c in named if c[1].outer is not None] if outer_runs else []
+    wide = any(p.replicas == len(TOPOLOGY.hosts()) for _, p, _ in chosen)
+    obs = [Observation(p, net, r["iteration_s"], name) for name, p, r in chosen + outer]
+    return fit(obs, seed=0, min_runs=len(chosen), communication=wide,
+               min_outer_runs=max(1, len(outer)))
 
 
 def calibration_json(cal: Calibration) -> dict:
     """The fitted factors that matter here: compute per GPU key and the overheads."""
     full = cal.to_json()
     return {k: full[k] for k in ("format", "compute", "hop_overhead_s", "micro_batch_overhead_s",
-                                 "step_overhead_s", "communication", "outliers")}
+                                 "step_overhead_s", "communication", "outer_sync", "outliers")}
 
 
 def describe(p: Placement, net: Network) -> dict:
@@ -263,48 +285,6 @@ def describe(p: Placement, net: Network) -> dict:
             "micro_batch": p.micro_batch, "islands": list(p.island_sizes()),
             "outer": None if p.outer is None else {"inner_steps": p.outer.inner_steps,
                                                    "compression": p.outer.compression}}
-
-
-def figures(done: JobRun, skip: int, tokens_per_step: int = GLOBAL_BATCH * SEQ_LEN) -> dict:
-    iteration = done.mean_iteration_s(skip)
-    loss = done.mean_loss()
-    tail = max(1, len(loss) // 10)
-    return {"iteration_s": iteration, "median_step_s": done.iteration_s(skip),
-            "tokens_per_s": tokens_per_step / iteration, "tokens_per_step": tokens_per_step,
-            "loss": loss,
-            "final_loss": statistics.fmean(loss[-tail:]) if loss else math.nan,
-            "outer_syncs": max((n.output.count(" outer ") for n in done.nodes), default=0),
-            "outer_sync_s": outer_seconds(done)}
-
-
-def outer_seconds(done: JobRun) -> list[float]:
-    """Per outer step, the longest any node spent in it (the trainer's ``outer N T s``)."""
-    per_node = [[float(t) for t in OUTER.findall(n.output)] for n in done.nodes]
-    per_node = [times for times in per_node if times]
-    return [max(ts) for ts in zip(*per_node)] if per_node else []
-
-
-def outer_phases(done: JobRun, leaders: set[str]) -> list[dict]:
-    """Per outer step, where its time went (the trainer's ``outer N T s exchange E s broadcast
-    B s enter W``): ``wait_s``, how long the first island leader to arrive waited for the last
-    (their entry clocks; the lab's hosts share one clock); ``exchange_s``, the last leader's
-    exchange, the transfer without that wait; ``broadcast_s``, the longest broadcast within an
-    island, its wait for the leader included; ``total_s``, the longest outer step of any node."""
-    per_node = {n.host: {int(m[0]): [float(v) for v in m[1:]] for m in PHASES.findall(n.output)}
-                for n in done.nodes}
-    rounds = sorted(set().union(*(set(v) for v in per_node.values())))
-    out = []
-    for r in rounds:
-        lead = [per_node[h][r] for h in leaders if r in per_node.get(h, {})]
-        rest = [v[r] for h, v in per_node.items() if h not in leaders and r in v]
-        if not lead:
-            continue
-        enters = [v[3] for v in lead]
-        last = max(lead, key=lambda v: v[3])
-        out.append({"round": r, "wait_s": max(enters) - min(enters), "exchange_s": last[1],
-                    "broadcast_s": max((v[2] for v in rest), default=0.0),
-                    "total_s": max(v[0] for v in lead + rest)})
-    return out
 
 
 def slow_start_after_idle(lab: WanLab, value: int) -> None:
@@ -358,7 +338,9 @@ def bench(out_dir: Path, quick: bool = False, log=print, idle_restart: int = 1,
         extra = ["--outer-lr", str(outer_lr), "--outer-momentum", str(outer_momentum),
                  "--corpus", corpus]
         t_cal = time.monotonic()
-        cal_runs = calibration_runs(lab, step_p, net, extra, log, quick)
+        cal_ps = (quick_calibration_placements(step_p, net, dil_p) if quick
+                  else calibration_placements(step_p, net, dil_p=dil_p))
+        cal_runs = calibration_runs(lab, cal_ps, net, extra, log)
         cal_wall_s = time.monotonic() - t_cal
         for name, p in placements.items():
             log(f"[diloco_lab] {name}: {describe(p, net)}, {p.job.steps} steps")
@@ -373,11 +355,13 @@ def bench(out_dir: Path, quick: bool = False, log=print, idle_restart: int = 1,
             log(f"[diloco_lab] {name}: {runs[name]['iteration_s']:.3f} s/step, "
                 f"{runs[name]['tokens_per_s']:.0f} tokens/s, loss {runs[name]['final_loss']:.4f}")
     fitted, factor = fitted_network(net, step_p, runs["step"]["iteration_s"])
-    cal = calibrated(step_p, net, cal_runs)
-    one_host = calibrated(step_p, net, cal_runs, one_host=True)
+    cal = calibrated(cal_ps, net, cal_runs)
+    no_outer = calibrated(cal_ps, net, cal_runs, outer_runs=False)
+    one_host = calibrated(cal_ps, net, cal_runs, one_host=True)
     est = {}
     for label, network in (("nominal", net), ("fitted_on_step_run", fitted),
-                           ("calibrated", cal.apply(net))):
+                           ("calibrated", cal.apply(net)),
+                           ("calibrated_without_diloco_runs", no_outer.apply(net))):
         e = {name: estimate(p, network) for name, p in placements.items()}
         est[label] = {name: {"iteration_s": v.iteration_s, "compute_s": v.compute_s,
                              "outer_sync_s": v.outer_sync_s,
@@ -414,11 +398,14 @@ def bench(out_dir: Path, quick: bool = False, log=print, idle_restart: int = 1,
         "estimates": est,
         "throughput_factor_fitted": factor,
         "calibration": {"runs": cal_runs, "wall_s": cal_wall_s, "fitted": calibration_json(cal),
+                        "without_diloco_runs": calibration_json(no_outer),
                         "one_host_fit": calibration_json(one_host),
-                        "note": "fitted on the step placement's three calibration runs and "
-                                "the run over every host (communication fitted beside it); "
-                                "one_host_fit: the two one-host runs alone (the per-step cost "
-                                "without an all-reduce); none of the runs judged"},
+                        "note": "fitted on the step placement's three calibration runs, "
+                                "the run over every host (communication fitted beside it) and "
+                                "the DiLoCo runs at small H (the outer-sync factor); "
+                                "without_diloco_runs: the same but those; one_host_fit: the "
+                                "two one-host runs alone (the per-step cost without an "
+                                "all-reduce); none of the runs judged"},
         "estimate_target_judged_on": "calibrated",
         "tokens_per_s_ratio": ratio,
         "tokens_per_s_ratio_vs_step_every_host": (

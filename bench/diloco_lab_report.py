@@ -54,9 +54,13 @@ def summarize(r: dict) -> str:
         f"- calibrated (compute {compute}, step overhead "
         f"{fitted['step_overhead_s']['value']:.3f} s, fitted: "
         f"{fitted['step_overhead_s']['fitted']}, communication "
-        f"{fitted['communication']['value']:.2f}x, fitted: {fitted['communication']['fitted']}): "
+        f"{fitted['communication']['value']:.2f}x, fitted: {fitted['communication']['fitted']}, "
+        f"outer sync {fitted['outer_sync']['value']:.2f}x, fitted: {fitted['outer_sync']['fitted']}): "
         f"{ec['iteration_s']:.3f} s "
         f"({ec['rel_error']:.0%} off; the 15% target, judged here: {met['estimate_calibrated']})",
+        *[f"- calibrated without the DiLoCo calibration runs: {e['diloco']['iteration_s']:.3f} s "
+          f"({e['diloco']['rel_error']:.0%} off)"
+          for e in [r["estimates"].get("calibrated_without_diloco_runs")] if e],
         *every_host_lines(r),
     ]) + "\n"
 

@@ -341,6 +341,9 @@ def train(me: Role, args: argparse.Namespace, device: torch.device = torch.devic
             ph = outer.phases
             line += (f" outer {outer.syncs} {outer_s[-1]:.3f}s exchange {ph['exchange_s']:.3f}s"
                      f" broadcast {ph['broadcast_s']:.3f}s enter {ph['enter']:.3f}")
+        # The wall clock at the step's end: the job's pace is the last node's, and islands that
+        # drift apart between outer steps make per-step times a poor sum of it.
+        line += f" at {time.time():.3f}"
         print(line, flush=True)
         if me.checkpoint_dir and (done % every == 0 or done == args.steps):
             save_checkpoint(me.checkpoint_dir, done, me, layers, part, optimizer, scaler, args.keep,

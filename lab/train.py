@@ -22,7 +22,8 @@ from pathlib import Path
 from lab.wan import REPO, WanLab
 
 EXAMPLE = REPO / "examples" / "train_gpt.py"
-_STEP = re.compile(r"^step (\d+)/\d+ stage (\d+) replica (\d+) time ([0-9.]+)s(?: loss ([0-9.eE+-]+|nan|inf))?",
+_STEP = re.compile(r"^step (\d+)/\d+ stage (\d+) replica (\d+) time ([0-9.]+)s(?: loss ([0-9.eE+-]+|nan|inf))?"
+                   r"(?:.* at ([0-9.]+)$)?",
                    re.M)
 
 
@@ -36,6 +37,7 @@ class NodeRun:
     output: str
     step_s: list[float] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
+    end_s: list[float] = field(default_factory=list)    # wall clock at each step's end
 
 
 @dataclass
@@ -71,6 +73,20 @@ class JobRun:
         steps = min(len(n.step_s) for n in self.nodes)
         per_step = [max(n.step_s[i] for n in self.nodes) for i in range(skip, steps)]
         return statistics.fmean(per_step) if per_step else float("nan")
+
+    def wall_iteration_s(self, skip: int = 1) -> float:
+        """Wall seconds per step after ``skip`` steps: from the last node's end of step ``skip``
+        to the last node's end of the final step, over the steps between (the lab's hosts share
+        one clock). The job goes at its slowest node's pace; islands of a DiLoCo job that drift
+        apart between outer steps meet again at each one, so a per-step maximum over nodes counts
+        that drift twice (in the slower island's steps and in the other's wait). NaN when a node
+        printed no clock."""
+        steps = min(len(n.step_s) for n in self.nodes)
+        if steps <= skip or skip < 1 or any(len(n.end_s) < steps for n in self.nodes):
+            return float("nan")
+        start = max(n.end_s[skip - 1] for n in self.nodes)
+        end = max(n.end_s[steps - 1] for n in self.nodes)
+        return (end - start) / (steps - skip)
 
     def failure(self) -> str:
         bad = [n for n in self.nodes if n.returncode != 0]
@@ -156,6 +172,8 @@ def run_placement(stages: list[list[str]], *, lab: WanLab | None = None, layers:
                 node.step_s.append(float(m.group(4)))
                 if m.group(5):
                     node.loss.append(float(m.group(5)))
+                if m.group(6):
+                    node.end_s.append(float(m.group(6)))
     return JobRun(nodes)
 
 

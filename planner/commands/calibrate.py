@@ -147,7 +147,8 @@ def factor_rows(cal) -> list[tuple[str, str, str, str, str]]:
     named += [("hop overhead", cal.hop_overhead_s, "s"),
               ("micro-batch overhead", cal.micro_batch_overhead_s, "s"),
               ("step overhead", cal.step_overhead_s, "s"),
-              ("communication", cal.communication, "")]
+              ("communication", cal.communication, ""),
+              ("outer sync", cal.outer_sync, "")]
     for name, f, unit in named:
         interval = f"{_num(f.low, unit)} - {_num(f.high, unit)}" if f.fitted else "-"
         value = "formula" if unit == "Gbit/s" and not f.fitted else _num(f.value, unit)

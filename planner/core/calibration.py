@@ -14,7 +14,10 @@ a new Network:
 - ``hop_overhead_s`` is added once to every pipeline hop (costmodel.transfer_s);
 - ``micro_batch_overhead_s`` to every stage's compute of a micro-batch (stage_compute_s);
 - ``step_overhead_s`` once to every replica's iteration (replica_step_s): the optimizer step
-  and per-step work no micro-batch count scales.
+  and per-step work no micro-batch count scales;
+- ``outer_sync`` multiplies a DiLoCo job's outer sync (costmodel_sync.outer_sync_s): what it
+  takes against its price (both directions of the slow links at once, the compression's work,
+  the islands' wait for one another).
 
 :func:`fit_bandwidth` fits the class figures and the exponent from throughput tests
 (planner/core/calibration_bandwidth.py);
@@ -48,9 +51,10 @@ __all__ = ["FORMAT", "INTER_SITE", "INTRA_SITE", "BandwidthFit", "BandwidthObser
            "Calibration", "Factor", "Observation", "class_gbps", "classed_bandwidth", "fit",
            "fit_bandwidth", "gpu_key", "link_class", "site_class"]
 
-FORMAT = "hulk-calibration/4"
-# Formats read as they are; a /3 file has no step overhead, which reads at its prior (0 s).
-READABLE_FORMATS = (FORMAT, "hulk-calibration/3")
+FORMAT = "hulk-calibration/5"
+# Formats read as they are; a /4 file has no outer-sync factor and a /3 file no step overhead
+# either: each reads at its prior (1, 0 s).
+READABLE_FORMATS = (FORMAT, "hulk-calibration/4", "hulk-calibration/3")
 MAX_NAME_CHARS = 255        # a GPU, class or job name in a calibration file
 MAX_RUNS = 2 ** 31 - 1
 # Formats whose bandwidth factors multiplied the RTT formula: no Gbit/s figure follows from them.
@@ -64,12 +68,15 @@ SEPARABLE = 1e-2
 
 @dataclass(frozen=True)
 class Observation:
-    """One placed job's measured iteration time on the network it ran on."""
+    """One placed job's measured iteration time on the network it ran on: wall seconds per step,
+    outer syncs included, or with ``median_step`` the median over its steps, which a DiLoCo job's
+    outer syncs (every H > 2 steps) do not reach (costmodel.Estimate.median_step_s)."""
 
     placement: Placement
     net: Network
     measured_iteration_s: float
     name: str
+    median_step: bool = False
 
 
 
@@ -92,12 +99,13 @@ def _factor_value(factors: Mapping[str, Factor], key: str, default: float = 1.0)
 
 
 def _applied(net: Network, thr_scale: np.ndarray, bw: np.ndarray, communication: float,
-             hop_s: float, micro_batch_s: float, step_s: float = 0.0) -> Network:
+             hop_s: float, micro_batch_s: float, step_s: float = 0.0,
+             outer: float = 1.0) -> Network:
     out = copy.copy(net)
     out.thr = net.thr * thr_scale
     out.bw = bw / communication if communication != 1.0 else bw
     out.hop_overhead_s, out.micro_batch_overhead_s = float(hop_s), float(micro_batch_s)
-    out.step_overhead_s = float(step_s)
+    out.step_overhead_s, out.outer_sync_factor = float(step_s), float(outer)
     return out
 
 
@@ -114,6 +122,7 @@ class Calibration:
     outliers: tuple[str, ...] = ()
     bandwidth_exponent: Factor = Factor.prior(0.0)    # the class figures' shape, in [0, 1]
     step_overhead_s: Factor = Factor.prior(0.0)
+    outer_sync: Factor = Factor.prior(1.0)
 
     def apply(self, net: Network) -> Network:
         """A new Network with this calibration's factors; ``net`` is left as it is."""
@@ -122,14 +131,14 @@ class Calibration:
                                                   float(self.bandwidth_exponent.value)),
                         float(self.communication.value), float(self.hop_overhead_s.value),
                         float(self.micro_batch_overhead_s.value),
-                        float(self.step_overhead_s.value))
+                        float(self.step_overhead_s.value), float(self.outer_sync.value))
 
     @property
     def identity(self) -> bool:
         """True when applying it changes no number (every factor at its prior)."""
         return (all(f.value == 1.0 for f in self.compute.values())
                 and not any(f.fitted for f in self.bandwidth.values())
-                and self.communication.value == 1.0
+                and self.communication.value == self.outer_sync.value == 1.0
                 and self.hop_overhead_s.value == self.micro_batch_overhead_s.value
                 == self.step_overhead_s.value == 0.0)
 
@@ -142,6 +151,7 @@ class Calibration:
                 "micro_batch_overhead_s": _factor_json(self.micro_batch_overhead_s),
                 "step_overhead_s": _factor_json(self.step_overhead_s),
                 "communication": _factor_json(self.communication),
+                "outer_sync": _factor_json(self.outer_sync),
                 "outliers": list(self.outliers)}
 
     @classmethod
@@ -172,14 +182,17 @@ class Calibration:
                 isinstance(o, str) and len(o) <= MAX_NAME_CHARS for o in outliers):
             raise InputError(f"expected a list of names of at most {MAX_NAME_CHARS} characters",
                              path=where, field="outliers")
-        # The micro-batch overhead may be absent, and a /3 file's step overhead is: each then
-        # reads at its prior.
-        zero = _factor_json(Factor.prior(0.0))
+        # The micro-batch overhead may be absent, as a /3 file's step overhead is and a /3 or
+        # /4 file's outer-sync factor: each then reads at its prior.
+        zero, one = _factor_json(Factor.prior(0.0)), _factor_json(Factor.prior(1.0))
+        older = data["format"] != FORMAT
         single = {name: _factor_from(data.get(name, default), where, name, positive=positive)
                   for name, default, positive in (
                       ("hop_overhead_s", None, False), ("communication", None, True),
                       ("micro_batch_overhead_s", zero, False),
-                      ("step_overhead_s", None if data["format"] == FORMAT else zero, False))}
+                      ("step_overhead_s", zero if data["format"] == "hulk-calibration/3" else None,
+                       False),
+                      ("outer_sync", one if older else None, True))}
         exponent = _factor_from(data.get("bandwidth_exponent"), where, "bandwidth_exponent",
                                 positive=False)
         if exponent.high > 1.0:
@@ -233,6 +246,8 @@ class _Prepared:
     communicates: bool        # has hops or an all-reduce
     slots: int                # K + M - 1: micro-batch computations on the pipeline's path
     samples: int              # M b: samples each replica computes per iteration
+    outer: bool               # measured with outer syncs among two or more islands
+    median_step: bool         # the measurement is a median step (Observation.median_step)
 
 
 def _prepare(o: Observation, bandwidth: Mapping[str, Factor], exponent: float) -> _Prepared:
@@ -244,42 +259,47 @@ def _prepare(o: Observation, bandwidth: Mapping[str, Factor], exponent: float) -
     placement = replace(o.placement, stages=stages)
     k, d = placement.num_stages, placement.replicas
     m = micro_batches(placement.job, d, placement.micro_batch)
+    islands = len(placement.island_columns()) if placement.outer is not None else 1
+    # A median step of a job syncing every H > 2 steps holds no outer sync.
+    outer = islands > 1 and not (o.median_step and placement.outer.inner_steps > 2)
     return _Prepared(o.name, placement, net, classed_bandwidth(net, bandwidth, exponent),
                      [gpu_key(n) for n in net.nodes], math.log(o.measured_iteration_s),
                      k > 1, k > 1 or d > 1,
-                     k + m - 1, m * placement.micro_batch)
+                     k + m - 1, m * placement.micro_batch, outer, o.median_step)
 
 
 class _Model:
     """Parameters of one fit: log compute factors of ``gpus``, then, each when asked for, the
-    hop, micro-batch and step overheads (seconds, at ``seconds``) and the log communication
-    factor."""
+    hop, micro-batch and step overheads (seconds, at ``seconds``), the log communication factor
+    and the log outer-sync factor."""
 
     def __init__(self, gpus: list[str], hop: bool, micro_batch: bool, comm: bool,
-                 step: bool = False):
+                 step: bool = False, outer: bool = False):
         self.gpus, self.hop, self.micro_batch, self.comm = gpus, hop, micro_batch, comm
-        self.step = step
+        self.step, self.outer = step, outer
         n_seconds = int(hop) + int(micro_batch) + int(step)
-        self.size = len(gpus) + n_seconds + int(comm)
+        self.size = len(gpus) + n_seconds + int(comm) + int(outer)
         self.seconds = list(range(len(gpus), len(gpus) + n_seconds))
 
-    def unpack(self, x: np.ndarray) -> tuple[dict[str, float], float, float, float, float]:
-        """(compute factors, hop s, micro-batch s, communication factor, step s)."""
+    def unpack(self, x: np.ndarray) -> tuple[dict[str, float], float, float, float, float, float]:
+        """(compute factors, hop s, micro-batch s, communication factor, step s, outer factor)."""
         compute = {g: math.exp(float(v)) for g, v in zip(self.gpus, x)}
         rest = iter(x[len(self.gpus):])
         hop = float(next(rest)) if self.hop else 0.0
         micro_batch = float(next(rest)) if self.micro_batch else 0.0
         step = float(next(rest)) if self.step else 0.0
         comm = math.exp(float(next(rest))) if self.comm else 1.0
-        return compute, hop, micro_batch, comm, step
+        outer = math.exp(float(next(rest))) if self.outer else 1.0
+        return compute, hop, micro_batch, comm, step, outer
 
     def residuals(self, x: np.ndarray, obs: Sequence[_Prepared]) -> np.ndarray:
-        compute, hop, micro_batch, comm, step = self.unpack(x)
+        compute, hop, micro_batch, comm, step, outer = self.unpack(x)
         out = np.empty(len(obs))
         for i, o in enumerate(obs):
             scale = np.array([compute.get(k, 1.0) for k in o.keys])
-            net = _applied(o.net, scale, o.bw, comm, hop, micro_batch, step)
-            est = estimate(o.placement, net).iteration_s
+            net = _applied(o.net, scale, o.bw, comm, hop, micro_batch, step, outer)
+            priced = estimate(o.placement, net)
+            est = priced.median_step_s if o.median_step else priced.iteration_s
             out[i] = math.log(est) - o.log_measured if 0 < est < math.inf else 10.0
         return out
 
@@ -289,10 +309,12 @@ class _Model:
         return low, high
 
 
-def _evidence(obs: Sequence[_Prepared]) -> tuple[dict[str, int], int, int, int]:
-    """Runs touching each GPU model; with hops; with K + M > 2; that communicate."""
+def _evidence(obs: Sequence[_Prepared]) -> tuple[dict[str, int], int, int, int, int]:
+    """Runs touching each GPU model; with hops; with K + M > 2; that communicate; that
+    measured outer syncs."""
     return (dict(Counter(k for o in obs for k in set(o.keys))), sum(o.hops for o in obs),
-            sum(o.slots > 1 for o in obs), sum(o.communicates for o in obs))
+            sum(o.slots > 1 for o in obs), sum(o.communicates for o in obs),
+            sum(o.outer for o in obs))
 
 
 def _solve(model: _Model, obs: Sequence[_Prepared], x0: np.ndarray, hop_max: float) -> np.ndarray:
@@ -383,14 +405,18 @@ def _separable(model: _Model, obs: Sequence[_Prepared], hop_max: float, j: int) 
 
 def fit(observations: Sequence[Observation], *, bandwidth: Mapping[str, Factor] = {},
         bandwidth_exponent: Factor = Factor.prior(0.0), min_runs: int = 3, seed: int = 0,
-        resamples: int = 200, communication: bool = True) -> Calibration:
+        resamples: int = 200, communication: bool = True,
+        min_outer_runs: int | None = None) -> Calibration:
     """Compute factors per GPU model, the hop, micro-batch and step overheads and the
     communication factor making estimate(placement, cal.apply(net)) match the measured iteration
     times (robust least squares in log space; ``bandwidth`` and its exponent, fitted by
     :func:`fit_bandwidth`, held fixed; ``communication`` False holds that factor at 1 too, for
     runs whose links throughput tests just measured). Runs with no positive finite
     measurement or estimate, or a residual past 3 scaled MADs, are named in ``outliers``; a
-    factor fewer than ``min_runs`` kept runs touch keeps its prior; intervals: seeded bootstrap."""
+    factor fewer than ``min_runs`` kept runs touch keeps its prior (the outer-sync factor: fewer
+    than ``min_outer_runs`` runs that measured outer syncs, default ``min_runs``); intervals:
+    seeded bootstrap."""
+    min_outer = min_runs if min_outer_runs is None else min_outer_runs
     bandwidth = dict(bandwidth)
     outliers: list[str] = []
     kept: list[_Prepared] = []
@@ -405,7 +431,7 @@ def fit(observations: Sequence[Observation], *, bandwidth: Mapping[str, Factor] 
     hop_max = max((math.exp(o.log_measured) for o in kept), default=1.0)
 
     def model_for(obs: Sequence[_Prepared]) -> _Model:
-        gpus, hops, micro, comms = _evidence(obs)
+        gpus, hops, micro, comms, outers = _evidence(obs)
         # Only runs of different K + M - 1 for the same work per replica (M b samples) tell a
         # per-micro-batch cost from slower compute; only runs of different work, a per-iteration
         # one.
@@ -416,9 +442,10 @@ def fit(observations: Sequence[Observation], *, bandwidth: Mapping[str, Factor] 
         worked = len(slots_by_work) > 1
         model = _Model(sorted(g for g, n in gpus.items() if n >= min_runs), hops >= min_runs,
                        micro >= min_runs and varied, communication and comms >= min_runs,
-                       step=len(obs) >= min_runs and worked)
+                       step=len(obs) >= min_runs and worked, outer=outers >= min_outer)
         if model.step and not _separable(model, obs, hop_max, model.seconds[-1]):
-            model = _Model(model.gpus, model.hop, model.micro_batch, model.comm)
+            model = _Model(model.gpus, model.hop, model.micro_batch, model.comm,
+                           outer=model.outer)
         return model
 
     model = model_for(kept)
@@ -440,14 +467,16 @@ def fit(observations: Sequence[Observation], *, bandwidth: Mapping[str, Factor] 
 def _calibration(model: _Model, x: np.ndarray, boot: list[np.ndarray], kept: list[_Prepared],
                  bandwidth: dict[str, Factor], exponent: Factor,
                  outliers: list[str], identified: np.ndarray) -> Calibration:
-    gpus, hops, micro, comms = _evidence(kept)
-    compute, hop, micro_batch, comm, step = model.unpack(x)
+    gpus, hops, micro, comms, outers = _evidence(kept)
+    compute, hop, micro_batch, comm, step, outer = model.unpack(x)
     draws = [model.unpack(b) for b in boot]
-    # Parameter order: model.gpus, then hop, micro-batch, step and communication where fitted.
+    # Parameter order: model.gpus, then hop, micro-batch, step, communication and outer where
+    # fitted.
     pinned = dict(zip([*model.gpus, *(["hop"] if model.hop else []),
                        *(["micro"] if model.micro_batch else []),
                        *(["step"] if model.step else []),
-                       *(["comm"] if model.comm else [])], identified.tolist()))
+                       *(["comm"] if model.comm else []),
+                       *(["outer"] if model.outer else [])], identified.tolist()))
 
     def one(on: bool, value: float, samples: list[float], runs: int, prior: float) -> Factor:
         return (Factor(value, *_interval(samples, value), runs=runs, fitted=True) if on
@@ -465,4 +494,6 @@ def _calibration(model: _Model, x: np.ndarray, boot: list[np.ndarray], kept: lis
                                          [d[3] for d in draws], comms, 1.0),
                        outliers=tuple(outliers), bandwidth_exponent=exponent,
                        step_overhead_s=one(pinned.get("step", False), step,
-                                           [d[4] for d in draws], len(kept), 0.0))
+                                           [d[4] for d in draws], len(kept), 0.0),
+                       outer_sync=one(pinned.get("outer", False), outer,
+                                      [d[5] for d in draws], outers, 1.0))

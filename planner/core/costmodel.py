@@ -105,6 +105,15 @@ class Estimate:
     memory_ok: bool
     peak_memory_fraction: float  # worst node's need / its memory
     outer_sync_s: float = 0.0  # one outer all-reduce of a low-communication job (section 9)
+    inner_step_s: float = 0.0  # its step without the outer sync (0: a sync: step placement)
+    inner_steps: int = 1       # H: its steps per outer sync
+
+    @property
+    def median_step_s(self) -> float:
+        """The step time a median over a run's steps measures: the inner step of a
+        low-communication job with H > 2 (only every H-th step pays the outer sync), else the
+        iteration (with H = 2 the median of alternating short and long steps is their mean)."""
+        return self.inner_step_s if self.inner_steps > 2 else self.iteration_s
 
     @property
     def feasible(self) -> bool:

@@ -77,8 +77,10 @@ def island_broadcast_s(placement: Placement, net: Network) -> float:
 
 
 def outer_sync_s(placement: Placement, net: Network) -> float:
-    """T_outer: the exchange among island leaders, then the broadcast within the islands."""
-    return outer_exchange_s(placement, net) + island_broadcast_s(placement, net)
+    """T_outer: the exchange among island leaders, then the broadcast within the islands, times
+    the network's ``outer_sync_factor`` (1 in the reference model; section 8)."""
+    priced = outer_exchange_s(placement, net) + island_broadcast_s(placement, net)
+    return priced * net.outer_sync_factor if net.outer_sync_factor != 1.0 else priced
 
 
 def exposed_outer_s(outer_s: float, inner_step_s: float, inner_steps: int,
@@ -142,4 +144,6 @@ def estimate_outer(placement: Placement, net: Network) -> Estimate:
         memory_ok=fraction <= 1.0,
         peak_memory_fraction=fraction,
         outer_sync_s=outer_s,
+        inner_step_s=inner,
+        inner_steps=h,
     )

@@ -235,7 +235,9 @@ class Network:
     ``hop_overhead_s``: seconds every pipeline hop adds; ``micro_batch_overhead_s``: seconds
     every stage adds per micro-batch (kernel launches, framework work); ``step_overhead_s``:
     seconds every replica adds once per iteration (optimizer step, per-step framework work). All
-    0 in the reference model; a calibrated network sets them (planner/core/calibration.py).
+    0 in the reference model; a calibrated network sets them (planner/core/calibration.py), and
+    ``outer_sync_factor``, what a DiLoCo job's outer sync takes against its price (1 in the
+    reference model).
     """
 
     nodes: tuple[Node, ...]
@@ -245,6 +247,7 @@ class Network:
     hop_overhead_s: float = 0.0
     micro_batch_overhead_s: float = 0.0
     step_overhead_s: float = 0.0
+    outer_sync_factor: float = 1.0
     thr: np.ndarray = field(init=False)   # FLOP/s per node
     mem: np.ndarray = field(init=False)   # bytes per node
     index: dict[str, int] = field(init=False)
@@ -277,7 +280,8 @@ class Network:
         out = Network(tuple(self.nodes[i] for i in keep), self.rtt_ms[grid], self.bw[grid],
                       self.imputed[grid], hop_overhead_s=self.hop_overhead_s,
                       micro_batch_overhead_s=self.micro_batch_overhead_s,
-                      step_overhead_s=self.step_overhead_s)
+                      step_overhead_s=self.step_overhead_s,
+                      outer_sync_factor=self.outer_sync_factor)
         out.thr, out.mem = self.thr[keep], self.mem[keep]
         return out
 

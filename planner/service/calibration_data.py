@@ -1,7 +1,8 @@
 """What the store measured, as the calibration's observations (planner/core/calibration.py).
 
 - Each job whose placement reported step times (``Store.job_iterations``) is an
-  :class:`Observation`: its placement on the store's network, its slowest rank's median step.
+  :class:`Observation`: its placement on the store's network, its slowest rank's median step
+  (of a DiLoCo job syncing every H > 2 steps, an inner step: it says nothing of the outer sync).
   The placement is the stages its job record kept (``jobs.stages_json``). Records placed before
   the store kept stages have only the nodes in stage-major order, the spec and the plan's
   estimate: for those the stages are rebuilt by trying each stage count that divides the nodes
@@ -110,7 +111,9 @@ def observations(iterations: Sequence[JobIteration], net: Network, *,
                 skipped.append(f"{name}: its stages cannot be rebuilt from its nodes and the "
                                "plan's estimate")
                 continue
-        out.append(Observation(placement, net, float(it.measured_iteration_s), name))
+        # A rank reports its median step: for a DiLoCo job, its inner step (Observation).
+        out.append(Observation(placement, net, float(it.measured_iteration_s), name,
+                               median_step=True))
     return out, skipped
 
 
@@ -162,4 +165,4 @@ def has_evidence(cal: Calibration) -> bool:
     return any(f.fitted for f in (*cal.compute.values(), *cal.bandwidth.values(),
                                   cal.hop_overhead_s, cal.micro_batch_overhead_s,
                                   cal.step_overhead_s,
-                                  cal.communication))
+                                  cal.communication, cal.outer_sync))

@@ -39,17 +39,19 @@ def fitted_only(cal: Calibration) -> Calibration:
                    hop_overhead_s=kept(cal.hop_overhead_s, 0.0),
                    micro_batch_overhead_s=kept(cal.micro_batch_overhead_s, 0.0),
                    step_overhead_s=kept(cal.step_overhead_s, 0.0),
-                   communication=kept(cal.communication, 1.0))
+                   communication=kept(cal.communication, 1.0),
+                   outer_sync=kept(cal.outer_sync, 1.0))
 
 
 def factors(cal: Calibration) -> dict[str, float]:
     """The factors the ``hulk_calibration_factor`` gauge exports, by label: ``compute:<gpu>``,
-    ``hop_overhead_s``, ``micro_batch_overhead_s``, ``step_overhead_s``, ``communication``."""
+    ``hop_overhead_s``, ``micro_batch_overhead_s``, ``step_overhead_s``, ``communication``,
+    ``outer_sync``."""
     out = {f"compute:{k}": f.value for k, f in sorted(cal.compute.items())}
     out.update(hop_overhead_s=cal.hop_overhead_s.value,
                micro_batch_overhead_s=cal.micro_batch_overhead_s.value,
                step_overhead_s=cal.step_overhead_s.value,
-               communication=cal.communication.value)
+               communication=cal.communication.value, outer_sync=cal.outer_sync.value)
     return out
 
 
@@ -78,6 +80,8 @@ def describe(cal: Calibration) -> str:
         shown.append(f"step overhead {cal.step_overhead_s.value * 1000:.3g} ms")
     if cal.communication.fitted:
         shown.append(f"communication {cal.communication.value:.3g}x")
+    if cal.outer_sync.fitted:
+        shown.append(f"outer sync {cal.outer_sync.value:.3g}x")
     return ", ".join(shown) if shown else "no factor fitted yet (the reference model)"
 
 

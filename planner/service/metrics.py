@@ -395,8 +395,8 @@ class PlannerMetrics(ServeEvents):
                                  "model serve plans with: compute:<gpu> (multiplier), "
                                  "hop_overhead_s, micro_batch_overhead_s and "
                                  "step_overhead_s (seconds), communication (divisor of "
-                                 "bandwidths); 1, 0, 0, 0 and 1 when "
-                                 "not fitted", ["factor"],
+                                 "bandwidths), outer_sync (multiplier of a DiLoCo job's outer "
+                                 "sync); 1, 0, 0, 0, 1 and 1 when not fitted", ["factor"],
                                  registry=r)
         self.link_refits = Counter("hulk_link_model_refits", "Refits of the link model that "
                                    "predicts unmeasured site pairs: switched (the new fit is in "

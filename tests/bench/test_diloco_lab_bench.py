@@ -72,14 +72,19 @@ def test_the_throughput_fitted_on_one_run_reproduces_that_run():
 
 
 def test_figures_average_the_replicas_and_count_outer_steps():
-    def node(replica, steps, loss, outer=""):
-        return NodeRun(f"h{replica}", replica, 0, replica, 0, outer, step_s=steps, loss=loss)
+    def node(replica, steps, loss, end, outer=""):
+        return NodeRun(f"h{replica}", replica, 0, replica, 0, outer, step_s=steps, loss=loss,
+                       end_s=end)
 
-    run = JobRun([node(0, [9.0, 1.0, 1.0, 3.0], [4.0, 3.0, 2.0, 1.0], "step 4/4 stage 0 replica 0 time 3.000s loss 1.0 outer 1 2.000s"),
-                  node(1, [9.0, 1.0, 2.0, 1.0], [2.0, 1.0, 2.0, 3.0])])
+    # Node 1 is slower in step 3; node 0 waits for it in its outer step 4, which the per-step
+    # maximum counts again (1 + 2 + 3) where the wall clock does not (9 -> 14: 5 s, 3 steps).
+    run = JobRun([node(0, [9.0, 1.0, 1.0, 3.0], [4.0, 3.0, 2.0, 1.0], [9.0, 10.0, 11.0, 14.0],
+                       "step 4/4 stage 0 replica 0 time 3.000s loss 1.0 outer 1 2.000s"),
+                  node(1, [9.0, 1.0, 2.0, 1.0], [2.0, 1.0, 2.0, 3.0], [9.0, 10.0, 12.0, 13.9])])
     f = B.figures(run, skip=1)
-    assert f["iteration_s"] == pytest.approx(2.0)             # mean of 1, 2, 3
-    assert f["tokens_per_s"] == pytest.approx(B.GLOBAL_BATCH * B.SEQ_LEN / 2.0)
+    assert f["iteration_s"] == pytest.approx(5.0 / 3)
+    assert f["step_max_mean_s"] == pytest.approx(2.0)         # mean of 1, 2, 3
+    assert f["tokens_per_s"] == pytest.approx(B.GLOBAL_BATCH * B.SEQ_LEN / (5.0 / 3))
     assert f["loss"] == [3.0, 2.0, 2.0, 2.0] and f["final_loss"] == 2.0
     assert f["outer_syncs"] == 1 and f["outer_sync_s"] == [2.0]
 
@@ -121,11 +126,11 @@ def test_the_calibration_runs_recover_a_step_overhead_none_of_them_the_diloco_ru
     truth = Calibration(compute={"lab-cpu-30": Factor.prior(1.3)},
                         step_overhead_s=Factor.prior(0.19))
     runs = [{"iteration_s": estimate(p, truth.apply(net)).iteration_s} for p in placements]
-    cal = B.calibrated(step_p, net, runs)
+    cal = B.calibrated(placements, net, runs)
     # The step placement's runs alone, their all-reduce the same at every batch: communication
     # held at 1, else it could stand in for the step overhead.
     assert cal.step_overhead_s.fitted and not cal.communication.fitted
-    one_host = B.calibrated(step_p, net, runs, one_host=True)
+    one_host = B.calibrated(placements, net, runs, one_host=True)
     assert one_host.step_overhead_s.value == pytest.approx(0.19, rel=0.02)
     assert cal.step_overhead_s.value == pytest.approx(0.19, rel=0.02)
     assert cal.compute["lab-cpu-30"].value == pytest.approx(1.3, rel=0.02)
@@ -150,12 +155,45 @@ def test_a_calibration_run_over_the_slow_link_fits_the_communication_factor():
     truth = Calibration(compute={"lab-cpu-30": Factor.prior(1.3)},
                         step_overhead_s=Factor.prior(0.09), communication=Factor.prior(2.0))
     runs = [{"iteration_s": estimate(p, truth.apply(net)).iteration_s} for p in placements]
-    cal = B.calibrated(step_p, net, runs)
+    cal = B.calibrated(placements, net, runs)
     assert cal.communication.fitted and cal.communication.value == pytest.approx(2.0, rel=0.02)
     assert cal.step_overhead_s.value == pytest.approx(0.09, rel=0.05)
     dil = B.diloco_placement(job, net, 20, "int8", 1)
     assert estimate(dil, cal.apply(net)).iteration_s == pytest.approx(
         estimate(dil, truth.apply(net)).iteration_s, rel=0.01)
     # Without the run over the slow link the factor cannot be told apart: held at 1.
-    alone = B.calibrated(step_p, net, runs[:len(B.STEP_BATCHES) + len(B.ONE_HOST_BATCHES)])
+    alone = B.calibrated(placements[:-1], net, runs[:-1])
     assert not alone.communication.fitted
+
+
+def test_diloco_calibration_runs_fit_the_outer_sync_factor():
+    """The judged placement at small H prices its outer sync: an outer sync taking 1.7x its
+    price (both directions of the slow link at once, quantisation under the quota), which no
+    step run shows, is recovered, and with it the judged run at H = 20."""
+    from planner.core.calibration import Calibration, Factor
+
+    job = B.the_job(40)
+    net = B.lab_network(job, GBPS)
+    step_p = B.Placement(job, (B.Stage(0, B.LAYERS, (net.index["west-1"], net.index["west-2"])),), 1)
+    dil = B.diloco_placement(job, net, 20, "int8", 1)
+    placements = B.calibration_placements(step_p, net, dil_p=dil)
+    outer = [p for p in placements if p.outer is not None]
+    assert [p.outer.inner_steps for p in outer] == list(B.DILOCO_CALIBRATION_H)
+    assert all(p.job.steps == p.outer.inner_steps * (1 + B.DILOCO_CALIBRATION_ROUNDS)
+               and B.warmup_steps(p) == p.outer.inner_steps and p.islands == dil.islands
+               for p in outer)
+    truth = Calibration(compute={"lab-cpu-30": Factor.prior(1.2)},
+                        step_overhead_s=Factor.prior(0.09), communication=Factor.prior(1.07),
+                        outer_sync=Factor.prior(1.7))
+    runs = [{"iteration_s": estimate(p, truth.apply(net)).iteration_s} for p in placements]
+    cal = B.calibrated(placements, net, runs)
+    assert cal.outer_sync.fitted and cal.outer_sync.runs == len(outer)
+    assert cal.outer_sync.value == pytest.approx(1.7, rel=0.02)
+    assert estimate(dil, cal.apply(net)).iteration_s == pytest.approx(
+        estimate(dil, truth.apply(net)).iteration_s, rel=0.01)
+    # Without them the factor stays at its prior, and the judged run is priced under.
+    without = B.calibrated(placements, net, runs, outer_runs=False)
+    assert not without.outer_sync.fitted and without.outer_sync.value == 1.0
+    assert estimate(dil, without.apply(net)).iteration_s < 0.95 * estimate(
+        dil, truth.apply(net)).iteration_s
+    assert B.calibration_json(cal)["outer_sync"]["value"] == cal.outer_sync.value

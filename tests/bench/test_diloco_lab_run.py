@@ -45,7 +45,12 @@ def test_the_quick_benchmark_trains_both_and_writes_its_figures(lab_available, t
     assert result["tokens_per_s_ratio_vs_step_every_host"] > result["tokens_per_s_ratio"]
     assert set(result["estimates"]["calibrated"]) == {"step", "diloco", "step_every_host"}
     # The calibration run over the slow link lets the fit tell communication apart.
-    wide_cal = result["calibration"]["runs"][-1]
-    assert len(wide_cal["placement"]["stages"][0]["hosts"]) == 4
+    [wide_cal] = [r for r in result["calibration"]["runs"]
+                  if r["placement"]["outer"] is None and len(r["placement"]["stages"][0]["hosts"]) == 4]
     assert wide_cal["steps"] == B.QUICK_CALIBRATION_EVERY_HOST_STEPS
     assert result["calibration"]["fitted"]["communication"]["fitted"]
+    # The DiLoCo runs at small H price the outer sync.
+    outer_cal = [r for r in result["calibration"]["runs"] if r["placement"]["outer"]]
+    assert [r["placement"]["outer"]["inner_steps"] for r in outer_cal] == list(B.QUICK_DILOCO_CALIBRATION_H)
+    assert result["calibration"]["fitted"]["outer_sync"]["fitted"]
+    assert "calibrated_without_diloco_runs" in result["estimates"]

@@ -25,6 +25,12 @@ def test_two_stages_on_loopback_train():
     run = run_placement([["a"], ["b"]], steps=4, layers=4)
     assert_learns(run)
     assert [(n.stage, n.replica) for n in run.nodes] == [(0, 0), (1, 0)]
+    # Every step ends with the node's wall clock: increasing, one per step, and the job's pace
+    # from them is about its steps' own times (the two only differ by untimed work between steps).
+    for n in run.nodes:
+        assert len(n.end_s) == 4 and n.end_s == sorted(n.end_s)
+    wall, per_step = run.wall_iteration_s(1), run.mean_iteration_s(1)
+    assert per_step * 0.8 <= wall <= per_step + 0.5
 
 
 def test_two_stages_two_replicas_with_ranks_out_of_stage_order():

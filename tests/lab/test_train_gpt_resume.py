@@ -22,7 +22,7 @@ from lab.train import EXAMPLE, free_port, split_layers
 pytestmark = pytest.mark.process
 
 REPO = Path(__file__).resolve().parents[2]
-STEP = re.compile(r"^step (\d+)/\d+ stage (\d+) replica (\d+) time [0-9.]+s(?: loss (\S+))?$", re.M)
+STEP = re.compile(r"^step (\d+)/\d+ stage (\d+) replica (\d+) time [0-9.]+s(?: loss (\S+))?(?: at [0-9.]+)?$", re.M)
 RESUMED = re.compile(r"^resumed from step (\d+) \(restart (\d+)\)", re.M)
 
 

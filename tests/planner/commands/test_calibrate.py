@@ -86,6 +86,8 @@ def test_store_adapter_rebuilds_every_placement(store_path):
         data = calibration_data(store)
     assert data.skipped == [] and len(data.observations) == 10
     assert data.bandwidth == []     # no throughput test ran
+    # Ranks report their median step: a DiLoCo job's would be its inner step.
+    assert all(o.median_step for o in data.observations)
 
 
 def test_calibrate_prints_factors_and_writes_json(store_path, tmp_path, capsys):
@@ -93,7 +95,7 @@ def test_calibrate_prints_factors_and_writes_json(store_path, tmp_path, capsys):
     code, out, _ = run(capsys, "calibrate", "--db", store_path, "--out", out_file)
     assert code == 0
     assert "compute A100" in out and "hop overhead" in out and "communication" in out
-    assert "micro-batch overhead" in out and "bandwidth exponent" in out
+    assert "micro-batch overhead" in out and "bandwidth exponent" in out and "outer sync" in out
     assert "fitted" in out and f"calibration written to {out_file}" in out
     cal = Calibration.from_json(json.loads(out_file.read_text()), str(out_file))
     assert cal.compute["A100"].value == pytest.approx(0.55, rel=0.05)

@@ -111,16 +111,18 @@ def test_step_overhead_json_round_trip_and_old_format():
     truth = Calibration(compute={"A100": Factor.prior(0.7)}, step_overhead_s=Factor.prior(STEP_S))
     cal = fit(one_host_runs([4, 8, 4, 8], truth), seed=0)
     data = json.loads(json.dumps(cal.to_json()))
-    assert data["format"] == FORMAT == "hulk-calibration/4"
+    assert data["format"] == FORMAT == "hulk-calibration/5"
     assert Calibration.from_json(data, "cal.json") == cal
-    # A hulk-calibration/3 file has no step overhead: it reads at its prior, 0 s.
+    # A hulk-calibration/3 file has no step overhead (nor outer-sync factor): it reads at its
+    # prior, 0 s.
     old = copy.deepcopy(data)
     old["format"] = "hulk-calibration/3"
     old.pop("step_overhead_s")
+    old.pop("outer_sync")
     read = Calibration.from_json(old, "cal.json")
     assert read == replace(cal, step_overhead_s=Factor.prior(0.0))
     assert read.apply(lab_net()).step_overhead_s == 0.0
-    # A /4 file must carry it.
+    # A /4 or /5 file must carry it.
     data.pop("step_overhead_s")
     with pytest.raises(InputError) as err:
         Calibration.from_json(data, "cal.json")
