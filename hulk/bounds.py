@@ -72,8 +72,9 @@ JOB_NAME = Text(64, "letters, digits, '.', '_', '-'; not '.' or '..'", 1)
 _PROGRESS_UNITS = {"steps": "steps", "total_steps": "steps (0: unknown)",
                    "iteration_s": "seconds", "iteration_p90_s": "seconds",
                    "compute_s": "seconds", "communication_s": "seconds",
-                   "samples": "steps", "updated_ms": "unix milliseconds"}
-_PROGRESS_INTEGERS = frozenset({"steps", "total_steps", "samples", "updated_ms"})
+                   "samples": "steps", "updated_ms": "unix milliseconds",
+                   "wall_iteration_s": "seconds (0: unknown)", "wall_steps": "steps"}
+_PROGRESS_INTEGERS = frozenset({"steps", "total_steps", "samples", "updated_ms", "wall_steps"})
 
 STEP_PROGRESS = Table("StepProgress", "wire record", "hulk/wire/progress.py", tuple(
     (name, Bound(0, high, _PROGRESS_UNITS[name], integer=name in _PROGRESS_INTEGERS))

@@ -232,7 +232,7 @@ class LaunchStatus(_message.Message):
     def __init__(self, plan_id: _Optional[str] = ..., job: _Optional[str] = ..., state: _Optional[_Union[LaunchState, str]] = ..., exit_code: _Optional[int] = ..., detail: _Optional[str] = ..., changed_at_ms: _Optional[int] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ...) -> None: ...
 
 class StepProgress(_message.Message):
-    __slots__ = ("steps", "total_steps", "iteration_s", "iteration_p90_s", "compute_s", "communication_s", "samples", "updated_ms")
+    __slots__ = ("steps", "total_steps", "iteration_s", "iteration_p90_s", "compute_s", "communication_s", "samples", "updated_ms", "wall_iteration_s", "wall_steps")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     ITERATION_S_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +241,8 @@ class StepProgress(_message.Message):
     COMMUNICATION_S_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     UPDATED_MS_FIELD_NUMBER: _ClassVar[int]
+    WALL_ITERATION_S_FIELD_NUMBER: _ClassVar[int]
+    WALL_STEPS_FIELD_NUMBER: _ClassVar[int]
     steps: int
     total_steps: int
     iteration_s: float
@@ -249,7 +251,9 @@ class StepProgress(_message.Message):
     communication_s: float
     samples: int
     updated_ms: int
-    def __init__(self, steps: _Optional[int] = ..., total_steps: _Optional[int] = ..., iteration_s: _Optional[float] = ..., iteration_p90_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., communication_s: _Optional[float] = ..., samples: _Optional[int] = ..., updated_ms: _Optional[int] = ...) -> None: ...
+    wall_iteration_s: float
+    wall_steps: int
+    def __init__(self, steps: _Optional[int] = ..., total_steps: _Optional[int] = ..., iteration_s: _Optional[float] = ..., iteration_p90_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., communication_s: _Optional[float] = ..., samples: _Optional[int] = ..., updated_ms: _Optional[int] = ..., wall_iteration_s: _Optional[float] = ..., wall_steps: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "time_ms", "spool_depth", "spool_dropped", "launch")

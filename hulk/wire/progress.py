@@ -26,6 +26,7 @@ BOUNDS: dict[str, float] = {
     "steps": MAX_STEPS, "total_steps": MAX_STEPS, "iteration_s": MAX_STEP_S,
     "iteration_p90_s": MAX_STEP_S, "compute_s": MAX_STEP_S, "communication_s": MAX_STEP_S,
     "samples": MAX_SAMPLES, "updated_ms": MAX_UPDATED_MS,
+    "wall_iteration_s": MAX_STEP_S, "wall_steps": MAX_STEPS,
 }
 
 
@@ -41,6 +42,10 @@ class StepProgress:
     communication_s: float = 0.0   # median, 0 if unknown
     samples: int = 0               # steps the medians are over
     updated_ms: int = 0            # unix ms of the newest line read
+    # Wall seconds a step from the run's first timed step after warm-up to its newest, outer
+    # syncs included (a DiLoCo job's median step is an inner step); 0: unknown.
+    wall_iteration_s: float = 0.0
+    wall_steps: int = 0            # steps behind wall_iteration_s
 
     def check(self, where: str = "progress") -> StepProgress:
         """This record, or InputError naming ``where.field`` for a value that cannot be true."""
@@ -59,7 +64,8 @@ class StepProgress:
             steps=self.steps, total_steps=self.total_steps, iteration_s=self.iteration_s,
             iteration_p90_s=self.iteration_p90_s, compute_s=self.compute_s,
             communication_s=self.communication_s, samples=self.samples,
-            updated_ms=self.updated_ms)
+            updated_ms=self.updated_ms, wall_iteration_s=self.wall_iteration_s,
+            wall_steps=self.wall_steps)
 
     @classmethod
     def from_proto(cls, msg: hulk_pb2.StepProgress, where: str = "launch.progress"
@@ -68,4 +74,5 @@ class StepProgress:
         return cls(steps=msg.steps, total_steps=msg.total_steps, iteration_s=msg.iteration_s,
                    iteration_p90_s=msg.iteration_p90_s, compute_s=msg.compute_s,
                    communication_s=msg.communication_s, samples=msg.samples,
-                   updated_ms=msg.updated_ms).check(where)
+                   updated_ms=msg.updated_ms, wall_iteration_s=msg.wall_iteration_s,
+                   wall_steps=msg.wall_steps).check(where)

@@ -1,8 +1,11 @@
 """What the store measured, as the calibration's observations (planner/core/calibration.py).
 
 - Each job whose placement reported step times (``Store.job_iterations``) is an
-  :class:`Observation`: its placement on the store's network, its slowest rank's median step
+  :class:`Observation`: its placement on the store's network and its slowest rank's median step
   (of a DiLoCo job syncing every H > 2 steps, an inner step: it says nothing of the outer sync).
+  A DiLoCo job of two or more islands whose ranks timed two whole rounds or more by the wall
+  clock (``JobIteration.wall_iteration_s`` over ``wall_steps >= 2 H``) is observed by that
+  figure instead, wall seconds a step outer syncs included: it is what fits ``outer_sync``.
   The placement is the stages its job record kept (``jobs.stages_json``). Records placed before
   the store kept stages have only the nodes in stage-major order, the spec and the plan's
   estimate: for those the stages are rebuilt by trying each stage count that divides the nodes
@@ -111,10 +114,19 @@ def observations(iterations: Sequence[JobIteration], net: Network, *,
                 skipped.append(f"{name}: its stages cannot be rebuilt from its nodes and the "
                                "plan's estimate")
                 continue
-        # A rank reports its median step: for a DiLoCo job, its inner step (Observation).
-        out.append(Observation(placement, net, float(it.measured_iteration_s), name,
-                               median_step=True))
+        out.append(observation(placement, net, it, name))
     return out, skipped
+
+
+def observation(placement: Placement, net: Network, it: JobIteration, name: str) -> Observation:
+    """The job's wall seconds a step over whole rounds where it syncs islands and timed two
+    rounds or more (a round's share of outer sync is then in it), else its median step (for a
+    DiLoCo job syncing every H > 2 steps, the inner step: Observation's ``median_step``)."""
+    outer = placement.outer
+    if (outer is not None and len(placement.island_columns()) >= 2
+            and it.wall_iteration_s > 0 and it.wall_steps >= 2 * outer.inner_steps):
+        return Observation(placement, net, float(it.wall_iteration_s), name)
+    return Observation(placement, net, float(it.measured_iteration_s), name, median_step=True)
 
 
 def bandwidth_observations(throughput: Mapping[tuple[str, str], tuple[float, int]],

@@ -80,6 +80,7 @@ JOB_PROGRESS = """CREATE TABLE job_progress (
     steps INTEGER NOT NULL, total_steps INTEGER NOT NULL, iteration_s REAL NOT NULL,
     iteration_p90_s REAL NOT NULL, compute_s REAL NOT NULL, communication_s REAL NOT NULL,
     samples INTEGER NOT NULL, updated_ms INTEGER NOT NULL, received_ms INTEGER NOT NULL,
+    wall_iteration_s REAL NOT NULL DEFAULT 0, wall_steps INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job_id, node_idx)) WITHOUT ROWID"""
 SITE_ROLLUPS = "CREATE TABLE site_rollups " + ROLLUP_COLUMNS
 
@@ -368,6 +369,11 @@ class Database:
                     detail TEXT NOT NULL DEFAULT '', received_ms INTEGER NOT NULL)""")
             if "job_progress" not in db.table_names():
                 db.execute(JOB_PROGRESS)
+            # The wall clock a step over whole rounds (0: not reported, as older agents do).
+            for name, kind in (("wall_iteration_s", "REAL"), ("wall_steps", "INTEGER")):
+                if name not in db["job_progress"].columns_dict:
+                    db.execute(f"ALTER TABLE job_progress ADD COLUMN {name} {kind} NOT NULL "
+                               "DEFAULT 0")
             if "placement_seq" not in db.table_names():   # the last placement seq per node
                 db.execute("CREATE TABLE placement_seq (node_id TEXT PRIMARY KEY, "
                            "seq INTEGER NOT NULL) WITHOUT ROWID")

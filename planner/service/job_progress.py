@@ -4,7 +4,9 @@
 A heartbeat whose launch status carries ``StepProgress`` for a job the store knows replaces that
 rank's row (one per job and node) in the heartbeat's transaction. A job's measured iteration
 time is the slowest of its current placement's ranks (a pipeline steps at its slowest stage's
-pace): the maximum over those ranks of their median step time. The estimate beside it is the
+pace): the maximum over those ranks of their median step time; beside it the largest of their
+wall-clock seconds a step over the whole run (outer syncs included, which a DiLoCo job's median
+inner step leaves out). The estimate beside it is the
 one the plan stored for the placement (``jobs.estimate_s``, the job's estimated seconds) over the
 job's steps: the cost model's ``job_s`` is ``steps * iteration_s``.
 """
@@ -25,7 +27,8 @@ if TYPE_CHECKING:   # the jobs command imports this module: no sqlite layer or p
     from planner.service.database import Database
 
 _COLUMNS = ("p.plan_id, p.rank, p.steps, p.total_steps, p.iteration_s, p.iteration_p90_s, "
-            "p.compute_s, p.communication_s, p.samples, p.updated_ms, p.received_ms")
+            "p.compute_s, p.communication_s, p.samples, p.updated_ms, p.received_ms, "
+            "p.wall_iteration_s, p.wall_steps")
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,10 @@ class JobIteration:
     samples: int                           # steps behind the slowest rank's median
     estimated_iteration_s: float | None    # None: the plan stored no estimate
     stages: Mapping[str, Any] | None = None   # the placement's stages (placements.stages_doc)
+    # The largest wall seconds a step over the run among the ranks (outer syncs included; 0:
+    # none reported it) and the steps behind it: the job goes at its slowest rank's pace.
+    wall_iteration_s: float = 0.0
+    wall_steps: int = 0
 
 
 def estimated_iteration_s(record: JobRecord) -> float | None:
@@ -71,6 +78,15 @@ def measured(ranks: Sequence[RankProgress]) -> tuple[float, int] | None:
     return slowest.iteration_s, slowest.samples
 
 
+def measured_wall(ranks: Sequence[RankProgress]) -> tuple[float, int]:
+    """(the largest wall seconds a step over the run among the ranks, the steps behind it);
+    (0, 0) when none reported one."""
+    slowest = max((r.progress for r in ranks), key=lambda p: p.wall_iteration_s, default=None)
+    if slowest is None or not slowest.wall_iteration_s > 0:
+        return 0.0, 0
+    return slowest.wall_iteration_s, slowest.wall_steps
+
+
 def store_progress(conn: sqlite3.Connection, node_idx: int, node_id: str,
                    launch: LaunchStatus | None, received_ms: int) -> bool:
     """Keep ``launch.progress`` as this node's row of its job (inside the heartbeat's
@@ -88,17 +104,21 @@ def store_progress(conn: sqlite3.Connection, node_idx: int, node_id: str,
     conn.execute(
         "INSERT OR REPLACE INTO job_progress (job_id, node_idx, plan_id, rank, steps, "
         "total_steps, iteration_s, iteration_p90_s, compute_s, communication_s, samples, "
-        "updated_ms, received_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "updated_ms, received_ms, wall_iteration_s, wall_steps) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (row[0], node_idx, launch.plan_id, rank, progress.steps, progress.total_steps,
          progress.iteration_s, progress.iteration_p90_s, progress.compute_s,
-         progress.communication_s, progress.samples, progress.updated_ms, received_ms))
+         progress.communication_s, progress.samples, progress.updated_ms, received_ms,
+         progress.wall_iteration_s, progress.wall_steps))
     return True
 
 
 def _rank(node_id: str, row: tuple) -> RankProgress:
-    (plan_id, rank, steps, total, it, p90, compute, comm, samples, updated, received) = row
+    (plan_id, rank, steps, total, it, p90, compute, comm, samples, updated, received,
+     wall, wall_steps) = row
     return RankProgress(node_id, rank, plan_id,
-                        StepProgress(steps, total, it, p90, compute, comm, samples, updated),
+                        StepProgress(steps, total, it, p90, compute, comm, samples, updated,
+                                     wall, wall_steps),
                         received)
 
 
@@ -136,5 +156,6 @@ class JobProgress:
                 continue
             out.append(JobIteration(record.name, record.plan_id, dict(record.spec),
                                     list(record.nodes), figures[0], figures[1],
-                                    estimated_iteration_s(record), record.stages))
+                                    estimated_iteration_s(record), record.stages,
+                                    *measured_wall(ranks)))
         return out

@@ -43,7 +43,8 @@ def test_summary_takes_medians_without_the_warm_up_step(tmp_path):
     assert p == StepProgress(steps=10, total_steps=100, iteration_s=pytest.approx(0.55),
                              iteration_p90_s=pytest.approx(0.9),
                              compute_s=pytest.approx(0.275),
-                             communication_s=pytest.approx(0.01), samples=10, updated_ms=1_010_000)
+                             communication_s=pytest.approx(0.01), samples=10, updated_ms=1_010_000,
+                             wall_iteration_s=pytest.approx(1.0), wall_steps=9)
 
 
 def test_a_resumed_run_warms_up_on_its_first_line_and_only_the_last_50_count(tmp_path):

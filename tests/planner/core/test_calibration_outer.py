@@ -14,7 +14,7 @@ from hulk.errors import InputError
 from planner.core.calibration import FORMAT, Calibration, Factor, Observation, fit
 from planner.core.costmodel import OuterSync, estimate
 from planner.service.calibration_refit import describe, factors, fitted_only
-from tests.planner.core.test_calibration_step import (JOB, diloco_placement, lab_net,
+from tests.helpers.calibration_nets import (JOB, diloco_placement, lab_net,
                                                       step_placement)
 
 TRUTH = Calibration(compute={"A100": Factor.prior(0.8)}, outer_sync=Factor.prior(1.8))
