@@ -150,7 +150,7 @@ def test_the_example_trains_as_two_pipeline_stages_over_two_namespaces_from_a_pu
         agent_log = (fleet.work / f"agent-{node}.log").read_text(errors="replace")
         assert f"launch {TRAIN_JOB}: exited (code 0)" in agent_log, agent_log[-2000:]
     last_log = (fleet.state_root / stages[1]["nodes"][0] / "jobs" / TRAIN_JOB / "job.log").read_text()
-    losses = [float(line.rsplit("loss ", 1)[1]) for line in last_log.splitlines()
+    losses = [float(line.split(" loss ", 1)[1].split()[0]) for line in last_log.splitlines()
               if line.startswith("step ") and " loss " in line]
     assert len(losses) == STEPS and all(math.isfinite(v) for v in losses), last_log[-2000:]
 
