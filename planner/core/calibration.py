@@ -43,7 +43,7 @@ from planner.core.calibration_bandwidth import (INTER_SITE, INTRA_SITE, SOFT_L1_
                                                 link_class, site_class)
 from planner.core.calibration_bandwidth import interval as _interval
 from planner.core.calibration_bandwidth import outliers as _outliers
-from planner.core.costmodel import Placement, Stage, estimate, micro_batches
+from planner.core.costmodel import Placement, Stage, estimate, median_is_inner, micro_batches
 from planner.core.fleet import Network, Node
 from planner.core.gpus import lookup_name
 
@@ -260,8 +260,7 @@ def _prepare(o: Observation, bandwidth: Mapping[str, Factor], exponent: float) -
     k, d = placement.num_stages, placement.replicas
     m = micro_batches(placement.job, d, placement.micro_batch)
     islands = len(placement.island_columns()) if placement.outer is not None else 1
-    # A median step of a job syncing every H > 2 steps holds no outer sync.
-    outer = islands > 1 and not (o.median_step and placement.outer.inner_steps > 2)
+    outer = islands > 1 and not (o.median_step and median_is_inner(placement.outer.inner_steps))
     return _Prepared(o.name, placement, net, classed_bandwidth(net, bandwidth, exponent),
                      [gpu_key(n) for n in net.nodes], math.log(o.measured_iteration_s),
                      k > 1, k > 1 or d > 1,

@@ -110,14 +110,19 @@ class Estimate:
 
     @property
     def median_step_s(self) -> float:
-        """The step time a median over a run's steps measures: the inner step of a
-        low-communication job with H > 2 (only every H-th step pays the outer sync), else the
-        iteration (with H = 2 the median of alternating short and long steps is their mean)."""
-        return self.inner_step_s if self.inner_steps > 2 else self.iteration_s
+        """The step time a median over a run's steps measures (:func:`median_is_inner`)."""
+        return self.inner_step_s if median_is_inner(self.inner_steps) else self.iteration_s
 
     @property
     def feasible(self) -> bool:
         return self.memory_ok and math.isfinite(self.iteration_s)
+
+
+def median_is_inner(inner_steps: int) -> bool:
+    """Whether the median over a run's steps of a job syncing every ``inner_steps`` steps is an
+    inner step, with no outer sync in it: for H > 2 (only every H-th step pays the outer sync);
+    with H = 2 the median of alternating short and long steps is their mean, the iteration."""
+    return inner_steps > 2
 
 
 INFEASIBLE = Estimate(math.inf, math.inf, math.inf, math.inf, 0, math.inf, math.inf, False, math.inf)
