@@ -6,6 +6,7 @@ nodes' reports and the job records, and re-sends placements):
 - :func:`expected_by_node`: what the plan summary gives each node, as (job, plan id) pairs.
 - :func:`mismatch`: whether a node's last report disagrees with what it is given, and how.
 - :func:`reconcile`: the nodes whose placement is to be sent again this round.
+- :func:`deleted`: the nodes whose retained placement is gone, sent again in the same round.
 - :func:`as_sent`: a placement rebuilt from the summary, made to agree with what the job's other
   ranks were sent.
 
@@ -15,7 +16,9 @@ it is sent again. A node is *unplanned* when it reports running or starting a jo
 not give it: it is sent its placement again (a clear when it has none), so the agent stops that
 process. A mismatch must last ``grace_ms`` before anything is sent, so a placement on its way
 (an agent still starting, a cleared process still stopping) is never sent twice, and a node is
-sent at most once every ``gap_ms``. Silent nodes are recovery's: they are left alone here.
+sent at most once every ``gap_ms``. A node the plan gives a job whose retained placement is
+gone (:func:`deleted`) is sent it again in the round that sees it, whatever the node reports.
+Silent nodes are recovery's: they are left alone here.
 """
 
 from __future__ import annotations
@@ -111,6 +114,20 @@ def reconcile(given: Mapping[str, Given], reports: Mapping[str, RankState],
         sent = last_sent.get(node)
         if now_ms - first >= grace_ms and (sent is None or now_ms - sent >= gap_ms):
             out.resend.append(Resend(node, *key))
+    return out
+
+
+def deleted(given: Mapping[str, Given], absent: Collection[str], silent: Collection[str],
+            final_jobs: Collection[str] = (), already: Collection[str] = ()) -> list[Resend]:
+    """Nodes the plan gives a live job whose retained placement is gone (``absent``: deleted,
+    or lost by the broker), whatever they report: sent again this round, with no grace (a node
+    running its job would never be noticed by :func:`reconcile`, and an agent that restarts
+    would find nothing). Silent nodes are recovery's; ``already``: nodes re-sent this round."""
+    out = []
+    for node in sorted(set(absent) - set(silent) - set(already)):
+        live = sorted(pair for pair in given.get(node, ()) if pair[0] not in final_jobs)
+        if live:
+            out.append(Resend(node, LOST, *live[0]))
     return out
 
 

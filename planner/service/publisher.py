@@ -65,6 +65,22 @@ class Publisher(Protocol):
     async def read_retained(self, topic: str, wait_s: float = 1.0) -> bytes | None: ...
 
 
+async def read_retained_many(publisher: Publisher, topics: Iterable[str],
+                             wait_s: float = 1.0) -> dict[str, bytes]:
+    """Topic -> retained payload of each of ``topics`` that has one: in one connection where the
+    publisher can (``read_many``), else one topic at a time."""
+    topics = list(topics)
+    many = getattr(publisher, "read_many", None)
+    if many is not None:
+        return await many(topics, wait_s)
+    out: dict[str, bytes] = {}
+    for topic in topics:
+        raw = await publisher.read_retained(topic, wait_s)
+        if raw:
+            out[topic] = raw
+    return out
+
+
 class InMemoryPublisher:
     """A broker's retained topics in memory: ``retained`` (topic -> payload) and every
     ``publish_retained`` call's messages in ``published``. With ``unavailable`` set, every call
@@ -95,6 +111,10 @@ class InMemoryPublisher:
     async def read_retained(self, topic: str, wait_s: float = 1.0) -> bytes | None:
         self._check()
         return self.retained.get(topic)
+
+    async def read_many(self, topics: Iterable[str], wait_s: float = 1.0) -> dict[str, bytes]:
+        self._check()
+        return {t: self.retained[t] for t in topics if self.retained.get(t)}
 
 
 class MqttPublisher:
@@ -180,6 +200,34 @@ class MqttPublisher:
             return None
 
         return await self._retrying(read, f"read {topic}")
+
+    async def read_many(self, topics: Iterable[str], wait_s: float = 1.0) -> dict[str, bytes]:
+        """The retained payloads of ``topics`` (those that have one), in one connection: the
+        broker sends every retained message on subscribing; a topic with none is waited for
+        ``wait_s`` once in all."""
+        wanted = set(topics)
+
+        async def read() -> dict[str, bytes]:
+            out: dict[str, bytes] = {}
+            if not wanted:
+                return out
+            async with self._client() as client:
+                await client.subscribe([(t, 1) for t in sorted(wanted)])
+                try:
+                    async with asyncio.timeout(wait_s):
+                        async for message in client.messages:
+                            topic = str(message.topic)
+                            if (message.retain and topic in wanted
+                                    and isinstance(message.payload, (bytes, bytearray))):
+                                if message.payload:
+                                    out[topic] = bytes(message.payload)
+                                if len(out) == len(wanted):
+                                    break
+                except TimeoutError:
+                    pass
+            return out
+
+        return await self._retrying(read, f"read {len(wanted)} retained topic(s)")
 
 
 def check_sizes(messages: Mapping[str, bytes], max_packet_bytes: int | None) -> None:
@@ -371,6 +419,13 @@ class RetainedPlan:
                 continue
             out[node] = placement
         return out
+
+    async def absent(self, nodes: Iterable[str]) -> set[str]:
+        """The ``nodes`` that have no retained placement at all (deleted, or lost by the
+        broker), read in one connection."""
+        topics = {placement_topic(self.fleet, node): node for node in nodes}
+        held = await read_retained_many(self.publisher, topics, self.read_wait_s)
+        return {node for topic, node in topics.items() if topic not in held}
 
     async def replace(self, placements: Mapping[str, NodePlacement],
                       summary: Mapping[str, Any] | None, *, issued_at_ms: int,

@@ -8,6 +8,9 @@ fresh times) the placement of each node that has run the wrong thing for longer 
 - a node the plan gives a job it does not report (lost): its retained placement when that one
   still gives it exactly what the summary does, else one rebuilt from the summary (a deleted or
   stale retained message is never trusted);
+- a node the plan gives a job whose retained placement is gone (deleted, or lost by the broker),
+  whatever it reports: one rebuilt from the summary, in the round that sees it (no grace;
+  reason ``lost``), read in one broker connection per round;
 - a node that runs a job the plan does not give it (unplanned): the same, or a signed clear when
   the plan gives it nothing, so its agent stops the process. When that job's record is final,
   the job gets the event "running on NODE after it ended; stopped" and a warning is logged.
@@ -26,7 +29,8 @@ from hulk.errors import HulkError, InputError
 from hulk.wire.placement import NodePlacement, PlanSummary
 from planner.core.lifecycle import FINAL, JobRecord
 from planner.core.placements import build_node_placements, plan_from_summary
-from planner.core.reconcile import UNPLANNED, Resend, as_sent, expected_by_node, reconcile
+from planner.core.reconcile import (UNPLANNED, Resend, as_sent, deleted, expected_by_node,
+                                    reconcile)
 from planner.core.reconcile import grace_s as default_grace_s
 from planner.core.recovery import down_nodes
 from planner.service.metrics import NO_EVENTS, ServeEvents
@@ -90,11 +94,15 @@ class Reconciler:
         silent = down_nodes(heard, now, self.options.node_timeout_s)
         records = await self.jobs.unretired_jobs() if self.jobs is not None else []
         given = expected_by_node(summary.jobs) if summary is not None else {}
+        final = {r.name for r in records if r.state in FINAL}
         decision = reconcile(given, {n.id: n.launch for n in nodes if n.launch is not None},
                              silent, now_ms=now, grace_ms=self.grace_s * 1000, since=self.since,
-                             last_sent=self.last_sent,
-                             final_jobs={r.name for r in records if r.state in FINAL})
+                             last_sent=self.last_sent, final_jobs=final)
         self.since = decision.since
+        monitored = {n.id for n in nodes}
+        absent = await self.plan.absent(sorted(monitored & set(given)))
+        decision.resend.extend(deleted(given, absent, silent, final,
+                                       already={a.node for a in decision.resend}))
         if not decision.resend:
             return []
         for action in decision.resend:      # tries count too: a node that cannot be sent to

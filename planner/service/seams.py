@@ -92,6 +92,9 @@ class CurrentPlan(Protocol):
     async def placements(self, nodes: Iterable[str]) -> dict[str, NodePlacement]:
         """The retained placements of ``nodes`` that verify (the others are logged, left out)."""
 
+    async def absent(self, nodes: Iterable[str]) -> set[str]:
+        """The ``nodes`` with no retained placement at all (a deleted retained message)."""
+
     async def replace(self, placements: Mapping[str, NodePlacement],
                       summary: Mapping[str, Any] | None, *, issued_at_ms: int,
                       clear: Iterable[str] = ()) -> int:

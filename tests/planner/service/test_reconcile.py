@@ -70,8 +70,7 @@ async def test_a_lost_placement_is_sent_again_after_the_grace_and_at_most_every_
     before = {n: w.retained(n) for n in a.nodes}
     w.nodes.report(a.nodes, "running", "a", a.plan_id)
     victim = a.nodes[0]
-    del w.broker.retained[placement_topic(FLEET, victim)]       # the retained message is gone
-    w.nodes.report([victim], "idle", "", "")
+    w.nodes.report([victim], "idle", "", "")     # its agent lost its state; the message is kept
     pushes = len(w.broker.published)
     assert await w.reconciler.run_once() == []
     w.at(NOW + GRACE_MS - 1)
@@ -90,6 +89,22 @@ async def test_a_lost_placement_is_sent_again_after_the_grace_and_at_most_every_
     w.nodes.report([victim], "running", "a", a.plan_id)       # it runs again: left alone
     w.at(NOW + 10 * GRACE_MS)
     assert await w.reconciler.run_once() == [] and w.resent(LOST) == 2
+
+
+async def test_a_deleted_retained_placement_of_a_running_node_is_sent_again_at_once(tmp_path):
+    """Its node runs the job (nothing in its reports is wrong), but the retained message is gone:
+    the round that sees it sends it again, with the same roles and a higher sequence number."""
+    w = World(tmp_path)
+    a = await w.place("a")
+    w.nodes.report(a.nodes, "running", "a", a.plan_id)
+    victim = a.nodes[0]
+    before = w.retained(victim)
+    del w.broker.retained[placement_topic(FLEET, victim)]
+    assert await w.reconciler.run_once() == [Resend(victim, LOST, "a", a.plan_id)]
+    again = w.retained(victim)
+    assert again.roles == before.roles and again.seq > before.seq
+    assert w.resent(LOST) == 1
+    assert await w.reconciler.run_once() == []          # it is there again: left alone
 
 
 async def test_a_stale_retained_placement_is_rebuilt_from_the_summary(tmp_path):
@@ -161,6 +176,7 @@ async def test_silent_nodes_are_left_to_recovery(tmp_path):
     a = await w.place("a")
     victim = a.nodes[0]
     del w.broker.retained[placement_topic(FLEET, victim)]
+    w.nodes.report(a.nodes, "running", "a", a.plan_id)
     w.nodes.report([victim], "idle", "", "")
     w.nodes.seen[victim] = NOW - 10_000
     w.silent.add(victim)
