@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lab: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("lab: interrupted, torn down", file=sys.stderr)
+        print("lab: interrupted", file=sys.stderr)      # run()'s finally said "torn down"
         return 130
 
 

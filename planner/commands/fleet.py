@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hulk import geo
 from hulk.errors import InputError
+from hulk.plural import count
 from planner.commands import seed_number
 from planner.core.fleet import Fleet, complete
 from planner.settings import PlannerSettings
@@ -403,7 +404,7 @@ def cmd_complete(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     counts = link_counts(prediction)
     pairs = len(prediction.sites) * (len(prediction.sites) - 1) // 2
-    print(f"wrote {args.out}: {len(prediction.sites)} sites, {pairs} site pairs; model "
+    print(f"wrote {args.out}: {len(prediction.sites)} sites, {count(pairs, 'site pair')}; model "
           f"{prediction.model}; {seconds:.2f} s")
     for quantity, label in (("rtt", "RTT"), ("gbps", "throughput")):
         c = counts[quantity]
@@ -414,7 +415,7 @@ def cmd_complete(args: argparse.Namespace) -> int:
               "completed by relay over measured RTTs and the window formula")
     unreachable = unreachable_pairs(prediction)
     if unreachable:
-        print(f"  {unreachable} site pairs unreachable (no measured path joins their sites): "
+        print(f"  {count(unreachable, 'site pair')} unreachable (no measured path joins their sites): "
               "written without a site link; no plan can use them")
     return 0
 

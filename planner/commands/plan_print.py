@@ -3,6 +3,7 @@ and for a low-communication job its islands and each stage's outer group."""
 
 from __future__ import annotations
 
+from hulk.plural import count as _count
 from planner.commands.plan import fmt_s
 from planner.core.costmodel_sync import outer_group
 from planner.methods import label
@@ -25,7 +26,8 @@ def islands_text(p, e, ids: list[str]) -> str:
                        for k, row in enumerate(outer_group(p).tolist()))
     return (f"\n  sync: diloco, every {_count(o.inner_steps, 'inner step')} an outer all-reduce "
             f"at {o.compression} ({fmt_s(e.outer_sync_s)}){streaming}"
-            f"\n  {_count(len(sizes), 'island')} of {'/'.join(map(str, sizes))} replicas "
+            f"\n  {_count(len(sizes), 'island')} of {'/'.join(map(str, sizes))} "
+            f"{'replica' if list(sizes) == [1] else 'replicas'} "
             f"(replicas {blocks}); outer group {groups}")
 
 
@@ -33,11 +35,6 @@ def _listing(values: list[str]) -> str:
     if len(values) <= MAX_LISTED_NODES:
         return ", ".join(values)
     return ", ".join(values[:MAX_LISTED_NODES - 2]) + f", ... ({len(values)} nodes)"
-
-
-def _count(n: int, one: str, many: str | None = None) -> str:
-    """"1 stage", "2 stages"."""
-    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def print_plan(console, result, net) -> None:

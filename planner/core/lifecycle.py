@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hulk.errors import PlanningError
+from hulk.plural import count
 from planner.core.costmodel import Placement, estimate
 from planner.core.fleet import Network
 from planner.core.job_checks import submit_problems
@@ -133,7 +134,7 @@ def next_state(record: JobRecord, ranks: Mapping[str, RankState | None],
         cause = rank_cause(crashed[0], mine[crashed[0]])
         if record.failures < record.max_restarts:
             return RESTART, cause
-        return FAILED, f"gave up after {record.failures} restarts: {cause}"[:500]
+        return FAILED, f"gave up after {count(record.failures, 'restart')}: {cause}"[:500]
     if len(mine) < len(record.nodes):
         return record.state, record.detail
     states = {r.state for r in mine.values()}

@@ -114,7 +114,7 @@ async def test_a_job_whose_budget_is_spent_fails_with_its_cause(tmp_path):
     report = await world.tick()
     assert report.moved == {"a": FAILED} and report.retired == ["a"]
     done = world.store.job_by_name("a")
-    assert done.detail == f"gave up after 1 restarts: {sorted(a.nodes)[0]}: exit code 1"
+    assert done.detail == f"gave up after 1 restart: {sorted(a.nodes)[0]}: exit code 1"
     assert (done.restarts, done.failures) == (1, 1) and world.events.moved[-1] == FAILED
 
 
