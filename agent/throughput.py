@@ -4,15 +4,22 @@ The planner hands both agents of a test a :class:`ThroughputSlot` (see hulk.wire
 The receiver listens on its throughput port from ``start_ms`` to ``end_ms`` and nothing else:
 
 * a connection from any address but the scheduled peer's is closed at once;
-* every other connection gets a 16-byte random nonce and must answer, in one go, the test id
-  (16 raw bytes), its stream index (1 byte) and HMAC-SHA256(secret, nonce + test id + index);
-  a wrong answer, an index out of range or used twice, or a stream beyond ``streams`` is closed;
+* every other connection must open, in one go, with the sender's hello: ``HELLO_MAGIC``
+  (4 bytes, the handshake's version), the test id (16 raw bytes), its stream index (1 byte) and
+  a 16-byte random challenge the SENDER chose. An index out of range or used twice, another test
+  id, or a stream beyond ``streams`` is closed;
+* the receiver proves it holds the test's secret: it answers a 16-byte nonce of its own and
+  HMAC-SHA256(secret, "recv" + challenge + nonce + test id + index); the sender checks it and
+  only then answers HMAC-SHA256(secret, "send" + nonce + challenge + test id + index), which
+  the receiver checks before it counts a byte. Each side has ``HANDSHAKE_S`` (and the slot) for
+  its part: a server that speaks first (a banner), echoes or stays silent never gets a byte of
+  payload, so a slot cannot aim a sender at anything but a receiver that holds the secret;
 * the authenticated streams are read and counted: bytes of the first ``WARMUP_S`` after the
   first byte are not (TCP's slow start), and the window ends when the first stream ends (after
   that fewer streams share the path) or at ``end_ms``, whichever comes first.
 
 The sender connects ``CONNECT_DELAY_MS`` after ``start_ms`` (clocks of two servers differ a
-little), answers the nonce on each of ``streams`` connections and writes 64 KiB buffers for
+little), runs the handshake on each of ``streams`` connections and writes 64 KiB buffers for
 ``duration_s``. Both sides are bounded by ``end_ms``: nothing outlives its slot.
 
 :class:`ThroughputTests` is the component the runtime owns: it takes the slots of heartbeats,
@@ -36,8 +43,8 @@ from hulk.errors import InputError
 from hulk.wire.throughput import (CONNECT_DELAY_MS, GRACE_MS, MAX_DETAIL_CHARS, SECRET_BYTES,
                                   ThroughputResult, ThroughputSlot)
 
-__all__ = ["CONNECT_DELAY_MS", "GRACE_MS", "WARMUP_S", "SECRET_BYTES", "run_receiver",
-           "run_sender", "ThroughputTests"]
+__all__ = ["CONNECT_DELAY_MS", "GRACE_MS", "WARMUP_S", "SECRET_BYTES", "HANDSHAKE_S",
+           "NotAReceiver", "handshake", "run_receiver", "run_sender", "ThroughputTests"]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +52,11 @@ WARMUP_S = 0.5                 # bytes of the first half second after the first 
 BUFFER_BYTES = 64 * 1024       # what the sender writes at a time
 READ_BYTES = 1024 * 1024       # what the receiver takes from its stream buffer at a time
 NONCE_BYTES = 16
-ANSWER_BYTES = 16 + 1 + 32     # test id, stream index, HMAC-SHA256
+HELLO_MAGIC = b"HTP2"          # handshake version 2: the sender challenges, the receiver proves
+HELLO_BYTES = len(HELLO_MAGIC) + 16 + 1 + NONCE_BYTES   # magic, test id, index, challenge
+PROOF_BYTES = NONCE_BYTES + 32  # the receiver's nonce and its HMAC-SHA256
+ANSWER_BYTES = 32               # the sender's HMAC-SHA256
+HANDSHAKE_S = 2.0               # each side's bound on the other's part of the handshake
 MIN_WINDOW_S = 0.1             # a shorter measured window says nothing about the path
 CONNECT_RETRY_S = 0.1          # a sender whose clock runs ahead retries a refused connect
 CONNECT_RETRIES = 10
@@ -54,8 +65,19 @@ _ZEROS = bytes(BUFFER_BYTES)
 _Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-def _mac(secret: bytes, nonce: bytes, test_id: bytes, index: int) -> bytes:
-    return hmac.new(secret, nonce + test_id + bytes([index]), hashlib.sha256).digest()
+def receiver_proof(secret: bytes, challenge: bytes, nonce: bytes, test_id: bytes,
+                   index: int) -> bytes:
+    """What the receiver answers the sender's challenge with (it holds the secret)."""
+    return hmac.new(secret, b"recv" + challenge + nonce + test_id + bytes([index]),
+                    hashlib.sha256).digest()
+
+
+def sender_proof(secret: bytes, challenge: bytes, nonce: bytes, test_id: bytes,
+                 index: int) -> bytes:
+    """What the sender answers the receiver's nonce with (a label apart from the receiver's:
+    one side's proof reflected back is never the other's)."""
+    return hmac.new(secret, b"send" + nonce + challenge + test_id + bytes([index]),
+                    hashlib.sha256).digest()
 
 
 def _one_line(text: str) -> str:
@@ -159,6 +181,8 @@ class _Receive:
             _wake_per_buffer(writer)
             while chunk := await reader.read(READ_BYTES):
                 self._count(len(chunk))
+        except asyncio.TimeoutError:      # the handshake's bound passed
+            self.refused += 1
         except (ConnectionError, OSError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -176,14 +200,19 @@ class _Receive:
 
     async def _authenticate(self, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter) -> int | None:
-        nonce = os.urandom(NONCE_BYTES)
-        writer.write(nonce)
-        await writer.drain()
-        answer = await reader.readexactly(ANSWER_BYTES)
-        test_id, index, mac = answer[:16], answer[16], answer[17:]
-        good = hmac.compare_digest(mac, _mac(self.slot.secret, nonce, test_id, index))
-        if not good or test_id != self.test_id or index >= self.slot.streams \
+        hello = await asyncio.wait_for(reader.readexactly(HELLO_BYTES), HANDSHAKE_S)
+        magic, test_id = hello[:4], hello[4:20]
+        index, challenge = hello[20], hello[21:]
+        if magic != HELLO_MAGIC or test_id != self.test_id or index >= self.slot.streams \
                 or index in self.indices or self.closed:
+            return None
+        nonce = os.urandom(NONCE_BYTES)
+        writer.write(nonce + receiver_proof(self.slot.secret, challenge, nonce, test_id, index))
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.readexactly(ANSWER_BYTES), HANDSHAKE_S)
+        good = hmac.compare_digest(
+            answer, sender_proof(self.slot.secret, challenge, nonce, test_id, index))
+        if not good or index in self.indices or self.closed:
             return None
         self.indices.add(index)
         return index
@@ -280,15 +309,39 @@ async def _connect(slot: ThroughputSlot, clock: Clock) -> tuple[asyncio.StreamRe
     raise AssertionError("unreachable")
 
 
+class NotAReceiver(ConnectionError):
+    """The other end did not prove it holds the test's secret: not one payload byte goes to it."""
+
+
+async def handshake(slot: ThroughputSlot, index: int, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter) -> None:
+    """The sender's side: challenge, check the receiver's proof within HANDSHAKE_S, answer.
+    Raises NotAReceiver for a wrong or missing proof."""
+    test_id, challenge = bytes.fromhex(slot.test_id), os.urandom(NONCE_BYTES)
+    writer.write(HELLO_MAGIC + test_id + bytes([index]) + challenge)
+    try:
+        proof = await asyncio.wait_for(reader.readexactly(PROOF_BYTES), HANDSHAKE_S)
+    except asyncio.TimeoutError:
+        raise NotAReceiver(f"no proof of the secret within {HANDSHAKE_S:g} s") from None
+    except asyncio.IncompleteReadError:
+        raise NotAReceiver("the connection closed before a proof of the secret") from None
+    nonce, mac = proof[:NONCE_BYTES], proof[NONCE_BYTES:]
+    if not hmac.compare_digest(mac, receiver_proof(slot.secret, challenge, nonce, test_id,
+                                                   index)):
+        raise NotAReceiver("a wrong proof of the secret")
+    writer.write(sender_proof(slot.secret, challenge, nonce, test_id, index))
+
+
 async def _send_stream(slot: ThroughputSlot, index: int, stop: float, clock: Clock) -> None:
     reader, writer = await _connect(slot, clock)
     try:
-        nonce = await reader.readexactly(NONCE_BYTES)
-        test_id = bytes.fromhex(slot.test_id)
-        writer.write(test_id + bytes([index]) + _mac(slot.secret, nonce, test_id, index))
+        await handshake(slot, index, reader, writer)
         while clock.monotonic() < stop:
             writer.write(_ZEROS)
             await writer.drain()
+    except NotAReceiver:
+        writer.transport.abort()    # nothing buffered may follow
+        raise
     finally:
         writer.close()
         with contextlib.suppress(ConnectionError, OSError):
@@ -312,6 +365,8 @@ async def run_sender(slot: ThroughputSlot, *, clock: Clock | None = None) -> Non
     except (ConnectionError, OSError, asyncio.IncompleteReadError) as err:
         why = "the receiver closed the connection" if isinstance(
             err, asyncio.IncompleteReadError) else (getattr(err, "strerror", None) or str(err))
+        if isinstance(err, NotAReceiver):
+            why = f"not the test's receiver: {err} (no payload sent)"
         log.warning("throughput test %s to %s (%s:%d) failed: %s", slot.test_id, slot.peer_id,
                     slot.peer_address, slot.port, why)
     finally:
@@ -331,7 +386,7 @@ class ThroughputTests:
         self._pending: list[ThroughputSlot] = []
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
-        self._open: dict[tuple[str, str], ThroughputSlot] = {}   # accepted, not finished
+        self._open: dict[tuple[str, str], ThroughputSlot] = {}   # accepted, slot not ended
 
     def accept(self, slots: Sequence[ThroughputSlot]) -> None:
         """Queue new slots; ignore repeats, and (one log line each) slots already ended, more
@@ -368,9 +423,11 @@ class ThroughputTests:
         return ""
 
     def testing(self, now_ms: int) -> bool:
-        """Whether this node is in a test at ``now_ms``: a slot it took has started, and neither
-        has the slot ended nor its test finished (the prober keeps quiet meanwhile)."""
-        return any(s.start_ms <= now_ms < s.end_ms for s in self._open.values())
+        """Whether this node is in a test at ``now_ms``: a slot it took has started and not
+        ended (the prober keeps quiet meanwhile). Held to the slot's end even when this side is
+        done: a sender's writes return while its socket buffers still drain through the path."""
+        self._open = {k: s for k, s in self._open.items() if s.end_ms > now_ms}
+        return any(s.start_ms <= now_ms for s in self._open.values())
 
     @property
     def active(self) -> int:
@@ -393,10 +450,7 @@ class ThroughputTests:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _run_one(self, slot: ThroughputSlot) -> None:
-        try:
-            await self._run_and_hand_on(slot)
-        finally:
-            self._open.pop((slot.test_id, slot.role), None)
+        await self._run_and_hand_on(slot)   # its slot stays open (testing()) until end_ms
 
     async def _run_and_hand_on(self, slot: ThroughputSlot) -> None:
         try:

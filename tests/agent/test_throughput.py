@@ -17,8 +17,8 @@ import time
 import pytest
 
 from agent.clock import SystemClock, epoch_ms
-from agent.throughput import (CONNECT_DELAY_MS, ThroughputTests, main, run_receiver, run_sender,
-                              slot_to_json)
+from agent.throughput import (CONNECT_DELAY_MS, HANDSHAKE_S, HELLO_MAGIC, ThroughputTests, main,
+                              receiver_proof, run_receiver, run_sender, sender_proof, slot_to_json)
 from hulk.wire.throughput import ThroughputResult, ThroughputSlot
 from tests.helpers.paths import REPO
 from tests.helpers.ports import free_port
@@ -100,24 +100,37 @@ async def test_a_stranger_from_another_address_is_closed_at_once():
     assert result.ok and result.streams == 4
 
 
-def answer(slot: ThroughputSlot, nonce: bytes, how: str) -> bytes:
-    secret = os.urandom(32) if how == "wrong secret" else slot.secret
+def hello(slot: ThroughputSlot, how: str) -> tuple[bytes, bytes, int]:
+    """A sender's hello (and its challenge and index), wrong in the way ``how`` says."""
     test_id = os.urandom(16) if how == "wrong test id" else bytes.fromhex(slot.test_id)
     index = slot.streams if how == "index out of range" else 0
-    mac = hmac.new(secret, nonce + test_id + bytes([index]), hashlib.sha256).digest()
-    return test_id + bytes([index]) + mac
+    challenge = os.urandom(16)
+    return HELLO_MAGIC + test_id + bytes([index]) + challenge, challenge, index
+
+
+async def handshake_as(reader, writer, slot: ThroughputSlot, how: str) -> None:
+    message, challenge, index = hello(slot, how)
+    writer.write(message)
+    proof = await reader.readexactly(48)
+    secret = os.urandom(32) if how == "wrong secret" else slot.secret
+    nonce = proof[:16]
+    assert proof[16:] == receiver_proof(slot.secret, challenge, nonce, message[4:20], index)
+    writer.write(sender_proof(secret, challenge, nonce, message[4:20], index))
 
 
 async def impostor(port: int, slot: ThroughputSlot, clock, how: str) -> bytes:
-    """Connects from the scheduled address but answers the nonce wrongly; returns what it reads
-    after its answer (b"": closed)."""
+    """Connects from the scheduled address but runs the handshake wrongly; returns what it
+    reads after its answer (b"": closed)."""
     await until_slot_start(clock, slot, CONNECT_DELAY_MS)
     if how == "index used twice":    # a first stream takes index 0 and stays open
         reader, writer = await asyncio.open_connection(PEER, port)
-        writer.write(answer(slot, await reader.readexactly(16), "right"))
+        await handshake_as(reader, writer, slot, "right")
     reader, writer = await asyncio.open_connection(PEER, port)
-    writer.write(answer(slot, await reader.readexactly(16), how))
     try:
+        if how == "wrong secret":
+            await handshake_as(reader, writer, slot, how)
+        else:
+            writer.write(hello(slot, how)[0])
         return await reader.read(100)
     except ConnectionError:
         return b""
@@ -143,13 +156,12 @@ async def test_a_wrong_answer_to_the_challenge_is_refused(how):
 
 
 async def silent(port: int, slot: ThroughputSlot, clock) -> bytes:
-    """Connects from the right address, takes the nonce, never answers, never closes."""
+    """Connects from the right address and never says a word, never closes."""
     await until_slot_start(clock, slot, CONNECT_DELAY_MS)
     reader, writer = await asyncio.open_connection(PEER, port)
-    nonce = await reader.readexactly(16)
-    rest = await reader.read(100)     # returns when the receiver drops the connection
+    got = await reader.read(100)      # returns when the receiver drops the connection
     writer.close()
-    return nonce + rest
+    return got
 
 
 async def test_a_receiver_whose_sender_never_comes_fails_and_closes_at_the_end():
@@ -167,8 +179,10 @@ async def test_a_client_that_never_answers_cannot_hold_the_receiver_open():
     _, receive = slots(port, clock, ahead_ms=1000)
     result, got = await asyncio.wait_for(asyncio.gather(
         run_receiver(receive, bind_host=PEER, clock=clock), silent(port, receive, clock)), 60)
-    assert len(got) == 16            # the nonce, then the connection ended at the slot's end
-    assert not result.ok and result.detail == "the sender never came"
+    assert got == b""                # the sender speaks first: the receiver said nothing
+    # dropped at the slot's end or after HANDSHAKE_S, whichever comes first
+    assert not result.ok and result.detail in ("the sender never came",
+                                               "no stream authenticated (1 refused)")
     assert_refused(port)
 
 
@@ -179,7 +193,9 @@ async def test_a_sender_refused_by_the_receiver_ends_without_raising(caplog):
         result, _ = await asyncio.wait_for(asyncio.gather(
             run_receiver(receive, bind_host=PEER, clock=clock), run_sender(send, clock=clock)), 60)
     assert not result.ok and "other addresses refused" in result.detail
-    assert any("the receiver closed the connection" in r.getMessage() for r in caplog.records)
+    assert any(why in r.getMessage() for r in caplog.records
+               for why in ("the receiver closed the connection", "not the test's receiver",
+                           "Connection reset by peer"))
 
 
 def test_accept_dedupes_and_ignores_ended_far_and_malformed_slots(caplog):
@@ -296,3 +312,74 @@ async def test_a_test_through_a_link_shaped_by_tbf_measures_its_rate(lab_host):
     assert result.ok, result.detail
     assert json.loads(out)["result"] is None
     assert result.gbps * 1000 == pytest.approx(RATE_MBIT, rel=0.10)
+
+
+class NotAReceiverServer:
+    """A TCP server on loopback that is no throughput receiver: it greets like SSH ("banner"),
+    says nothing ("silent") or echoes what it gets ("echo"); it counts every byte it receives."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind, self.received = kind, 0
+
+    async def handle(self, reader, writer) -> None:
+        if self.kind == "banner":
+            writer.write(b"SSH-2.0-OpenSSH_9.6p1 Ubuntu-3ubuntu13\r\n" + os.urandom(64))
+        try:
+            while chunk := await reader.read(65536):
+                self.received += len(chunk)
+                if self.kind == "echo":
+                    writer.write(chunk)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+
+HELLO_BYTES = 4 + 16 + 1 + 16
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["banner", "silent", "echo"])
+async def test_a_sender_aimed_at_a_server_that_is_no_receiver_sends_it_no_payload(kind, caplog):
+    port, clock = free_port(), SystemClock()
+    target = NotAReceiverServer(kind)
+    server = await asyncio.start_server(target.handle, PEER, port)
+    send, _ = slots(port, clock, ahead_ms=0, duration_s=2.0, streams=4)
+    try:
+        with caplog.at_level(logging.WARNING, logger="agent.throughput"):
+            started = time.monotonic()
+            await asyncio.wait_for(run_sender(send, clock=clock), 60)
+            took = time.monotonic() - started
+        await asyncio.sleep(0.2)
+    finally:
+        server.close()
+        await server.wait_closed()
+    # Only the 4 hellos; not a byte of test payload.
+    assert target.received == 4 * HELLO_BYTES
+    assert took < CONNECT_DELAY_MS / 1000 + HANDSHAKE_S + 1.0   # bounded by the handshake
+    assert any("not the test's receiver" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+async def test_a_sender_stays_paused_for_probes_until_its_slot_ends():
+    """Its writes return while its socket buffers still drain: the pause lasts to end_ms."""
+    port, clock = free_port(), FastClock(speed=4.0)
+    receiver = ThroughputTests(port=port, sink=lambda r: None, clock=clock, bind_host=PEER)
+    sender = ThroughputTests(port=free_port(), sink=lambda r: None, clock=clock)
+    send, receive = slots(port, clock, ahead_ms=400, duration_s=1.0, streams=2)
+    runs = [asyncio.create_task(c.run()) for c in (receiver, sender)]
+    receiver.accept([receive])
+    sender.accept([send])
+    try:
+        async def sender_done() -> None:
+            while not (sender.active == 0 and epoch_ms(clock) > send.start_ms):
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(sender_done(), 60)
+        assert epoch_ms(clock) < send.end_ms
+        assert sender.testing(epoch_ms(clock))         # done sending, still paused
+        await clock.sleep((send.end_ms - epoch_ms(clock)) / 1000 + 0.05)
+        assert not sender.testing(epoch_ms(clock))
+    finally:
+        for run in runs:
+            run.cancel()
+        await asyncio.gather(*runs, return_exceptions=True)
