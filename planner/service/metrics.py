@@ -70,6 +70,9 @@ class ServeEvents:
 
     def push_failed(self, source: str) -> None: ...
 
+    def plan_retained(self, makespan_s: float | None) -> None:
+        """The makespan of the plan found retained when serve started (no push counted)."""
+
     def job_moved(self, state: str) -> None: ...
 
     def placement_resent(self, reason: str) -> None:
@@ -467,6 +470,10 @@ class PlannerMetrics(ServeEvents):
 
     def push_failed(self, source: str) -> None:
         self.push_failures.labels(source).inc()
+
+    def plan_retained(self, makespan_s: float | None) -> None:
+        if makespan_s is not None:
+            self.makespan.set(makespan_s)
 
     def job_moved(self, state: str) -> None:
         self.job_transitions.labels(state).inc()

@@ -33,7 +33,7 @@ from planner.core.reconcile import (UNPLANNED, Resend, as_sent, deleted, expecte
                                     reconcile)
 from planner.core.reconcile import grace_s as default_grace_s
 from planner.core.recovery import down_nodes
-from planner.service.metrics import NO_EVENTS, ServeEvents
+from planner.service.metrics import NO_EVENTS, ServeEvents, plan_makespan_s
 from planner.service.publisher import CLEARED_PLAN_ID, UntrustedSummary
 from planner.service.recovery import now_ms
 from planner.service.runtime import BackgroundTask
@@ -68,6 +68,7 @@ class Reconciler:
         self.since: dict[str, Any] = {}          # the core's mismatch clocks, round to round
         self.last_sent: dict[str, int] = {}
         self.noted: set[tuple[str, str, str]] = set()   # (node, job, plan id) already an event
+        self.makespan_known = False      # the retained plan's makespan exported since start
 
     async def run_once(self) -> list[Resend] | None:
         """For the serve runtime's periodic task: failures are logged and the loop goes on."""
@@ -88,6 +89,8 @@ class Reconciler:
             log.error("reconcile: leaving every node alone, the retained summary does not "
                       "verify: %s", exc)
             return []
+        if summary is not None and not self.makespan_known:
+            await self._export_makespan(summary)
         nodes = [n for n in await self.nodes.nodes() if n.monitored]
         now = self.clock_ms()
         heard = {n.id: max(n.last_seen_ms or 0, self.started_ms) for n in nodes}
@@ -120,6 +123,18 @@ class Reconciler:
         self.events.plan_pushed("reconcile", count)
         await self._note_ended(sent, records)
         return sent
+
+    async def _export_makespan(self, summary: PlanSummary) -> None:
+        """``hulk_plan_makespan_seconds`` of the plan retained when serve started, once: a
+        restarted serve exports it before its first push."""
+        self.makespan_known = True
+        net = await self.nodes.network()
+        try:
+            plan, _, _ = plan_from_summary(summary, net)
+        except HulkError as exc:     # a metric never fails a round
+            log.debug("reconcile: no makespan for the retained plan: %s", exc)
+            return
+        self.events.plan_retained(plan_makespan_s(plan, net))
 
     async def _placements(self, actions: list[Resend], summary: PlanSummary | None,
                           given: Mapping[str, frozenset], nodes: list[NodeRecord],

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from hulk.wire.broker import placement_topic
 from hulk.wire.placement import parse_placement
 from planner.core.lifecycle import CANCELLED, SUCCEEDED
@@ -214,3 +216,20 @@ def test_serve_runs_it_every_lifecycle_interval_under_the_shared_lock(tmp_path):
     assert (task.name, task.interval_s, task.in_store_thread) == ("reconcile", 0.5, False)
     assert reconciler.lock is replanner.lock and reconciler.grace_s == 10.0
     assert reconciler.events is runtime.events
+
+
+async def test_a_restarted_serve_exports_the_retained_plans_makespan_in_its_first_round(tmp_path):
+    w = World(tmp_path)
+    w.lifecycle.events = w.metrics
+    await w.place("a")
+    pushed = w.metrics.registry.get_sample_value("hulk_plan_makespan_seconds")
+    assert pushed > 0
+    (tmp_path / "restarted").mkdir()
+    later = World(tmp_path / "restarted")
+    later.broker.retained = dict(w.broker.retained)          # the same broker, a new serve
+    assert later.metrics.registry.get_sample_value("hulk_plan_makespan_seconds") == 0
+    await later.reconciler.run_once()
+    assert later.metrics.registry.get_sample_value("hulk_plan_makespan_seconds") == \
+        pytest.approx(pushed)
+    assert later.metrics.registry.get_sample_value("hulk_placement_pushes_total",
+                                                   {"source": "jobs"}) == 0
