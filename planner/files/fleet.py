@@ -101,17 +101,14 @@ def fleet_to_json(fleet: Fleet) -> dict[str, Any]:
 
 
 def _site_link_json(link: SiteLink) -> dict[str, Any]:
-    """A site link; a measured one without completion figures as readers before them read it."""
+    """A site link with its source always named (a measured one as much as a predicted one)."""
     item: dict[str, Any] = {"src": link.src, "dst": link.dst, "rtt_ms": link.rtt_ms,
                             "bandwidth_gbps": link.bandwidth_gbps, "loss": link.loss,
-                            "samples": link.samples}
-    if link.source != MEASURED or link.rtt_hi_ms is not None \
-            or link.bandwidth_lo_gbps is not None:
-        item["source"] = link.source
-        if link.rtt_hi_ms is not None:
-            item["rtt_hi_ms"] = link.rtt_hi_ms
-        if link.bandwidth_lo_gbps is not None:
-            item["bandwidth_lo_gbps"] = link.bandwidth_lo_gbps
+                            "samples": link.samples, "source": link.source}
+    if link.rtt_hi_ms is not None:
+        item["rtt_hi_ms"] = link.rtt_hi_ms
+    if link.bandwidth_lo_gbps is not None:
+        item["bandwidth_lo_gbps"] = link.bandwidth_lo_gbps
     return item
 
 

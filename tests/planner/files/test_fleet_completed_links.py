@@ -37,7 +37,7 @@ def test_completed_site_links_round_trip(tmp_path):
     save_fleet_json(fleet, path)
     assert load_fleet(path).site_links == links
     written = json.loads(path.read_text())["site_links"]
-    assert "source" not in written[0] and "rtt_hi_ms" not in written[0]   # as before
+    assert written[0]["source"] == "measured" and "rtt_hi_ms" not in written[0]   # named
     assert written[1]["source"] == "predicted" and written[1]["bandwidth_lo_gbps"] == 1.25
     assert "bandwidth_lo_gbps" not in written[2]
 
@@ -53,7 +53,7 @@ def test_a_file_without_the_fields_reads_as_before_on_the_column_path(tmp_path, 
     assert (link.source, link.rtt_hi_ms, link.bandwidth_lo_gbps) == ("measured", None, None)
     assert fleet_to_json(load_fleet(path))["site_links"] == [
         {"src": "a", "dst": "b", "rtt_ms": 10.0, "bandwidth_gbps": 2.0, "loss": 0.0,
-         "samples": 0}]
+         "samples": 0, "source": "measured"}]
 
 
 @pytest.mark.parametrize("extra, field, expected", [
@@ -90,3 +90,10 @@ def test_duplicate_completed_links_keep_the_conservative_figures(tmp_path):
     assert (link.rtt_ms, link.bandwidth_gbps) == (15.0, 3.0)
     assert (link.rtt_hi_ms, link.bandwidth_lo_gbps) == (25.0, 1.0)
     assert link.source == "predicted"
+
+
+def test_a_measured_site_link_is_written_with_its_source_named():
+    from planner.core.fleet import SiteLink
+    from planner.files.fleet import _site_link_json
+    item = _site_link_json(SiteLink("tokyo", "osaka", rtt_ms=8.0, bandwidth_gbps=1.5, samples=12))
+    assert item["source"] == "measured" and item["samples"] == 12
