@@ -195,9 +195,16 @@ PLAN_JSON = Table("plan JSON (hulk-plan/1)", "file", "planner/files/plan.py", (
 ))
 
 CALIBRATION = Table("calibration file (calibrate --out)", "file", "planner/core/calibration.py", (
-    ("*.value, *.low, *.high", Rule("finite, >= 0 (> 0 for compute, bandwidth, communication); "
-                                    "low <= value <= high")),
-    ("bandwidth_exponent.*", Bound(0, 1, "an exponent")),
+    ("compute.*.value, low, high", Bound(*calibration.MULTIPLIER_RANGE, "a multiplier")),
+    ("bandwidth.*.value, low, high", Bound(*calibration.BANDWIDTH_GBPS_RANGE, "Gbit/s")),
+    ("communication.value, low, high", Bound(*calibration.MULTIPLIER_RANGE, "a divisor")),
+    ("outer_sync.value, low, high", Bound(*calibration.MULTIPLIER_RANGE, "a multiplier")),
+    ("hop_overhead_s.value, low, high", Bound(*calibration.OVERHEAD_S_RANGE, "seconds")),
+    ("micro_batch_overhead_s.value, low, high", Bound(*calibration.OVERHEAD_S_RANGE,
+                                                       "seconds")),
+    ("step_overhead_s.value, low, high", Bound(*calibration.OVERHEAD_S_RANGE, "seconds")),
+    ("bandwidth_exponent.value, low, high", Bound(*calibration.EXPONENT_RANGE, "an exponent")),
+    ("*.low, *.value, *.high", Rule("low <= value <= high")),
     ("*.fitted", BOOLEAN),
     ("*.runs", Bound(0, calibration.MAX_RUNS, "runs", integer=True)),
     ("compute, bandwidth (keys); outliers[]", Text(calibration.MAX_NAME_CHARS, "any")),

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from hulk.errors import InputError
+from hulk.wire.progress import MAX_STEP_S
 from planner.core.calibration_bandwidth import (INTER_SITE, INTRA_SITE, SOFT_L1_SCALE,
                                                 BandwidthFit, BandwidthObservation, Factor,
                                                 class_gbps, classed_bandwidth, fit_bandwidth,
@@ -60,6 +61,14 @@ MAX_RUNS = 2 ** 31 - 1
 # Formats whose bandwidth factors multiplied the RTT formula: no Gbit/s figure follows from them.
 OLD_FORMATS = ("hulk-calibration/1",)
 LOG_BOUND = 5.0           # factors within exp(+-5): wider than any real GPU or link is off
+# What a file may hold (docs/BOUNDS.md), wider than any fit gives: a multiplier (compute,
+# communication, outer_sync) within 1e-3 to 1e3 (the fit stays within exp(+-5)); a class figure
+# within 1e-6 to 1e6 Gbit/s; an overhead within 0 to MAX_STEP_S seconds (the fit's bound is the
+# longest measured step). Past these a plan's arithmetic would overflow or underflow.
+MULTIPLIER_RANGE = (1e-3, 1e3)
+BANDWIDTH_GBPS_RANGE = (1e-6, 1e6)
+OVERHEAD_S_RANGE = (0.0, MAX_STEP_S)
+EXPONENT_RANGE = (0.0, 1.0)
 MAX_OUTLIER_ROUNDS = 3
 # A parameter counts as fitted only if a 5% step each way moves some run's estimate by 0.1%.
 IDENTIFY_STEP, IDENTIFY_CHANGE = 0.05, 1e-3
@@ -175,7 +184,10 @@ class Calibration:
             if any(len(k) > MAX_NAME_CHARS for k in value):
                 raise InputError(f"expected names of at most {MAX_NAME_CHARS} characters",
                                  path=where, field=group)
-            groups[group] = {str(k): _factor_from(v, where, f"{group}.{k}", positive=True)
+            limits = MULTIPLIER_RANGE if group == "compute" else BANDWIDTH_GBPS_RANGE
+            # A name that is not printable is quoted: the message stays one line.
+            groups[group] = {str(k): _factor_from(
+                v, where, f"{group}.{k if str(k).isprintable() else ascii(k)}", limits)
                              for k, v in value.items()}
         outliers = data.get("outliers", [])
         if not isinstance(outliers, list) or not all(
@@ -186,18 +198,16 @@ class Calibration:
         # /4 file's outer-sync factor: each then reads at its prior.
         zero, one = _factor_json(Factor.prior(0.0)), _factor_json(Factor.prior(1.0))
         older = data["format"] != FORMAT
-        single = {name: _factor_from(data.get(name, default), where, name, positive=positive)
-                  for name, default, positive in (
-                      ("hop_overhead_s", None, False), ("communication", None, True),
-                      ("micro_batch_overhead_s", zero, False),
+        single = {name: _factor_from(data.get(name, default), where, name, limits)
+                  for name, default, limits in (
+                      ("hop_overhead_s", None, OVERHEAD_S_RANGE),
+                      ("communication", None, MULTIPLIER_RANGE),
+                      ("micro_batch_overhead_s", zero, OVERHEAD_S_RANGE),
                       ("step_overhead_s", zero if data["format"] == "hulk-calibration/3" else None,
-                       False),
-                      ("outer_sync", one if older else None, True))}
+                       OVERHEAD_S_RANGE),
+                      ("outer_sync", one if older else None, MULTIPLIER_RANGE))}
         exponent = _factor_from(data.get("bandwidth_exponent"), where, "bandwidth_exponent",
-                                positive=False)
-        if exponent.high > 1.0:
-            raise InputError("expected an exponent within [0, 1]", path=where,
-                             field="bandwidth_exponent")
+                                EXPONENT_RANGE)
         return cls(compute=groups["compute"], bandwidth=groups["bandwidth"], **single,
                    outliers=tuple(outliers), bandwidth_exponent=exponent)
 
@@ -206,17 +216,18 @@ def _factor_json(f: Factor) -> dict[str, Any]:
     return {"value": f.value, "low": f.low, "high": f.high, "runs": f.runs, "fitted": f.fitted}
 
 
-def _factor_from(value: Any, where: str, name: str, *, positive: bool) -> Factor:
+def _factor_from(value: Any, where: str, name: str, limits: tuple[float, float]) -> Factor:
     if not isinstance(value, dict):
         raise InputError("expected an object with value, low, high, runs, fitted", path=where,
                          field=name)
     numbers = {}
+    least, most = limits
     for key in ("value", "low", "high"):
         x = value.get(key)
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) \
-                or (x <= 0 if positive else x < 0):
-            raise InputError(f"expected a finite {'positive' if positive else 'non-negative'} "
-                             f"number, got {x!r}", path=where, field=f"{name}.{key}")
+        if isinstance(x, bool) or not isinstance(x, (int, float)) \
+                or not (isinstance(x, int) or math.isfinite(x)) or not least <= x <= most:
+            raise InputError(f"expected a number from {least:g} to {most:g}, got "
+                             f"{str(x)[:40]}", path=where, field=f"{name}.{key}")
         numbers[key] = float(x)
     if not numbers["low"] <= numbers["value"] <= numbers["high"]:
         raise InputError("expected low <= value <= high", path=where, field=name)

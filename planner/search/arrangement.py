@@ -162,8 +162,10 @@ def _balance_layers_numpy(job: Job, stage_thr: np.ndarray, caps: np.ndarray) -> 
     layers = np.ones(k, dtype=np.int64)
     with np.errstate(divide="ignore", invalid="ignore"):
         share = np.minimum(caps, np.maximum(1, np.floor(job.layers * stage_thr / stage_thr.sum())))
-    share = share.astype(np.int64)
-    if share.sum() <= job.layers:
+    # A NaN share (infinite throughputs: inf / inf) casts to a huge negative integer, and
+    # _fill_layers would then add layers one by one for ever: such a stage starts at one layer.
+    share = np.where(np.isfinite(share), share, 1).astype(np.int64)
+    if share.sum() <= job.layers and (share >= 1).all():
         layers = share
     return _fill_layers(layers.tolist(), stage_thr.tolist(), caps.tolist(),
                         job.layers - int(layers.sum()))

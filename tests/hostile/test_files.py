@@ -230,7 +230,8 @@ def test_the_valid_calibration_reads():
 def test_calibration_hostile_documents(doc):
     cal = read(load_calibration_file, "cal.json", dumps(doc).encode())
     if cal is not None:
-        assert within(CALIBRATION.limit("bandwidth_exponent.*"), cal.bandwidth_exponent.high)
+        assert within(CALIBRATION.limit("bandwidth_exponent.value, low, high"),
+                      cal.bandwidth_exponent.high)
 
 
 def test_calibration_runs_and_names_past_their_bounds_are_refused():
@@ -249,3 +250,68 @@ def test_calibration_runs_and_names_past_their_bounds_are_refused():
 @pytest.mark.parametrize("text", [deep(), HUGE_INTEGER])
 def test_calibration_nested_too_deeply_or_a_huge_integer_is_refused(text):
     assert read(load_calibration_file, "cal.json", text.encode()) is None
+
+
+# Every numeric field of a calibration file and its row in docs/BOUNDS.md.
+CALIBRATION_FIELDS = {
+    ("compute", "NVIDIA A100-SXM4-40GB"): "compute.*.value, low, high",
+    ("bandwidth", "intra-site"): "bandwidth.*.value, low, high",
+    ("communication",): "communication.value, low, high",
+    ("outer_sync",): "outer_sync.value, low, high",
+    ("hop_overhead_s",): "hop_overhead_s.value, low, high",
+    ("micro_batch_overhead_s",): "micro_batch_overhead_s.value, low, high",
+    ("step_overhead_s",): "step_overhead_s.value, low, high",
+    ("bandwidth_exponent",): "bandwidth_exponent.value, low, high",
+}
+
+
+def _with_number(where: tuple[str, ...], key: str, x) -> dict:
+    doc = json.loads(json.dumps(VALID_CALIBRATION))
+    factor = doc
+    for part in where:
+        factor = factor[part]
+    factor[key] = x
+    if key == "value":     # keep low <= value <= high where the number allows it
+        factor["low"], factor["high"] = x, x
+    return doc
+
+
+@pytest.mark.parametrize("where", list(CALIBRATION_FIELDS))
+@pytest.mark.parametrize("x", [1e308, 1.7e308, 5e-324, -1.0, 2 ** 70])
+def test_calibration_numbers_past_their_bounds_are_refused_naming_the_field(where, x):
+    limit = CALIBRATION.limit(CALIBRATION_FIELDS[where])
+    if limit.low <= x <= limit.high:
+        pytest.skip("inside this field's bounds")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "cal.json"
+        path.write_text(json.dumps(_with_number(where, "value", x)))
+        with pytest.raises(InputError) as err:
+            load_calibration_file(str(path))
+    one_clear_line(err.value, str(path), ".".join(where) + ".value")
+
+
+@settings(FUZZ, max_examples=120, derandomize=True)
+@given(st.sampled_from(list(CALIBRATION_FIELDS)), st.sampled_from(["value", "low", "high"]),
+       st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-2 ** 80, 2 ** 80)))
+def test_calibration_every_number_is_within_its_bound_or_refused(where, key, x):
+    cal = read(load_calibration_file, "cal.json", dumps(_with_number(where, key, x)).encode())
+    if cal is None:
+        return
+    factor = (cal.compute if where[0] == "compute" else cal.bandwidth)[where[1]] \
+        if len(where) == 2 else getattr(cal, where[0])
+    limit = CALIBRATION.limit(CALIBRATION_FIELDS[where])
+    for number in (factor.value, factor.low, factor.high):
+        assert within(limit, number), (where, key, x)
+
+
+@pytest.mark.timeout(20)
+def test_infinite_stage_throughputs_never_make_the_layer_split_loop():
+    # A compute factor of 1e308 made every throughput inf: inf / inf shares cast to a huge
+    # negative integer and the split added layers one by one for ever (plan ran past 150 s).
+    import numpy as np
+
+    from planner.core.jobs import catalog_job
+    from planner.search.arrangement import balance_layers
+    job = catalog_job("opt-175b")
+    layers = balance_layers(job, np.array([np.inf, np.inf, 1.0]), np.array([96, 96, 96]))
+    assert layers is not None and layers.sum() == job.layers and (layers >= 1).all()

@@ -152,8 +152,8 @@ def test_plan_with_a_calibration_file_says_so_in_output_and_json(tmp_path, capsy
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**TRUE.to_json(), "communication": {"value": math.inf}}))
     code, out, err = run(capsys, "plan", jobs, "--fleet", fleet, "--calibration", bad)
-    assert code == 2 and err == f"hulk-planner: {bad}: communication.value: expected a finite " \
-                                "positive number, got inf\n"
+    assert code == 2 and err == f"hulk-planner: {bad}: communication.value: expected a number " \
+                                "from 0.001 to 1000, got inf\n"
 
 
 def test_plan_from_a_store_with_calibration_data_defaults_to_calibrated(store_path, tmp_path,

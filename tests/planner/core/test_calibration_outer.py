@@ -115,7 +115,7 @@ def test_json_round_trip_and_older_formats():
     bad["outer_sync"]["value"] = 0
     with pytest.raises(InputError) as err:
         Calibration.from_json(bad, "cal.json")
-    assert "outer_sync.value" in str(err.value) and "positive" in str(err.value)
+    assert "outer_sync.value" in str(err.value) and "from 0.001" in str(err.value)
 
 
 def test_serve_exports_and_describes_the_factor_once_fitted():
