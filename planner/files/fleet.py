@@ -9,9 +9,11 @@ Two formats, told apart by content (not by the file name):
 
 Real files are flawed (the paper's own has self-loops, duplicates, trailing spaces). A flaw does not
 stop the import: it is reported once as an :class:`ImportIssue` with its file and line, and the
-fleet is repaired (self-loops dropped, duplicates averaged, names trimmed). A file that cannot be
-read as a fleet at all (bad number, missing column, unknown node) raises ``InputError`` naming the
-file, the line and the field.
+fleet is repaired (self-loops dropped, duplicates averaged, names trimmed). Fleet JSON, written by
+people or by Hulk, is held to more: a key written twice in one object, a node link to itself and
+two node links with different figures for one pair raise ``InputError``, as does a file that
+cannot be read as a fleet at all (bad number, missing column, unknown node), naming the file, the
+line and the field.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from planner.core.fleet import (FLEET_BOUNDS, FLEET_TEXT_CHARS, MAX_FLEET_NODES,
 from planner.core.gcpause import gc_paused
 from planner.files.fleet_links import (CarefulReadNeeded, LinkRecord, read_links,
                                        read_site_links, read_sites)
-from planner.files.jsonfields import Fields, LineFinder, json_type
+from planner.files.jsonfields import DUPLICATE_CHECK_BYTES, Fields, LineFinder, duplicate_key, json_type
 from planner.files.paper import (FLEET_FILE, MAX_FLEET_FILE_BYTES, PAPER_EDGES, PAPER_NODES,
                                  ImportIssue, read_paper, read_paper_zip, utf8_text)
 
@@ -163,6 +165,17 @@ def _typed_loads(data: bytes) -> dict[str, Any] | None:
 
 
 def _read_json(data: bytes, path: str, default_name: str) -> tuple[Fleet, list[ImportIssue]]:
+    if len(data) <= DUPLICATE_CHECK_BYTES:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None    # the readers below word it
+        found = duplicate_key(text) if text is not None else None
+        if found is not None:
+            key, line = found
+            shown = key if key.isprintable() else ascii(key)
+            raise InputError(f"the key {json.dumps(shown)[:80]} is written twice in one object "
+                             "(expected each key once)", path=path, line=line)
     doc = _typed_loads(data)
     if doc is not None:
         try:

@@ -244,8 +244,10 @@ def read_site_links(raw: Any, known: dict[str, str], path: str, lines: LineFinde
 def _careful_links(raw: list, section: str, allowed: set[str], known, what: str, known_in: str,
                    path: str, lines: LineFinder, issues: list[ImportIssue],
                    note_unknown: NoteUnknown, *, self_loops: bool) -> dict[tuple[str, str], dict]:
-    """Link by link: the first problem raises InputError with file, line and field; duplicates
-    are averaged, self-loops (of node links) and imputed links dropped, each reported once."""
+    """Link by link: the first problem raises InputError with file, line and field, a node link
+    from a node to itself and two node links with different figures for one pair among them; an
+    identical copy of a node link and imputed links are dropped, copies of a site link
+    averaged, each reported once."""
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     for i, obj in enumerate(raw):
         where = f"{section}[{i}]"
@@ -274,16 +276,26 @@ def _careful_links(raw: list, section: str, allowed: set[str], known, what: str,
                                           "(completion is recomputed from measured links)"))
                 continue
         if src == dst and not self_loops:
-            issues.append(ImportIssue(path, f.line(), f"self-loop {src} -> {dst} dropped"))
-            continue
+            raise InputError(f"a link from node {src!r} to itself (expected links between two "
+                             "different nodes)", path=path, line=f.line(), field=f"{where}.dst")
         key = (src, dst)
         if key in merged:
             first = merged[key]
-            conflicting = "conflicting " if rtt != first["rtts"][0] else ""
             kind = "link" if what == "node" else "site link"
+            first_line = lines.line(section, first["index"])
+            if what == "node" and (rtt != first["rtts"][0] or bw != first["bw0"]):
+                # Two figures for one pair of servers: which one the file means cannot be told.
+                raise InputError(f"conflicting duplicate of the {kind} {src} -> {dst} on line "
+                                 f"{first_line} (expected one link per pair, or identical "
+                                 "copies)", path=path, line=f.line(), field=where)
+            if what == "node":
+                issues.append(ImportIssue(path, f.line(), f"duplicate of the {kind} {src} -> "
+                                          f"{dst} on line {first_line}; counted once"))
+                continue
+            # Site links are summaries: copies from several sources are averaged.
+            conflicting = "conflicting " if rtt != first["rtts"][0] else ""
             issues.append(ImportIssue(path, f.line(), f"{conflicting}duplicate of the {kind} "
-                                      f"{src} -> {dst} on line "
-                                      f"{lines.line(section, first['index'])}; RTTs averaged"))
+                                      f"{src} -> {dst} on line {first_line}; RTTs averaged"))
             first["rtts"].append(rtt)
             first["samples"] += samples
             if bw is not None:
@@ -294,7 +306,7 @@ def _careful_links(raw: list, section: str, allowed: set[str], known, what: str,
                     held = first[name]
                     first[name] = completion[name] if held is None else pick(held, completion[name])
             continue
-        merged[key] = {"index": i, "rtts": [rtt], "bws": [] if bw is None else [bw],
+        merged[key] = {"index": i, "rtts": [rtt], "bws": [] if bw is None else [bw], "bw0": bw,
                        "loss": loss, "samples": samples, "source": MEASURED, "rtt_hi": None,
                        "bw_lo": None, **completion}
     for m in merged.values():

@@ -79,10 +79,13 @@ def test_design_md_example_reads(tmp_path: Path):
             "loss": 0.0, "samples": 1200},
            {"src": "tokyo-2", "dst": "tokyo-2", "rtt_ms": 0.1}]}
 """)
+    with pytest.raises(InputError, match=r"d\.json:7: links\[1\]\.dst: a link from node 'tokyo-2' "
+                       "to itself"):
+        load_fleet_with_report(p)
+    p.write_text(p.read_text().replace('"dst": "tokyo-2", "rtt_ms": 0.1', '"dst": "beijing-1", "rtt_ms": 74.1'))
     fleet, issues = load_fleet_with_report(p)
     assert [n.id for n in fleet.nodes] == ["beijing-1", "tokyo-2"]
-    assert len(fleet.links) == 1 and fleet.links[0].samples == 1200
-    assert len(issues) == 1 and "self-loop" in issues[0].message and issues[0].line == 7
+    assert len(fleet.links) == 2 and fleet.links[0].samples == 1200 and issues == []
 
 
 @pytest.mark.process
@@ -178,3 +181,41 @@ def test_bad_zip_and_missing_path(tmp_path: Path):
         load_fleet(z)
     with pytest.raises(InputError, match="no such file"):
         load_fleet(tmp_path / "nope.json")
+
+
+FLEET_TWO = """{"name": "two",
+ "nodes": [{"id": "a-1", "city": "Beijing", "gpus": 8, "gpu_name": "NVIDIA A100-SXM4-40GB"},
+           {"id": "b-1", "city": "Tokyo", "gpus": 8, "gpu_name": "NVIDIA A100-SXM4-40GB"}],
+ "links": [{"src": "a-1", "dst": "b-1", "rtt_ms": 74.3}]}
+"""
+
+
+@pytest.mark.parametrize("doc, key, line", [
+    (FLEET_TWO.replace('{"id": "b-1",', '{"id": "b-1", "id": "c-1",'), "id", 3),
+    (FLEET_TWO.replace('"links": [', '"nodes": [], "links": ['), "nodes", 4),
+    (FLEET_TWO.replace('"rtt_ms": 74.3}', '"rtt_ms": 74.3, "rtt_ms": 1.0}'), "rtt_ms", 4),
+])
+def test_a_key_written_twice_is_refused_naming_the_key_and_its_line(tmp_path: Path, doc, key,
+                                                                      line):
+    p = tmp_path / "dup.json"
+    p.write_text(doc)
+    with pytest.raises(InputError) as err:
+        load_fleet(p)
+    message = str(err.value)
+    assert message.startswith(f"{p}:{line}:") and f'"{key}" is written twice' in message
+    assert "\n" not in message
+
+
+def test_two_links_for_one_pair_with_different_figures_are_refused(tmp_path: Path):
+    p = tmp_path / "conflict.json"
+    p.write_text(FLEET_TWO.replace(
+        '"rtt_ms": 74.3}]', '"rtt_ms": 74.3},\n  {"src": "a-1", "dst": "b-1", "rtt_ms": 7.0}]'))
+    with pytest.raises(InputError, match=r"conflict\.json:5: links\[1\]: conflicting duplicate "
+                       r"of the link a-1 -> b-1 on line 4"):
+        load_fleet(p)
+    same = tmp_path / "same.json"
+    same.write_text(FLEET_TWO.replace(
+        '"rtt_ms": 74.3}]', '"rtt_ms": 74.3},\n  {"src": "a-1", "dst": "b-1", "rtt_ms": 74.3}]'))
+    fleet, issues = load_fleet_with_report(same)
+    assert len(fleet.links) == 1 and fleet.links[0].rtt_ms == 74.3
+    assert len(issues) == 1 and "duplicate of the link a-1 -> b-1 on line 4" in issues[0].message

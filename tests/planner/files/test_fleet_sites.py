@@ -143,7 +143,6 @@ def test_typed_link_records_read_exactly_as_the_dict_path(tmp_path, monkeypatch)
 @pytest.mark.parametrize("flaw, expected", [
     (lambda links: links[5].update(imputed=True), "imputed link"),
     (lambda links: links[5].update(colour="red"), "unknown field links[].colour"),
-    (lambda links: links[5].update(dst=links[5]["src"]), "self-loop"),
     (lambda links: links.append(dict(links[5])), "duplicate of the link"),
 ])
 def test_links_the_typed_path_refuses_are_reported_by_the_careful_reader(tmp_path, flaw,
@@ -155,6 +154,22 @@ def test_links_the_typed_path_refuses_are_reported_by_the_careful_reader(tmp_pat
     flaw(document["links"])
     _, issues = load_fleet_with_report(write(tmp_path, document))
     assert len(issues) == 1 and expected in issues[0].message and issues[0].line
+
+
+@pytest.mark.parametrize("flaw, expected", [
+    (lambda links: links[5].update(dst=links[5]["src"]), r"links\[5\]\.dst: a link from node"),
+    (lambda links: links.append(dict(links[5], rtt_ms=links[5]["rtt_ms"] * 3)),
+     r"conflicting duplicate of the link"),
+])
+def test_links_the_typed_path_refuses_and_no_repair_can_mend_are_errors(tmp_path, flaw,
+                                                                         expected):
+    fleet = generate_fleet(12, seed=5, missing_fraction=0.0)
+    path = tmp_path / "mesh.json"
+    save_fleet_json(fleet, path)
+    document = json.loads(path.read_text())
+    flaw(document["links"])
+    with pytest.raises(InputError, match=expected):
+        load_fleet_with_report(write(tmp_path, document))
 
 
 @pytest.mark.parametrize("value, fragment", [

@@ -48,13 +48,18 @@ def test_errors_and_flaws_still_name_their_line(tmp_path):
     doc = {"nodes": [NODE, dict(NODE, id="b")],
            "links": [{"src": "a", "dst": "b", "rtt_ms": 1.0}, {"src": "a", "dst": "b", "rtt_ms": 3.0}]}
     text = json.dumps(doc, indent=1)
-    fleet, issues = load_fleet_with_report(write_fleet(tmp_path, text))
-    assert fleet.links[0].rtt_ms == 2.0
     second_link_line = [i + 1 for i, line in enumerate(text.splitlines())
                         if '"rtt_ms": 3.0' in line][0]
+    with pytest.raises(InputError) as conflict:
+        load_fleet_with_report(write_fleet(tmp_path, text))
+    assert "conflicting duplicate of the link a -> b" in str(conflict.value)
+    assert conflict.value.line is not None and conflict.value.line < second_link_line   # its opening line
+    doc["links"][1]["rtt_ms"] = 1.0
+    text = json.dumps(doc, indent=1)
+    fleet, issues = load_fleet_with_report(write_fleet(tmp_path, text))
+    assert fleet.links[0].rtt_ms == 1.0
     (issue,) = issues
-    assert "duplicate of the link a -> b" in issue.message
-    assert issue.line is not None and issue.line < second_link_line   # the object's opening line
+    assert "duplicate of the link a -> b" in issue.message and issue.line is not None
     doc["nodes"][1]["gpus"] = -1
     text = json.dumps(doc, indent=1)
     with pytest.raises(InputError) as caught:
