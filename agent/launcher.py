@@ -58,6 +58,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from agent.joblog import root_cause
 from agent.jobproc import (KILLED_CODE, ProcessHandle, ProcessRunner, RunRecord, SubprocessRunner,
                            read_exit_code, read_records, role_json, unit_name)
 from agent.progress import read_progress
@@ -146,6 +147,10 @@ def exit_detail(code: int, log_path: Path | None) -> str:
         if found is not None:
             first, last, total, lines = found
             head += [f"first error (lines {first}-{last} of {total}):", *lines]
+            cause = root_cause(log_path)
+            if cause is not None and not first <= cause[0] <= last:
+                # A traceback's cause is its last line, often past the window's frames.
+                head.append(clip(f"cause (line {cause[0]}): {cause[1]}", LINE_MAX_BYTES))
         head.append("last lines:")
     foot = clip(f"full log: {os.path.abspath(log_path)}", 600)
     room = DETAIL_MAX_BYTES - len("\n".join([*head, foot]).encode()) - 1
