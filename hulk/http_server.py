@@ -3,8 +3,12 @@
 An unauthenticated peer must not be able to hold what an operator or Prometheus needs, so:
 
 - each source address (an IPv6 source by its /64) holds at most ``per_source`` connections and
-  the server at most ``total``; a connection over either cap is closed as soon as it is accepted,
-  so threads never exceed ``total``;
+  the server at most ``total``; a connection over its source's cap is closed as soon as it is
+  accepted. When the total is reached, a newcomer from a source holding fewer connections than
+  the source holding the most takes the place of that source's longest-waiting connection that
+  has not sent a request head yet (fair shares: many slow sources cannot lock out the operator);
+  otherwise it is closed. Threads never exceed ``total`` plus the evicted ones, which end at
+  once (their socket is shut down under them);
 - the TLS handshake, the request line and the headers of every request must arrive within
   ``head_timeout_s`` of the server starting to wait for them: a deadline, not a per-read timeout,
   so a peer dripping a byte at a time is cut off as surely as a silent one, and a kept-alive
@@ -112,10 +116,12 @@ class BoundedHandler(BaseHTTPRequestHandler):
         if self._reader.deadline is None:
             limits: ConnectionLimits = self.server.limits   # type: ignore[attr-defined]
             self._reader.deadline = time.monotonic() + limits.head_timeout_s
+            self.server.head_waiting(self.request, True)   # type: ignore[attr-defined]
         super().handle_one_request()
 
     def parse_request(self) -> bool:
         ok = super().parse_request()     # reads the headers: the head is complete after this
+        self.server.head_waiting(self.request, False)      # type: ignore[attr-defined]
         self._reader.deadline = None
         self.connection.settimeout(self._reader.timeout_s)   # the answer's writes
         return ok
@@ -136,7 +142,8 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._per_source: dict[str, int] = {}
         self._open: dict[socket.socket, str] = {}
-        self.refused = 0
+        self._waiting: dict[socket.socket, float] = {}   # no request head yet: since when
+        self.refused = self.evicted = 0
         super().__init__(address, handler)
 
     @property
@@ -152,30 +159,68 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     def verify_request(self, request, client_address) -> bool:
         key = source_key(str(client_address[0]))
+        victim = None
         with self._lock:
-            ok = (len(self._open) < self.limits.total
-                  and self._per_source.get(key, 0) < self.limits.per_source)
+            held = self._per_source.get(key, 0)
+            ok = held < self.limits.per_source
+            if ok and len(self._open) >= self.limits.total:
+                victim = self._victim(held)
+                ok = victim is not None
+                if victim is not None:
+                    self._forget(victim)
+                    self.evicted += 1
             if ok:
-                self._per_source[key] = self._per_source.get(key, 0) + 1
+                self._per_source[key] = held + 1
                 self._open[request] = key
+                self._waiting[request] = time.monotonic()
             else:
                 self.refused += 1
                 refused = self.refused
+        if victim is not None:
+            try:    # its thread's read ends now and the thread with it
+                socket.socket.shutdown(victim, socket.SHUT_RDWR)
+            except OSError:
+                pass
         if not ok and refused % WARN_EVERY == 1:
             log.warning("%s: refusing connections over the caps (%d from one source, %d in all); "
                         "%d refused so far, the latest from %s", self.name, self.limits.per_source,
                         self.limits.total, refused, key)
         return ok
 
+    def _victim(self, newcomer_holds: int) -> socket.socket | None:
+        """The longest-waiting connection with no request head yet of the source that holds
+        the most, if that source holds more than the newcomer's would (caller holds the lock)."""
+        best = None
+        for sock, since in self._waiting.items():
+            held = self._per_source[self._open[sock]]
+            if held > newcomer_holds + 1 and (best is None or (held, -since) > best[0]):
+                best = ((held, -since), sock)
+        return None if best is None else best[1]
+
+    def _forget(self, request) -> None:
+        """Frees the connection's slot (caller holds the lock); a second call does nothing."""
+        self._waiting.pop(request, None)
+        key = self._open.pop(request, None)
+        if key is not None:
+            left = self._per_source[key] - 1
+            if left:
+                self._per_source[key] = left
+            else:
+                del self._per_source[key]
+
+    def head_waiting(self, request, waiting: bool) -> None:
+        """The handler waits for a request head (an idle kept-alive connection too) or has one."""
+        with self._lock:
+            if request not in self._open:
+                return
+            if waiting:
+                self._waiting.setdefault(request, time.monotonic())
+            else:
+                self._waiting.pop(request, None)
+
     def _release(self, request) -> None:
         with self._lock:
-            key = self._open.pop(request, None)
-            if key is not None:
-                left = self._per_source[key] - 1
-                if left:
-                    self._per_source[key] = left
-                else:
-                    del self._per_source[key]
+            self._forget(request)
 
     def process_request(self, request, client_address) -> None:
         try:
