@@ -4,10 +4,11 @@ An unauthenticated peer must not be able to hold what an operator or Prometheus 
 
 - each source address (an IPv6 source by its /64) holds at most ``per_source`` connections and
   the server at most ``total``; a connection over its source's cap is closed as soon as it is
-  accepted. When the total is reached, a newcomer from a source holding fewer connections than
-  the source holding the most takes the place of that source's longest-waiting connection that
-  has not sent a request head yet (fair shares: many slow sources cannot lock out the operator);
-  otherwise it is closed. Threads never exceed ``total`` plus the evicted ones, which end at
+  accepted. When the total is reached, a newcomer takes the place of its own source's
+  longest-waiting connection that has not sent a request head yet (an idle kept-alive one, or
+  one its client gave up on), else, if its source holds none or at least two fewer than the
+  source holding the most, of that source's longest-waiting one (fair shares: many slow sources cannot
+  lock out the operator); otherwise it is closed. Threads never exceed ``total`` plus the evicted ones, which end at
   once (their socket is shut down under them);
 - the TLS handshake, the request line and the headers of every request must arrive within
   ``head_timeout_s`` of the server starting to wait for them: a deadline, not a per-read timeout,
@@ -164,7 +165,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
             held = self._per_source.get(key, 0)
             ok = held < self.limits.per_source
             if ok and len(self._open) >= self.limits.total:
-                victim = self._victim(held)
+                victim = self._victim(key, held)
                 ok = victim is not None
                 if victim is not None:
                     self._forget(victim)
@@ -187,14 +188,20 @@ class BoundedHTTPServer(ThreadingHTTPServer):
                         self.limits.total, refused, key)
         return ok
 
-    def _victim(self, newcomer_holds: int) -> socket.socket | None:
-        """The longest-waiting connection with no request head yet of the source that holds
-        the most, if that source holds more than the newcomer's would (caller holds the lock)."""
+    def _victim(self, newcomer: str, newcomer_holds: int) -> socket.socket | None:
+        """The connection a newcomer from source ``newcomer`` takes the place of (caller holds
+        the lock): the longest-waiting one with no request head yet of its own source (a client
+        reconnecting replaces its own idle one), else of the source that holds the most, if that
+        source holds two more than the newcomer's (equal shares do not flip back and forth) or
+        the newcomer's holds none (a new source always gets in while a connection waits)."""
         best = None
         for sock, since in self._waiting.items():
-            held = self._per_source[self._open[sock]]
-            if held > newcomer_holds + 1 and (best is None or (held, -since) > best[0]):
-                best = ((held, -since), sock)
+            key = self._open[sock]
+            held = self._per_source[key]
+            rank = (key == newcomer, held, -since)
+            fair = held > newcomer_holds + (newcomer_holds > 0)
+            if (key == newcomer or fair) and (best is None or rank > best[0]):
+                best = (rank, sock)
         return None if best is None else best[1]
 
     def _forget(self, request) -> None:
