@@ -7,6 +7,11 @@
   and SIGINT (one that came before the job existed is passed on to it), so a stop signal to the
   group reaches the job and the wrapper still records its code; SIGKILL takes the wrapper too and
   leaves no ``exit.json`` (read as -9).
+- Fencing: where the job's folder holds ``lease.json`` (the node lease, agent/lease.py) when it
+  starts, the wrapper is the job's child subreaper and reads the lease every ``poll_s``; once
+  its deadline (CLOCK_BOOTTIME) has passed it sends SIGTERM to every process below it and their
+  groups, SIGKILL ``grace_s`` later, reaps them all and records ``{"code": N, "fenced": why}``.
+  It never un-fences, and a lease already lapsed at the start runs nothing.
 - With ``job_scope`` systemd (or auto, where systemd runs and the agent is root: an unprivileged
   agent may not create system units), the wrapper starts in a transient scope (``systemd-run
   --scope``), outside the agent's cgroup, so the job outlives any stop of the agent's unit.
@@ -39,23 +44,51 @@ from hulk.wire.placement import NodePlacement, Role
 log = logging.getLogger(__name__)
 
 EXIT_FILE = "exit.json"
+LEASE_FILE = "lease.json"  # the node lease's deadline for this job (agent/lease.py)
 RUN_FILE = "run.json"
 SCOPES = ("auto", "systemd", "session")
 KILLED_CODE = -9          # a job whose wrapper left no exit.json was killed (SIGKILL, a reboot)
 
-# argv: EXIT_PATH ("" for none), DROP_CAPS ("1"/"0"), then the job's argv. Run by a fresh
-# interpreter rather than a preexec_fn: Python code between fork and exec in the agent, whose
-# gRPC and DNS threads may hold locks, can deadlock or abort the child; this process has no
-# threads, so its own fork is safe. Capabilities are dropped here, before the fork, so the job
-# inherits none and no_new_privs keeps it so (Linux prctl/capset), even under a root agent.
+# argv: EXIT_PATH ("" for none), LEASE_PATH ("" for none), DROP_CAPS ("1"/"0"), then the job's
+# argv. Run by a fresh interpreter rather than a preexec_fn: Python code between fork and exec in
+# the agent, whose gRPC and DNS threads may hold locks, can deadlock or abort the child; this
+# process has no threads, so its own fork is safe. Capabilities are dropped here, before the
+# fork, so the job inherits none and no_new_privs keeps it so (Linux prctl/capset), even under a
+# root agent. With a lease (agent/lease.py) the wrapper is the job's subreaper (an orphaned
+# worker stays its descendant) and fences the job once the lease's deadline has passed.
 WRAPPER = r"""
 import signal
 stops = {signal.SIGTERM, signal.SIGINT}
 signal.pthread_sigmask(signal.SIG_BLOCK, stops)   # a stop that comes before the fork is the job's
-import ctypes, json, os, sys
-exit_path, drop, argv = sys.argv[1], sys.argv[2] == "1", sys.argv[3:]
+import ctypes, json, os, sys, time
+exit_path, lease_path, drop, argv = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4:]
+libc = ctypes.CDLL(None, use_errno=True)
+clock = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+terms = [0.0, 0.5, 3.0]                             # deadline, poll, grace; unreadable: lapsed
+def lease():
+    try:
+        with open(lease_path) as f:
+            d = json.load(f)
+        deadline, poll, grace = float(d["deadline"]), float(d["poll_s"]), float(d["grace_s"])
+        if deadline == deadline and poll == poll and grace == grace:   # not NaN
+            terms[:] = [deadline, min(max(poll, 0.01), 5.0), min(max(grace, 0.0), 60.0)]
+    except (OSError, ValueError, KeyError, TypeError, OverflowError):
+        pass                                        # the last good deadline still holds
+    return terms
+def record(code, fenced=""):
+    if exit_path:
+        tmp = f"{exit_path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"code": code, **({"fenced": fenced} if fenced else {})}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, exit_path)
+    os._exit(code if code >= 0 else 128 - code)
+if lease_path:
+    libc.prctl(36, 1, 0, 0, 0)                      # PR_SET_CHILD_SUBREAPER
+    if lease()[0] <= time.clock_gettime(clock):
+        record(-15, "the node's lease had lapsed before the job started")
 if drop:
-    libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(38, 1, 0, 0, 0)                      # PR_SET_NO_NEW_PRIVS
     libc.prctl(47, 4, 0, 0, 0)                      # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
     for cap in range(64):                           # PR_CAPBSET_DROP each (EINVAL past the last)
@@ -79,15 +112,61 @@ for signum in stops:
 signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
 for signum in early:
     os.kill(pid, signum)
-code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-if exit_path:
-    tmp = f"{exit_path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"code": code}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, exit_path)
-os._exit(code if code >= 0 else 128 - code)
+if not lease_path:
+    record(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+me = os.getpid()
+def descendants():                                  # [(pid, group)] of every process below us
+    kids = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                kids.setdefault(int(fields[1]), []).append((int(entry), int(fields[2])))
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = [], [me]
+    while todo:
+        for child, group in kids.get(todo.pop(), ()):
+            out.append((child, group))
+            todo.append(child)
+    return out
+def stop_all(sig):                                  # torchrun's workers lead groups of their own
+    procs = descendants()
+    for target in sorted({g for _, g in procs if g != me}):
+        try:
+            os.killpg(target, sig)
+        except OSError:
+            pass
+    for target, _ in procs:
+        try:
+            os.kill(target, sig)
+        except OSError:
+            pass
+code, fenced, kill_at, killed = None, "", 0.0, False
+while True:
+    try:
+        got, status = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:                       # nothing left below us
+        break
+    if got == pid:
+        code = os.waitstatus_to_exitcode(status)
+        if not fenced:
+            break
+    if got:
+        continue                                    # reap every orphan the job leaves us
+    now = time.clock_gettime(clock)
+    deadline, poll, grace = lease()
+    if not fenced and now >= deadline:
+        fenced = f"the node's lease lapsed {now - deadline:.1f} s ago: SIGTERM to the job"
+        kill_at = now + grace
+        stop_all(signal.SIGTERM)
+    elif fenced and not killed and now >= kill_at:
+        killed = True
+        fenced += f", SIGKILL {grace:g} s later"
+        stop_all(signal.SIGKILL)
+    time.sleep(min(poll, 0.05) if fenced else poll)
+record(code if code is not None else -9, fenced)
 """
 
 
@@ -160,6 +239,17 @@ def is_alive(pid: int, ticks: int) -> bool:
 def role_json(role: Role) -> dict[str, Any]:
     """The role as a placement message carries it (hulk.wire.placement's rendering)."""
     return NodePlacement(fleet="", node="", plan_id="", roles=(role,)).to_json()["roles"][0]
+
+
+def read_fenced(path: Path | None) -> str:
+    """Why the wrapper fenced the job (``exit.json``'s ``fenced``); empty when it did not."""
+    if path is None:
+        return ""
+    try:
+        fenced = json.loads(path.read_text()).get("fenced", "")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return fenced[:300] if isinstance(fenced, str) else ""
 
 
 def read_exit_code(path: Path | None) -> int | None:
@@ -332,7 +422,10 @@ class SubprocessRunner:
         exit_path = Path(os.path.abspath(cwd / EXIT_FILE)) if cwd is not None else None
         if exit_path is not None:
             exit_path.unlink(missing_ok=True)     # an earlier run's code is not this run's
-        wrapped = [sys.executable, "-I", "-S", "-c", WRAPPER, str(exit_path or ""),
+        # The launcher writes the job's lease before the start when the agent keeps one.
+        lease_path = Path(os.path.abspath(cwd / LEASE_FILE)) if cwd is not None else None
+        lease = str(lease_path) if lease_path is not None and lease_path.is_file() else ""
+        wrapped = [sys.executable, "-I", "-S", "-c", WRAPPER, str(exit_path or ""), lease,
                    "1" if self.drop_caps else "0", *argv]
         if self.scope == "systemd" and unit:
             systemd_run = shutil.which("systemd-run")

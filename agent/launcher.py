@@ -57,14 +57,19 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.joblog import root_cause
-from agent.jobproc import (KILLED_CODE, ProcessHandle, ProcessRunner, RunRecord, SubprocessRunner,
-                           read_exit_code, read_records, role_json, unit_name)
+from agent.jobproc import (EXIT_FILE, KILLED_CODE, LEASE_FILE, ProcessHandle, ProcessRunner,
+                           RunRecord, SubprocessRunner, read_exit_code, read_fenced, read_records,
+                           role_json, unit_name)
 from agent.progress import read_progress
 from hulk.wire.placement import NodePlacement, Role, command_allowed, valid_job_name
 from hulk.wire.progress import ENV_VAR as PROGRESS_ENV_VAR
 from hulk.wire.records import LaunchState, LaunchStatus
+
+if TYPE_CHECKING:
+    from agent.lease import NodeLease
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +252,8 @@ class Launcher:
                  base_env: Mapping[str, str] | None = None,
                  on_status: Callable[[LaunchStatus], None] | None = None,
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-                 tail_every_s: float = 10.0, adopt_poll_s: float = 1.0, job_scope: str = "auto"):
+                 tail_every_s: float = 10.0, adopt_poll_s: float = 1.0, job_scope: str = "auto",
+                 lease: NodeLease | None = None):
         self.runner = runner or SubprocessRunner(scope=job_scope)
         self.command = command or TorchrunCommand()
         self.grace_s = grace_s
@@ -263,6 +269,7 @@ class Launcher:
         self._clock_ms = clock_ms
         self.tail_every_s = tail_every_s
         self.adopt_poll_s = adopt_poll_s
+        self.lease = lease        # None: no fencing (the node lease, agent/lease.py)
         self._first = True        # the first apply takes over what an earlier agent left running
         self.status = LaunchStatus(changed_at_ms=clock_ms())
         self._roles: tuple[Role, ...] | None = None
@@ -441,6 +448,7 @@ class Launcher:
             progress_path = progress_file(cwd, role)
             if progress_path is not None:
                 env[PROGRESS_ENV_VAR] = str(progress_path)
+            await self._hold_lease(cwd)
             proc = await self.runner.start(argv, env, cwd, log_path, unit=unit_name(role))
         except (OSError, ValueError) as exc:
             self._set(state=LaunchState.FAILED, detail=f"cannot start: {exc}")
@@ -481,7 +489,26 @@ class Launcher:
         await self._ended(code, log_path, progress_path)
         return code
 
+    async def _hold_lease(self, cwd: Path | None) -> None:
+        """A job starts only while this node holds its lease, with the lease in its folder."""
+        if cwd is None:
+            return
+        if self.lease is None:
+            (cwd / LEASE_FILE).unlink(missing_ok=True)    # an earlier agent's: not this run's
+            return
+        if not self.lease.valid():
+            self._set(detail="waiting for the planner to acknowledge a heartbeat (node lease)")
+            await self.lease.wait_valid()
+        self.lease.track(cwd)
+
     async def _ended(self, code: int, log_path: Path | None, progress_path: Path | None) -> None:
         detail = await asyncio.to_thread(exit_detail, code, log_path)   # reads the whole log
+        if log_path is not None:   # the job's folder holds its log, exit.json and lease.json
+            if self.lease is not None:
+                self.lease.untrack(log_path.parent)
+            fenced = read_fenced(log_path.parent / EXIT_FILE)
+            if fenced:
+                log.warning("job %s was fenced: %s", self.status.job, fenced)
+                detail = f"fenced: {fenced}\n{detail}"
         self._set(state=LaunchState.EXITED, exit_code=code, detail=detail,
                   progress=read_progress(progress_path) or self.status.progress)

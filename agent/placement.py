@@ -364,7 +364,7 @@ class PlacementComponent:
         return cls(parse_broker_url(config.mqtt, source="--mqtt/HULK_MQTT"), state_dir=config.state_dir,
                    node_id=config.node_id, config=config, subscriber_kwargs={"verifier": verifier})
 
-    def _make_launcher(self, on_status: Callable[[Any], None]) -> Any:
+    def _make_launcher(self, on_status: Callable[[Any], None], lease: Any = None) -> Any:
         if self._launcher_factory is not None:
             return self._launcher_factory(on_status=on_status)
         from agent.launcher import Launcher, TorchrunCommand
@@ -374,12 +374,13 @@ class PlacementComponent:
                         jobs_dir=self.state_dir / "jobs", on_status=on_status,
                         allowed_commands=getattr(config, "allowed_commands", ()),
                         pass_env=getattr(config, "pass_env", ()),
-                        job_scope=getattr(config, "job_scope", "auto"))
+                        job_scope=getattr(config, "job_scope", "auto"), lease=lease)
 
     async def run(self, runtime: Any) -> None:
         registration = await runtime.wait_registered()
         fleet = self.fleet or getattr(registration, "fleet", "") or "default"
-        self.launcher = self._make_launcher(runtime.set_launch_status)
+        self.launcher = self._make_launcher(runtime.set_launch_status,
+                                            getattr(runtime, "lease", None))
         kwargs = {"events": getattr(runtime, "events", NO_EVENTS), **self._subscriber_kwargs}
         self.subscriber = PlacementSubscriber(self.broker, fleet=fleet, node_id=self.node_id,
                                               state_dir=self.state_dir, on_change=self.launcher.apply,

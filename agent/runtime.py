@@ -31,6 +31,7 @@ from agent.clock import Clock, SystemClock, epoch_ms
 from agent.config import PROBE_DEFAULTS, AgentConfig
 from agent.icmp import IcmpPinger, detect_icmp_mode
 from agent.inventory import inventory_reader_for
+from agent.lease import NodeLease
 from agent.metrics import NO_EVENTS, AgentEvents
 from agent.peers import paced_interval_s
 from agent.prober import Connector, Pinger, Prober, ProbeListener, TcpConnector
@@ -157,6 +158,9 @@ class AgentRuntime:
         self._registered: asyncio.Event | None = None
         self._reregister: asyncio.Event | None = None
         self.heartbeats_sent = 0
+        # Renewed by each acknowledged heartbeat; the launcher keeps it in its jobs' folders.
+        state_dir = getattr(config, "state_dir", None)
+        self.lease = NodeLease(state_dir / "jobs" if state_dir else None)
         self._warned_settings: set[tuple[str, str]] = set()
         self.throughput: ThroughputTests | None = None
         if config.throughput_port:
@@ -449,12 +453,23 @@ class AgentRuntime:
         await self.wait_registered()
         await self.reporter.run()
 
+    def beat_interval_s(self) -> float:
+        """The heartbeat interval: at most a third of the lease's renewal, so one lost beat
+        costs no job."""
+        return min(self.heartbeat_interval_s, self.lease.terms.renew_s / 3)
+
     async def _heartbeat_loop(self) -> None:
         await self.wait_registered()
         failures = 0
+        first = True
         while True:
-            await self.clock.sleep(self.heartbeat_interval_s)
+            # The first beat right after registering: a restarted agent renews the lease of the
+            # job it adopts before the one its predecessor left lapses.
+            if not first:
+                await self.clock.sleep(self.beat_interval_s())
+            first = False
             sent_ms = epoch_ms(self.clock)
+            sent_at = self.lease.clock()     # the lease counts from the send, never the answer
             try:
                 result = await self.client.heartbeat(
                     self.config.node_id, sent_ms,
@@ -474,6 +489,7 @@ class AgentRuntime:
                 continue
             failures = 0
             self.heartbeats_sent += 1
+            self.lease.granted(sent_at, getattr(result, "lease_s", 0.0))
             self.events.heartbeat(True, sent_ms, epoch_ms(self.clock), result.server_time_ms)
             if result.throughput_slots:
                 self._accept_slots(result.throughput_slots)

@@ -9,7 +9,8 @@ all-reduce), ``bf16`` or ``int8`` (one absmax scale per parameter tensor); the c
 travel by all_gather and are averaged in fp32, since gloo does not reduce bf16 or int8 and a bf16
 sum would round at every hop.
 
-It sits beside train_gpt.py and gpt_parts.py (copy the three to a GPU server).
+It sits beside train_gpt.py, gpt_parts.py and gpt_checkpoints.py (copy the four to a GPU
+server).
 """
 
 from __future__ import annotations

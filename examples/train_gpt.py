@@ -17,7 +17,12 @@ rank agrees on (a step is skipped everywhere when any stage's gradients overflow
 Checkpoints: with HULK_CHECKPOINT_DIR (or ``--checkpoint-dir``) set, every ``--checkpoint-every``
 steps each rank writes its shard, ``step-NNNNNNNN/shard-L<lo>-<hi>-of<layers>-r<replica>.pt``
 (its parameters under whole-model names, optimizer state, step, RNG, loss scale), atomically
-(a temporary file renamed into place). On start every rank lists the steps whose shards cover its
+(a temporary file renamed into place). Checkpoints are fenced by epoch (the placement's
+HULK_RESTART_COUNT): a shard of epoch N > 0 ends ``-eN.pt``, a rank claims its epoch in the
+folder's ``epoch`` file on start, and a rank that finds a newer epoch there, on start or around
+a checkpoint, writes nothing and exits 3 ("fenced"), so an old copy left running by a partition
+never overwrites or publishes what the new copy resumes from; resume takes the newest epoch, then
+its latest step that every rank has. On start every rank lists the steps whose shards cover its
 layers, the ranks agree on the latest step all of them have, and training continues from there;
 shards are named by layers, so a job re-planned with other stage splits resumes too, if the
 folder is shared storage (a node-local folder resumes the same nodes only).
@@ -30,7 +35,8 @@ variables the WORLD_SIZE processes form one pipeline with layers split evenly, s
 
 works on a laptop. The data is a short built-in text, character level (``--corpus markov``: a
 long seeded Markov text fitted on it); one step takes well under
-a second at the default size on CPU. Exit code 0 after ``--steps`` steps; 2 on a bad role.
+a second at the default size on CPU. Exit code 0 after ``--steps`` steps; 2 on a bad role; 3
+when fenced.
 
 With HULK_SYNC=diloco the replicas form islands (HULK_ISLAND, HULK_NUM_ISLANDS): the gradient
 all-reduce stays within the island, and every HULK_INNER_STEPS steps (and after the last) the
@@ -42,9 +48,9 @@ outer momentum. HULK_STREAMING_FRAGMENTS above 0 is refused (exit 2). ``--outer-
 step's line says where its time went (``exchange``: among the islands' leaders, waiting for the
 slowest included; ``broadcast``: within the island).
 
-This file holds the command line and the training loop; roles, the model, the loss scale and the
-checkpoints are in gpt_parts.py beside it, DiLoCo's parts in diloco.py (copy the three to a GPU
-server).
+This file holds the command line and the training loop; roles, the model and the loss scale are in
+gpt_parts.py beside it, the checkpoints in gpt_checkpoints.py, DiLoCo's parts in diloco.py (copy the
+four to a GPU server).
 """
 
 from __future__ import annotations
@@ -68,9 +74,16 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from diloco import (COMPRESSIONS, OUTER_LR, OUTER_MOMENTUM, SYNC_MODES, IslandError, OuterSync,
                     island_groups, islands_of_replicas, outer_leaders)
+from gpt_checkpoints import Fenced, agreed_resume_step, load_checkpoint, save_checkpoint
 from gpt_parts import (AUTOCAST, CORPORA, LossScaler, ProgressFile, Role, RoleError, StagePart,
-                       agreed_resume_step, batches, check_roles, corpus, load_checkpoint,
-                       role_from_env, save_checkpoint)
+                       batches, check_roles, corpus, role_from_env)
+
+FENCED_EXIT = 3     # a newer copy of this job (a higher epoch) has claimed the checkpoint folder
+
+
+def fenced(exc: Fenced) -> int:
+    print(f"fenced: {exc}; stopping without writing", file=sys.stderr, flush=True)
+    return FENCED_EXIT
 
 
 # -- networking -----------------------------------------------------------------------------------
@@ -251,13 +264,17 @@ def train(me: Role, args: argparse.Namespace, device: torch.device = torch.devic
     every = args.checkpoint_every
     if diloco:
         every = me.inner_steps * max(1, math.ceil(every / me.inner_steps))
-    start = agreed_resume_step(me, me.checkpoint_dir, layers, device)
+    try:
+        from_epoch, start = agreed_resume_step(me, me.checkpoint_dir, layers, device)
+    except Fenced as exc:
+        return fenced(exc)
     if start:
-        outer_state = load_checkpoint(me.checkpoint_dir, start, me, layers, part, optimizer, scaler)
+        outer_state = load_checkpoint(me.checkpoint_dir, start, me, layers, part, optimizer,
+                                      scaler, epoch=from_epoch)
         if outer is not None:
             outer.load(names, outer_state)
         print(f"resumed from step {start} (restart {me.restart_count}) stage {me.stage} "
-              f"replica {me.replica}", flush=True)
+              f"replica {me.replica} epoch {from_epoch}", flush=True)
 
     def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         # The schedule divides gradients by n_microbatches: a mean over the micro-batches.
@@ -346,8 +363,11 @@ def train(me: Role, args: argparse.Namespace, device: torch.device = torch.devic
         line += f" at {time.time():.3f}"
         print(line, flush=True)
         if me.checkpoint_dir and (done % every == 0 or done == args.steps):
-            save_checkpoint(me.checkpoint_dir, done, me, layers, part, optimizer, scaler, args.keep,
-                            outer.state(names) if outer is not None else None)
+            try:
+                save_checkpoint(me.checkpoint_dir, done, me, layers, part, optimizer, scaler,
+                                args.keep, outer.state(names) if outer is not None else None)
+            except Fenced as exc:
+                return fenced(exc)
 
     progress.close()
     if args.summary and (me.replica == 0 or "{replica}" in args.summary):

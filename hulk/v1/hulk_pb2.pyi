@@ -270,16 +270,18 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., time_ms: _Optional[int] = ..., spool_depth: _Optional[int] = ..., spool_dropped: _Optional[int] = ..., launch: _Optional[_Union[LaunchStatus, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("server_time_ms", "reregister", "peers_changed", "throughput_slots")
+    __slots__ = ("server_time_ms", "reregister", "peers_changed", "throughput_slots", "lease_s")
     SERVER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     REREGISTER_FIELD_NUMBER: _ClassVar[int]
     PEERS_CHANGED_FIELD_NUMBER: _ClassVar[int]
     THROUGHPUT_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
     server_time_ms: int
     reregister: bool
     peers_changed: bool
     throughput_slots: _containers.RepeatedCompositeFieldContainer[ThroughputSlot]
-    def __init__(self, server_time_ms: _Optional[int] = ..., reregister: _Optional[bool] = ..., peers_changed: _Optional[bool] = ..., throughput_slots: _Optional[_Iterable[_Union[ThroughputSlot, _Mapping]]] = ...) -> None: ...
+    lease_s: float
+    def __init__(self, server_time_ms: _Optional[int] = ..., reregister: _Optional[bool] = ..., peers_changed: _Optional[bool] = ..., throughput_slots: _Optional[_Iterable[_Union[ThroughputSlot, _Mapping]]] = ..., lease_s: _Optional[float] = ...) -> None: ...
 
 class ThroughputSlot(_message.Message):
     __slots__ = ("test_id", "role", "peer_id", "peer_address", "port", "start_ms", "duration_s", "streams", "secret")

@@ -428,12 +428,13 @@ class HeartbeatResult:
     reregister: bool = False       # the planner does not know this node: Register again
     peers_changed: bool = False    # Register again to fetch the new peer list or settings
     throughput_slots: tuple[ThroughputSlot, ...] = ()   # tests this node takes part in, soon
+    lease_s: float = 0.0           # the node lease (hulk/lease.py); 0: not sent
 
     def to_proto(self) -> hulk_pb2.HeartbeatResponse:
         return hulk_pb2.HeartbeatResponse(
             server_time_ms=self.server_time_ms, reregister=self.reregister,
             peers_changed=self.peers_changed,
-            throughput_slots=[s.to_proto() for s in self.throughput_slots])
+            throughput_slots=[s.to_proto() for s in self.throughput_slots], lease_s=self.lease_s)
 
     @classmethod
     def from_proto(cls, msg: hulk_pb2.HeartbeatResponse) -> HeartbeatResult:
@@ -441,4 +442,4 @@ class HeartbeatResult:
         (a reregister, a peer change); the agent checks each (``ThroughputSlot.check``)."""
         return cls(msg.server_time_ms, msg.reregister, msg.peers_changed,
                    tuple(ThroughputSlot.from_proto(s, check=False)
-                         for s in msg.throughput_slots))
+                         for s in msg.throughput_slots), msg.lease_s)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from hulk.errors import ConfigError
+from hulk.lease import lease_for
 from hulk.validate import Bound, located
 from hulk.metrics import parse_metrics_address, start_metrics_server
 from hulk.wire.broker import check_name, parse_broker_url
@@ -104,7 +105,9 @@ def register(subparsers: argparse._SubParsersAction, settings: PlannerSettings) 
                         "(repeatable; added to HULK_PREVIOUS_PLACEMENT_KEY; see deploy/INSTALL.md, "
                         "'Rotating the placement-signing key')")
     p.add_argument("--node-timeout", type=float, default=30.0, metavar="SECONDS",
-                   help="a node silent this long is down; its jobs are re-planned (default 30)")
+                   help="a node silent this long is down; its jobs are re-planned (default 30). "
+                        "Its jobs' processes stop by themselves before then (the node lease, "
+                        "docs/JOBS.md)")
     p.add_argument("--recovery-interval", type=float, default=None, metavar="SECONDS",
                    help="seconds between checks for silent nodes (default: a third of --node-timeout)")
     p.add_argument("--jobs-interval", type=float, default=2.0, metavar="SECONDS",
@@ -447,6 +450,9 @@ def _run(args: argparse.Namespace, flags: ServeFlags) -> int:
     try:
         dashboard = build_dashboard(args)
         runtime = build_runtime(args, metrics or NO_EVENTS)
+        # Every heartbeat answer grants the node lease: its jobs stop by themselves before this
+        # serve could re-place them (hulk/lease.py, docs/JOBS.md "Fencing").
+        runtime.service.lease_s = lease_for(args.node_timeout)
         if metrics is not None:
             watch_fleet(metrics, runtime, args.node_timeout)
         add_throughput(runtime, args)

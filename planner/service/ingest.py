@@ -117,6 +117,9 @@ class IngestService:
     # serve's throughput tests (planner.service.throughput.ThroughputTests): heartbeats hand
     # out their slots; None: none are handed out (results of tests stored earlier still count).
     throughput: ThroughputTests | None = None
+    # The node lease every Heartbeat answer grants (hulk.lease.lease_for of serve's node
+    # timeout); 0: none is sent.
+    lease_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.peer_plan = PeerPlanner(self.store.probe_members(), self.probe, clock=self.clock)
@@ -209,7 +212,7 @@ class IngestService:
         return HeartbeatResult(now, reregister=False,
                                peers_changed=self.peer_plan.changed(request.node_id)
                                or self.interval_drifted(request.node_id),
-                               throughput_slots=slots)
+                               throughput_slots=slots, lease_s=self.lease_s)
 
     # ------------------------------------------------------------------------------ reports
 

@@ -47,7 +47,8 @@ class Rank:
 
 
 def launch(tmp: Path, stages: int, replicas: int, *, steps: int, layers: int = 4, micro_batches: int = 2,
-           checkpoint_dir: str | None = None, restart_count: int = 0, args: list[str] = ()) -> list[Rank]:
+           checkpoint_dir: str | None = None, restart_count: int = 0, args: list[str] = (),
+           expect: int = 0) -> list[Rank]:
     """One process per rank, with the variables an agent gives each (role_env) plus torchrun's."""
     port, procs = free_port(), []
     ranges = split_layers(layers, stages)
@@ -80,8 +81,16 @@ def launch(tmp: Path, stages: int, replicas: int, *, steps: int, layers: int = 4
         ranks.append(Rank(role, code, log.read()))
         log.close()
     for rank in ranks:
-        assert rank.returncode == 0, f"rank {rank.role.rank}:\n{rank.output[-3000:]}"
+        assert rank.returncode == expect, f"rank {rank.role.rank}:\n{rank.output[-3000:]}"
     return ranks
+
+
+def steps_in(ckpt: Path) -> list[str]:
+    return sorted(n for n in os.listdir(ckpt) if n.startswith("step-"))
+
+
+def files_in(ckpt: Path) -> dict[str, int]:
+    return {str(p.relative_to(ckpt)): p.stat().st_mtime_ns for p in ckpt.rglob("*") if p.is_file()}
 
 
 def last_stage_loss(ranks: list[Rank]) -> dict[int, float]:
@@ -114,14 +123,14 @@ def test_a_resumed_run_continues_exactly_where_the_checkpoint_left_off(tmp_path)
     ckpt = tmp_path / "ckpt"
     first = launch(tmp_path, 2, 1, steps=3, checkpoint_dir=str(ckpt), args=["--checkpoint-every", "2"])
     assert all(r.resumed is None and r.steps == [1, 2, 3] for r in first)
-    assert sorted(os.listdir(ckpt)) == ["step-00000002", "step-00000003"]
+    assert steps_in(ckpt) == ["step-00000002", "step-00000003"]
     again = launch(tmp_path, 2, 1, steps=6, checkpoint_dir=str(ckpt), restart_count=1,
                    args=["--checkpoint-every", "2"])
     assert all(r.resumed == (3, 1) and r.steps == [4, 5, 6] for r in again)
     resumed = last_stage_loss(again)
     for step in (4, 5, 6):   # model, optimizer and data position all restored
         assert resumed[step] == pytest.approx(straight[step], abs=1e-4), (resumed, straight)
-    assert sorted(os.listdir(ckpt)) == ["step-00000004", "step-00000006"]    # --keep 2
+    assert steps_in(ckpt) == ["step-00000004", "step-00000006"]    # --keep 2
 
 
 def test_ranks_agree_on_the_latest_step_all_of_them_hold(tmp_path):
@@ -147,3 +156,33 @@ def test_a_job_replanned_with_another_stage_split_resumes_from_the_shards_by_lay
     assert all(r.resumed == (4, 1) and r.steps == [5, 6, 7, 8] for r in after)
     loss = last_stage_loss(after)
     assert loss[8] < before[1] - 0.5, (before, loss)
+
+
+def test_an_old_copy_never_writes_over_a_newer_epoch_and_resume_takes_the_newest(tmp_path):
+    """Epoch fencing: epoch 1 resumes from epoch 0's step 4 and writes ``-e1`` shards; a copy of
+    epoch 0 still running (a partition) finds epoch 1 claimed, writes nothing and exits 3; epoch
+    2 resumes from epoch 1's latest step even where epoch 0 left a later one."""
+    ckpt = tmp_path / "ckpt"
+    every = ["--checkpoint-every", "2", "--keep", "8"]
+    launch(tmp_path, 2, 1, steps=4, checkpoint_dir=str(ckpt), args=every)
+    newer = launch(tmp_path, 2, 1, steps=8, checkpoint_dir=str(ckpt), restart_count=1, args=every)
+    assert all(r.resumed == (4, 1) and r.steps == [5, 6, 7, 8] for r in newer)
+    assert (ckpt / "epoch").read_text() == "1"
+    assert sorted(p.name for p in (ckpt / "step-00000008").iterdir()) == [
+        "shard-L0-2-of4-r0-e1.pt", "shard-L2-4-of4-r0-e1.pt"]
+
+    before = files_in(ckpt)
+    old = launch(tmp_path, 2, 1, steps=12, checkpoint_dir=str(ckpt), restart_count=0,
+                 args=every, expect=3)
+    assert all("fenced: epoch 1 of this job has started" in r.output and r.steps == []
+               for r in old), old[0].output
+    assert files_in(ckpt) == before            # nothing written, nothing removed
+
+    late = ckpt / "step-00000020"     # a later step epoch 0 wrote before epoch 1 claimed the folder
+    late.mkdir()
+    for shard in (ckpt / "step-00000004").glob("shard-*.pt"):
+        shutil.copy(shard, late / shard.name)
+    again = launch(tmp_path, 2, 1, steps=10, checkpoint_dir=str(ckpt), restart_count=2,
+                   args=every)
+    assert all(r.resumed == (8, 2) and r.steps == [9, 10] for r in again)
+    assert all("replica 0 epoch 1" in r.output for r in again), again[0].output
