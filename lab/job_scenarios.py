@@ -130,15 +130,18 @@ def kill_node_mid_run(fleet: LabFleet, work: Path, *, steps: int = 300, checkpoi
 
 
 def serve_outage(fleet: LabFleet, work: Path, *, outage_s: float, steps: int = 600,
-                 checkpoint_every: int = 50, timeout_s: float = 150) -> dict:
-    """Submit one job; once it runs, SIGTERM serve, wait ``outage_s``, start serve again on the
-    same db and follow the job to the end, watching its torchrun pids and its nodes'
-    placements all along."""
+                 checkpoint_every: int = 50, timeout_s: float = 150,
+                 after_checkpoint: bool = False) -> dict:
+    """Submit one job; once it runs (``after_checkpoint``: and has written a checkpoint),
+    SIGTERM serve, wait ``outage_s``, start serve again on the same db and follow the job to the
+    end, watching its torchrun pids and its nodes' placements all along."""
     name, ckpt = "steady", work / "checkpoints" / "steady"
     ckpt.mkdir(parents=True)
     fleet.submit(write_jobs(work / "jobs-steady.yaml", [
         {"name": name, "steps": steps, "checkpoint_dir": ckpt, "checkpoint_every": checkpoint_every}]))
     running = wait_state(fleet, name, ("running",), 90)
+    if after_checkpoint:
+        fleet.wait(lambda: checkpoint_steps(ckpt), 90, f"job {name}'s first checkpoint")
     nodes = list(running.nodes)
     pids = {h: set(p) for h, p in torchrun_pids(fleet.lab, str(EXAMPLE)).items() if h in nodes}
     placed = {h: (p or {}).get("plan_id") for h, p in fleet.placements().items() if h in nodes}

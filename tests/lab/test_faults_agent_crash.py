@@ -10,6 +10,9 @@ second copy of it.
    both hosts' trainers every 0.1 s never sees two copies, the old one is gone within the node
    timeout of the kill, its exit.json says it was fenced, and the new copy resumes from the old
    copy's checkpoint (epoch 0) as epoch 1, writes epoch-1 shards and succeeds.
+3. The same with the agent alive but its host cut off from the hub (nft drops every packet to and
+   from it): the old copy stops before the new one starts, and once the cut heals the node,
+   heard from again, starts nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import pytest
 from lab import job_scenarios
 from lab import matrix as lab_matrix
 from lab.fleet import EXAMPLE, LabFleet, torchrun_pids
+from lab.netns import HUB_ADDRESS
 from tests.lab.conftest import JOB_LAB_CITIES, JOB_NODE_TIMEOUT_S
 
 pytestmark = [pytest.mark.root, pytest.mark.process]
@@ -90,29 +94,32 @@ def test_an_agent_restarted_within_the_node_timeout_adopts_its_training(lab_flee
     assert "adopted job survivor" in fleet.services.log(f"agent-{host}").read_text()
 
 
-def test_a_job_whose_agent_died_stops_before_its_new_copy_starts(fleet, tmp_path):
-    name = "moved"
-    running, ckpt = submit_and_wait(fleet, tmp_path, name, steps=400)
-    (victim,) = running.nodes
-    (other,) = [h for h in fleet.lab.hosts if h != victim]
-    old = fleet.wait(lambda: torchruns(fleet, victim), 10, f"{victim}'s torchrun")
-    fleet.kill_agent(victim)
-    killed = time.monotonic()
+def watch_handover(fleet: LabFleet, victim: str, other: str, old: set[int],
+                   since: float) -> tuple[float, float]:
+    """Sample both hosts' trainers every 0.1 s from ``since`` until the new copy on ``other`` has
+    trained 5 s; asserts two copies never ran at once and the old one (``old``: its torchrun
+    pids) was gone before the new one started, within the node timeout. Returns (old gone, new
+    up) in seconds after ``since``."""
     samples: list[tuple[float, set[int], set[int]]] = []     # (time, old host's, new host's)
-    while time.monotonic() < killed + 90:
+    while time.monotonic() < since + 90:
         samples.append((time.monotonic(), torchruns(fleet, victim), torchruns(fleet, other)))
         if samples[-1][2] and samples[-1][0] - next(t for t, _, o in samples if o) > 5:
             break                                           # the new copy trained for 5 s
         time.sleep(0.1)
-    both = [(t - killed, v, o) for t, v, o in samples if v and o]
+    both = [(t - since, v, o) for t, v, o in samples if v and o]
     assert not both, both[:3]
     started = next((t for t, _, o in samples if o), None)
     assert started is not None, "the job was never re-placed"
-    stopped = max((t for t, v, _ in samples if v & old), default=killed)
-    assert stopped < started and stopped - killed < JOB_NODE_TIMEOUT_S, (stopped - killed,
-                                                                       started - killed)
-    print(f"fencing: old copy gone {stopped - killed:.1f} s after the kill, new copy up "
-          f"{started - killed:.1f} s after it ({len(samples)} samples)")
+    stopped = max((t for t, v, _ in samples if v & old), default=since)
+    print(f"fencing: old copy gone {stopped - since:.1f} s after the fault, new copy up "
+          f"{started - since:.1f} s after it ({len(samples)} samples)")
+    assert stopped < started and stopped - since < JOB_NODE_TIMEOUT_S, (stopped - since,
+                                                                      started - since)
+    return stopped - since, started - since
+
+
+def assert_fenced_and_moved(fleet: LabFleet, victim: str, other: str, name: str,
+                            ckpt: Path) -> None:
     exit_record = json.loads((fleet.state_root / victim / "jobs" / name / "exit.json").read_text())
     assert "lease lapsed" in exit_record.get("fenced", ""), exit_record
 
@@ -126,3 +133,49 @@ def test_a_job_whose_agent_died_stops_before_its_new_copy_starts(fleet, tmp_path
     assert (ckpt / "epoch").read_text() == "1"
     assert sorted(p.name for p in (ckpt / "step-00000400").iterdir()) == [
         "shard-L0-4-of4-r0-e1.pt"], list((ckpt / "step-00000400").iterdir())
+
+
+def test_a_job_whose_agent_died_stops_before_its_new_copy_starts(fleet, tmp_path):
+    name = "moved"
+    running, ckpt = submit_and_wait(fleet, tmp_path, name, steps=400)
+    (victim,) = running.nodes
+    (other,) = [h for h in fleet.lab.hosts if h != victim]
+    old = fleet.wait(lambda: torchruns(fleet, victim), 10, f"{victim}'s torchrun")
+    fleet.kill_agent(victim)
+    killed = time.monotonic()
+    stopped, started = watch_handover(fleet, victim, other, old, killed)
+    assert_fenced_and_moved(fleet, victim, other, name, ckpt)
+
+
+def partition(fleet: LabFleet, host: str, cut: bool) -> None:
+    """Drop (``cut``) or pass again every packet between ``host`` and the hub, in its namespace."""
+    argv = (["nft", "-f", "-"], "table inet hulk_partition {\n chain out { type filter hook "
+            f"output priority 0; ip daddr {HUB_ADDRESS} drop; }}\n chain in {{ type filter hook "
+            f"input priority 0; ip saddr {HUB_ADDRESS} drop; }}\n}}\n") if cut else \
+        (["nft", "delete", "table", "inet", "hulk_partition"], None)
+    proc = fleet.lab.run(host, argv[0], input=argv[1], timeout=10)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_job_on_a_node_cut_off_from_the_hub_stops_before_its_new_copy_starts(fleet, tmp_path):
+    """The agent lives on but hears nothing from serve: the lease lapses all the same, and once
+    the partition heals the node trains nothing (its placement was cleared meanwhile)."""
+    name = "cut"
+    running, ckpt = submit_and_wait(fleet, tmp_path, name, steps=400)
+    (victim,) = running.nodes
+    (other,) = [h for h in fleet.lab.hosts if h != victim]
+    old = fleet.wait(lambda: torchruns(fleet, victim), 10, f"{victim}'s torchrun")
+    partition(fleet, victim, True)
+    cut = time.monotonic()
+    try:
+        watch_handover(fleet, victim, other, old, cut)
+    finally:
+        partition(fleet, victim, False)
+    healed_ms = int(time.time() * 1000)
+    fleet.wait(lambda: (launch(fleet, victim).get("last_seen_ms") or 0) > healed_ms, 60,
+               f"{victim} to be heard from again", poll_s=0.2)
+    settled = time.monotonic()
+    while time.monotonic() < settled + 5:       # back in touch: it starts nothing again
+        assert not torchruns(fleet, victim)
+        time.sleep(0.2)
+    assert_fenced_and_moved(fleet, victim, other, name, ckpt)
