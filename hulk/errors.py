@@ -87,6 +87,10 @@ class UnavailableError(HulkError):
     """A service (planner, broker) cannot be reached right now; retry later."""
 
 
+class RequestTimeoutError(HulkError):
+    """A caller did not send its request within the server's deadline for it."""
+
+
 class CertificateError(UnavailableError):
     """The TLS peer's certificate did not verify (wrong or missing CA, a name the certificate
     does not hold). Retried like any outage; the agent ends after a few in a row (exit 2)."""
@@ -149,6 +153,7 @@ GRPC_STATUS: dict[type[HulkError], str] = {
     UnauthenticatedError: "UNAUTHENTICATED",
     RateLimitedError: "RESOURCE_EXHAUSTED",
     UnavailableError: "UNAVAILABLE",
+    RequestTimeoutError: "DEADLINE_EXCEEDED",
     # The store failing is the planner's passing trouble: the caller retries later.
     StoreError: "UNAVAILABLE",
 }

@@ -10,6 +10,15 @@ One grpc.aio server interceptor wraps every unary method handler. Before the ser
    (PermissionDeniedError when they differ) -- the single place this check is made, before
    anything is stored; the servicer can then trust the request's ``node_id``.
 
+Authentication comes before any resource is held: every unary method is served as a
+client-streaming handler, which gRPC runs as soon as the call's headers arrive, so the token is
+checked before the request body is waited for and a caller without one is refused at once; a
+call that holds a slot while its body is on its way is bounded by :class:`CallLimits` (a
+deadline for the body, at most so many such calls per source and in all). The public health
+methods are bounded the same way, and ``Health/Watch`` streams per source and in all. So no
+number of unauthenticated or half-open calls takes the server's concurrent-call slots
+(``ServerLimits.max_concurrent_rpcs``) from an enrolled agent.
+
 Without a credential store (``serve --insecure``) step 1 is skipped and the claimed node id is
 what the bucket is keyed by; the transport warning is logged by ``serve``.
 """
@@ -19,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -27,8 +37,9 @@ from typing import TypeVar
 import grpc
 from grpc import aio
 
-from hulk.errors import (HulkError, PermissionDeniedError, RateLimitedError,
-                         UnauthenticatedError, UnavailableError, grpc_status)
+from hulk.errors import (HulkError, InputError, PermissionDeniedError, RateLimitedError,
+                         RequestTimeoutError, UnauthenticatedError, UnavailableError, grpc_status)
+from hulk.http_server import source_key
 from planner.security.credentials import CredentialStore
 
 log = logging.getLogger(__name__)
@@ -38,6 +49,49 @@ T = TypeVar("T")
 PUBLIC_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 # Request size and batch bounds are the server's (planner/service/ingest.py ServerLimits: 4 MiB per
 # message, 10,000 samples per Report), enforced before anything is stored.
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    """What a caller may hold before its call is served. ``body_timeout_s``: the request message
+    must arrive within this of the call's start (DEADLINE_EXCEEDED); ``pending_*``: calls
+    waiting for their body, per source address (an IPv6 source by its /64) and in all;
+    ``watchers_*``: open ``Health/Watch`` streams. Past a cap a call is refused at once
+    (RESOURCE_EXHAUSTED). The totals stay well under ``ServerLimits.max_concurrent_rpcs`` (1024),
+    so the rest is left to calls that are being served."""
+
+    body_timeout_s: float = 10.0
+    pending_per_source: int = 16
+    pending_total: int = 256
+    watchers_per_source: int = 4
+    watchers_total: int = 64
+
+
+class _Counts:
+    """Open holds per source and in all, under caps."""
+
+    def __init__(self, per_source: int, total: int, what: str):
+        self.per_source, self.total, self.what = per_source, total, what
+        self.by_source: dict[str, int] = {}
+        self.open = 0
+
+    def take(self, source: str) -> None:
+        held = self.by_source.get(source, 0)
+        if held >= self.per_source:
+            raise RateLimitedError(f"{self.what}: at most {self.per_source} at once from one "
+                                   "address; retry later")
+        if self.open >= self.total:
+            raise RateLimitedError(f"{self.what}: at most {self.total} at once; retry later")
+        self.by_source[source] = held + 1
+        self.open += 1
+
+    def give(self, source: str) -> None:
+        self.open -= 1
+        left = self.by_source.get(source, 1) - 1
+        if left > 0:
+            self.by_source[source] = left
+        else:
+            self.by_source.pop(source, None)
 
 
 class TokenBucket:
@@ -118,6 +172,12 @@ def _peer_host(context: aio.ServicerContext) -> str:
     return peer.rsplit(":", 1)[0]
 
 
+def _source(context: aio.ServicerContext) -> str:
+    """The source a per-source cap counts (hulk.http_server.source_key: an IPv6 one by /64)."""
+    host = urllib.parse.unquote(_peer_host(context)).partition(":")[2] or _peer_host(context)
+    return source_key(host.strip("[]"))
+
+
 class NodeGuard(aio.ServerInterceptor):
     """Authenticate, rate-limit and bind every call to the node its credential names.
 
@@ -142,6 +202,7 @@ class NodeGuard(aio.ServerInterceptor):
                  failed_auth_limit: RateLimit = RateLimit(per_second=0.2, burst=5.0),
                  max_verifying: int = 2,
                  public_methods: frozenset[str] = PUBLIC_METHODS,
+                 call_limits: CallLimits = CallLimits(),
                  clock: Callable[[], float] = time.monotonic):
         self.credentials = credentials
         self.node_limiter = RateLimiter(rate_limit, clock=clock)
@@ -150,6 +211,11 @@ class NodeGuard(aio.ServerInterceptor):
         self.max_verifying = max_verifying
         self._verifying: asyncio.Semaphore | None = None   # made on the server's loop
         self.public_methods = public_methods
+        self.call_limits = call_limits
+        self.pending = _Counts(call_limits.pending_per_source, call_limits.pending_total,
+                               "calls waiting for their request")
+        self.watchers = _Counts(call_limits.watchers_per_source, call_limits.watchers_total,
+                                "Health/Watch streams")
         self.counts = {"ok": 0, "unauthenticated": 0, "permission_denied": 0,
                        "resource_exhausted": 0, "unavailable": 0}
 
@@ -157,46 +223,79 @@ class NodeGuard(aio.ServerInterceptor):
             self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
             details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or details.method in self.public_methods:
+        if handler is None:
             return handler
         metadata = tuple(details.invocation_metadata or ())
         parse = handler.request_deserializer or (lambda data: data)
+        public = details.method in self.public_methods
 
-        async def checked(data: bytes, context: aio.ServicerContext):
-            """The parsed request, its bytes parsed only once the token holds (here, not in
-            intercept_service, because the source address the failure limits need is known
-            only from the call's context)."""
+        async def checked(requests, context: aio.ServicerContext):
+            """The parsed request: the token checked first (from the headers, before the body is
+            waited for), then the body within its deadline, then the node bound to the call."""
             verified: str | None = None
-            if self.credentials is not None:
+            if self.credentials is not None and not public:
                 verified = await self._enforce(
                     context, self._authenticate(metadata, details.method, _peer_host(context)))
+            data = await self._enforce(context, self._body(requests, _source(context)))
             request = parse(data)
-            await self._enforce(context, self._admit(request, verified, context))
+            if not public:
+                await self._enforce(context, self._admit(request, verified, context))
             return request
 
         if handler.unary_unary is not None:
             inner = handler.unary_unary
 
-            async def guarded(data, context):
-                return await inner(await checked(data, context), context)
+            async def guarded(requests, context):
+                return await inner(await checked(requests, context), context)
 
-            return grpc.unary_unary_rpc_method_handler(
+            return grpc.stream_unary_rpc_method_handler(
                 guarded, request_deserializer=None,
                 response_serializer=handler.response_serializer)
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
-            async def guarded_stream(data, context):
-                async for item in inner_stream(await checked(data, context), context):
-                    yield item
+            async def guarded_stream(requests, context):
+                source = _source(context)
+                if public:
+                    await self._enforce(context, self._hold(self.watchers, source))
+                try:
+                    result = inner_stream(await checked(requests, context), context)
+                    if hasattr(result, "__aiter__"):
+                        async for item in result:
+                            await context.write(item)
+                    else:                    # a servicer that writes to the context itself
+                        await result
+                finally:
+                    if public:
+                        self.watchers.give(source)
 
-            return grpc.unary_stream_rpc_method_handler(
+            return grpc.stream_stream_rpc_method_handler(
                 guarded_stream, request_deserializer=None,
                 response_serializer=handler.response_serializer)
+        if public:
+            return handler
         return self._refusal(handler, PermissionDeniedError(
             # Client-streaming methods carry the node id only inside messages; none exist in
             # the contract, so refuse rather than let one through unchecked.
             f"{details.method}: streaming requests are not accepted"))
+
+    async def _hold(self, counts: _Counts, source: str) -> None:
+        counts.take(source)
+
+    async def _body(self, requests, source: str) -> bytes:
+        """The call's one request message, within ``body_timeout_s``; while it is awaited the
+        call counts against the pending caps."""
+        self.pending.take(source)
+        try:
+            async with asyncio.timeout(self.call_limits.body_timeout_s):
+                async for data in requests:
+                    return data
+        except TimeoutError:
+            raise RequestTimeoutError(f"no request message within "
+                                      f"{self.call_limits.body_timeout_s:g} s") from None
+        finally:
+            self.pending.give(source)
+        raise InputError("the call ended without a request message", field="request")
 
     def _refusal(self, handler: grpc.RpcMethodHandler, exc: HulkError) -> grpc.RpcMethodHandler:
         """A handler that ends the call with ``exc`` and never parses the request's bytes."""

@@ -12,7 +12,7 @@ import grpc
 
 from hulk.v1 import hulk_pb2
 from planner.security.credentials import CredentialStore
-from planner.security.guard import NodeGuard, RateLimit
+from planner.security.guard import CallLimits, NodeGuard, RateLimit
 from planner.security.tls import server_credentials
 from planner.service.runtime import PlannerRuntime
 
@@ -21,11 +21,12 @@ class ThreadedPlanner:
     """PlannerRuntime (the real server) with TLS and the NodeGuard, on 127.0.0.1:<free port>."""
 
     def __init__(self, db: Path, pki: dict[str, Path], *, rate_limit: RateLimit = RateLimit(),
-                 client_ca: Path | None = None, secret_hash=None):
+                 client_ca: Path | None = None, secret_hash=None,
+                 call_limits: CallLimits = CallLimits()):
         self.db = db
         self.credentials = CredentialStore(db, **({"secret_hash": secret_hash}
                                                   if secret_hash else {}))
-        self.guard = NodeGuard(self.credentials, rate_limit=rate_limit)
+        self.guard = NodeGuard(self.credentials, rate_limit=rate_limit, call_limits=call_limits)
         self.runtime = PlannerRuntime(
             str(db), "127.0.0.1:0", fleet="test",
             credentials=server_credentials(pki["server_cert"], pki["server_key"], client_ca),
