@@ -17,6 +17,7 @@ The tree (exit code of a command that fails with it; gRPC status the planner ans
     +-- RateLimitedError               exit 1   RESOURCE_EXHAUSTED
     +-- UnavailableError               exit 1   UNAVAILABLE
     |   +-- CertificateError           exit 1   UNAVAILABLE
+    +-- RequestTimeoutError            exit 1   DEADLINE_EXCEEDED
     +-- StoreError                     exit 1   UNAVAILABLE
 
 The planner turns an error into a status with :func:`grpc_status` (servicer and interceptors
