@@ -17,7 +17,7 @@ The tree (exit code of a command that fails with it; gRPC status the planner ans
     +-- RateLimitedError               exit 1   RESOURCE_EXHAUSTED
     +-- UnavailableError               exit 1   UNAVAILABLE
     |   +-- CertificateError           exit 1   UNAVAILABLE
-    +-- RequestTimeoutError            exit 1   DEADLINE_EXCEEDED
+    |   +-- RequestTimeoutError        exit 1   DEADLINE_EXCEEDED
     +-- StoreError                     exit 1   UNAVAILABLE
 
 The planner turns an error into a status with :func:`grpc_status` (servicer and interceptors
@@ -88,8 +88,9 @@ class UnavailableError(HulkError):
     """A service (planner, broker) cannot be reached right now; retry later."""
 
 
-class RequestTimeoutError(HulkError):
-    """A caller did not send its request within the server's deadline for it."""
+class RequestTimeoutError(UnavailableError):
+    """A call's deadline passed: the caller's request did not arrive in time (the planner's
+    guard), or the answer did not (the client's deadline). Retried like an outage."""
 
 
 class CertificateError(UnavailableError):
@@ -170,7 +171,7 @@ FROM_GRPC_STATUS: dict[str, type[HulkError]] = {
     "UNAUTHENTICATED": UnauthenticatedError,
     "RESOURCE_EXHAUSTED": RateLimitedError,
     "UNAVAILABLE": UnavailableError,
-    "DEADLINE_EXCEEDED": UnavailableError,
+    "DEADLINE_EXCEEDED": RequestTimeoutError,
     "CANCELLED": UnavailableError,
     "ABORTED": UnavailableError,
 }

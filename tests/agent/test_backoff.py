@@ -52,7 +52,7 @@ class FakeRpcError(grpc.RpcError):
 
 @pytest.mark.parametrize("code, kind", [
     (grpc.StatusCode.UNAVAILABLE, errors.UnavailableError),
-    (grpc.StatusCode.DEADLINE_EXCEEDED, errors.UnavailableError),
+    (grpc.StatusCode.DEADLINE_EXCEEDED, errors.RequestTimeoutError),   # an UnavailableError
     (grpc.StatusCode.UNAUTHENTICATED, errors.UnauthenticatedError),
     (grpc.StatusCode.PERMISSION_DENIED, errors.PermissionDeniedError),
     (grpc.StatusCode.NOT_FOUND, errors.NotFoundError),

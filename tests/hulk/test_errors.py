@@ -10,7 +10,8 @@ import pytest
 
 from hulk import errors
 from hulk.errors import (BatchTooLargeError, ConfigError, HulkError, InputError, NotFoundError,
-                         PermissionDeniedError, PlanningError, RateLimitedError, StoreError,
+                         PermissionDeniedError, PlanningError, RateLimitedError,
+                         RequestTimeoutError, StoreError,
                          UnauthenticatedError, UnavailableError, from_grpc, grpc_status)
 from tests.helpers.paths import REPO
 
@@ -94,7 +95,7 @@ def test_a_subclass_takes_its_nearest_listed_ancestors_status():
     (grpc.StatusCode.UNAUTHENTICATED, UnauthenticatedError),
     (grpc.StatusCode.RESOURCE_EXHAUSTED, RateLimitedError),
     (grpc.StatusCode.UNAVAILABLE, UnavailableError),
-    (grpc.StatusCode.DEADLINE_EXCEEDED, UnavailableError),
+    (grpc.StatusCode.DEADLINE_EXCEEDED, RequestTimeoutError),   # an UnavailableError: retried
     (grpc.StatusCode.CANCELLED, UnavailableError),
     (grpc.StatusCode.ABORTED, UnavailableError),
     (grpc.StatusCode.INTERNAL, HulkError),
