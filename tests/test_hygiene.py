@@ -14,6 +14,9 @@ BENCH_SET_UPS = {
     "planner/search/test_chain.py": "bench.regions.region_network builds the real-region fleets "
                                     "the chains are tested on; a fleet generator to move beside "
                                     "planner.core.generate",
+    "planner/security/test_call_slots.py": "bench.call_holder holds the calls "
+                                           "bench.grpc_slots_bench measures, so the test and "
+                                           "the benchmark hold the same ones",
 }
 
 

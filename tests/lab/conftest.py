@@ -12,13 +12,11 @@ from lab import matrix as lab_matrix
 from lab.fleet import LabFleet
 from lab.netns import LabError, require_root
 from lab.wan import WanLab
+from tests.helpers.job_lab import JOB_LAB_CITIES, JOB_NODE_TIMEOUT_S
 
 # Beijing, Neimeng, Tokyo and London from the default matrix: short, medium and long pairs.
 SMALL_LAB_CITIES = ["Beijing", "Neimeng", "Tokyo", "London"]
 SMALL_LAB_SCALE = 0.5
-# The job-fault tests: two far-apart hosts at a quarter of their modelled RTTs, 5 s node timeout.
-JOB_LAB_CITIES = ["Beijing", "Tokyo"]
-JOB_NODE_TIMEOUT_S = 5.0
 
 
 def _skip_reason() -> str | None:

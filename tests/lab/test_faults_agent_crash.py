@@ -28,7 +28,7 @@ from lab import job_scenarios
 from lab import matrix as lab_matrix
 from lab.fleet import EXAMPLE, LabFleet, torchrun_pids
 from lab.netns import HUB_ADDRESS
-from tests.lab.conftest import JOB_LAB_CITIES, JOB_NODE_TIMEOUT_S
+from tests.helpers.job_lab import JOB_LAB_CITIES, JOB_NODE_TIMEOUT_S
 
 pytestmark = [pytest.mark.root, pytest.mark.process]
 
