@@ -19,15 +19,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_planner(db: Path, log: Path, serve_args: list[str],
-                  start_timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
-    """`hulk-planner serve --db DB --listen 127.0.0.1:PORT SERVE_ARGS`, waited for until it listens."""
+def start_planner(db: Path, log: Path, serve_args: list[str], start_timeout_s: float = 30.0,
+                  host: str = "127.0.0.1") -> tuple[subprocess.Popen, str]:
+    """`hulk-planner serve --db DB --listen HOST:PORT SERVE_ARGS`, waited for until it listens;
+    returns the process and 127.0.0.1:PORT."""
     port = free_port()
     script = Path(sys.executable).parent / "hulk-planner"
     cmd = [str(script)] if script.exists() else [sys.executable, "-m", "planner.cli"]
     with log.open("w") as out:
         proc = subprocess.Popen([*cmd, "--log-level", "WARNING", "serve", "--db", str(db),
-                                 "--listen", f"127.0.0.1:{port}", *serve_args], cwd=REPO,
+                                 "--listen", f"{host}:{port}", *serve_args], cwd=REPO,
                                 stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
     deadline = time.monotonic() + start_timeout_s

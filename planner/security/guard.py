@@ -14,10 +14,13 @@ Authentication comes before any resource is held: every unary method is served a
 client-streaming handler, which gRPC runs as soon as the call's headers arrive, so the token is
 checked before the request body is waited for and a caller without one is refused at once; a
 call that holds a slot while its body is on its way is bounded by :class:`CallLimits` (a
-deadline for the body, at most so many such calls per source and in all). The public health
-methods are bounded the same way, and ``Health/Watch`` streams per source and in all. So no
-number of unauthenticated or half-open calls takes the server's concurrent-call slots
-(``ServerLimits.max_concurrent_rpcs``) from an enrolled agent.
+deadline for the body, at most so many such calls per node and in all). The public health
+methods are bounded the same way, per source and in all, apart from the enrolled nodes' calls,
+and ``Health/Watch`` streams per source and in all. So no number of unauthenticated or
+half-open calls, from one source or from many, takes the server's concurrent-call slots
+(``ServerLimits.max_concurrent_rpcs``) or a waiting place from an enrolled agent. What one
+connection holds (streams, handshake, idle time, age) is bounded by the server's options
+(planner/service/servicer.py ``connection_options``).
 
 Without a credential store (``serve --insecure``) step 1 is skipped and the claimed node id is
 what the bucket is keyed by; the transport warning is logged by ``serve``.
@@ -54,32 +57,39 @@ PUBLIC_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Hea
 @dataclass(frozen=True)
 class CallLimits:
     """What a caller may hold before its call is served. ``body_timeout_s``: the request message
-    must arrive within this of the call's start (DEADLINE_EXCEEDED); ``pending_*``: calls
-    waiting for their body, per source address (an IPv6 source by its /64) and in all;
-    ``watchers_*``: open ``Health/Watch`` streams. Past a cap a call is refused at once
-    (RESOURCE_EXHAUSTED). The totals stay well under ``ServerLimits.max_concurrent_rpcs`` (1024),
-    so the rest is left to calls that are being served."""
+    must arrive within this of the call's start (DEADLINE_EXCEEDED); ``pending_*``: calls with no
+    verified token (the public health methods; every call without a credential store) waiting
+    for their body, per source address (an IPv6 source by its /64) and in all;
+    ``enrolled_pending_*``: calls whose token was verified waiting for their body, per node and
+    in all -- counted apart, so no number of unauthenticated calls, from an agent's own address
+    or from many, takes a place an enrolled agent's call needs; ``watchers_*``: open
+    ``Health/Watch`` streams. Past a cap a call is refused at once (RESOURCE_EXHAUSTED).
+    Unauthenticated calls hold at most ``pending_total + watchers_total`` (320) of
+    ``ServerLimits.max_concurrent_rpcs`` (1024), enrolled ones waiting for their body at most
+    ``enrolled_pending_total``; the rest is left to calls that are being served."""
 
     body_timeout_s: float = 10.0
     pending_per_source: int = 16
     pending_total: int = 256
+    enrolled_pending_per_node: int = 16
+    enrolled_pending_total: int = 512
     watchers_per_source: int = 4
     watchers_total: int = 64
 
 
 class _Counts:
-    """Open holds per source and in all, under caps."""
+    """Open holds per source (or per node: ``whose``) and in all, under caps."""
 
-    def __init__(self, per_source: int, total: int, what: str):
-        self.per_source, self.total, self.what = per_source, total, what
+    def __init__(self, per_source: int, total: int, what: str, whose: str = "from one address"):
+        self.per_source, self.total, self.what, self.whose = per_source, total, what, whose
         self.by_source: dict[str, int] = {}
         self.open = 0
 
     def take(self, source: str) -> None:
         held = self.by_source.get(source, 0)
         if held >= self.per_source:
-            raise RateLimitedError(f"{self.what}: at most {self.per_source} at once from one "
-                                   "address; retry later")
+            raise RateLimitedError(f"{self.what}: at most {self.per_source} at once "
+                                   f"{self.whose}; retry later")
         if self.open >= self.total:
             raise RateLimitedError(f"{self.what}: at most {self.total} at once; retry later")
         self.by_source[source] = held + 1
@@ -214,6 +224,10 @@ class NodeGuard(aio.ServerInterceptor):
         self.call_limits = call_limits
         self.pending = _Counts(call_limits.pending_per_source, call_limits.pending_total,
                                "calls waiting for their request")
+        self.enrolled_pending = _Counts(call_limits.enrolled_pending_per_node,
+                                        call_limits.enrolled_pending_total,
+                                        "calls waiting for their request",
+                                        whose="of one node")
         self.watchers = _Counts(call_limits.watchers_per_source, call_limits.watchers_total,
                                 "Health/Watch streams")
         self.counts = {"ok": 0, "unauthenticated": 0, "permission_denied": 0,
@@ -236,7 +250,10 @@ class NodeGuard(aio.ServerInterceptor):
             if self.credentials is not None and not public:
                 verified = await self._enforce(
                     context, self._authenticate(metadata, details.method, _peer_host(context)))
-            data = await self._enforce(context, self._body(requests, _source(context)))
+            # A verified call waits among its node's calls, any other among its source's.
+            counts, key = ((self.pending, _source(context)) if verified is None
+                           else (self.enrolled_pending, verified))
+            data = await self._enforce(context, self._body(requests, counts, key))
             request = parse(data)
             if not public:
                 await self._enforce(context, self._admit(request, verified, context))
@@ -282,10 +299,10 @@ class NodeGuard(aio.ServerInterceptor):
     async def _hold(self, counts: _Counts, source: str) -> None:
         counts.take(source)
 
-    async def _body(self, requests, source: str) -> bytes:
+    async def _body(self, requests, counts: _Counts, key: str) -> bytes:
         """The call's one request message, within ``body_timeout_s``; while it is awaited the
-        call counts against the pending caps."""
-        self.pending.take(source)
+        call counts against ``counts``'s caps (for ``key``: its source or its node)."""
+        counts.take(key)
         try:
             async with asyncio.timeout(self.call_limits.body_timeout_s):
                 async for data in requests:
@@ -294,7 +311,7 @@ class NodeGuard(aio.ServerInterceptor):
             raise RequestTimeoutError(f"no request message within "
                                       f"{self.call_limits.body_timeout_s:g} s") from None
         finally:
-            self.pending.give(source)
+            counts.give(key)
         raise InputError("the call ended without a request message", field="request")
 
     def _refusal(self, handler: grpc.RpcMethodHandler, exc: HulkError) -> grpc.RpcMethodHandler:

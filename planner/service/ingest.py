@@ -99,6 +99,16 @@ class ServerLimits:
     max_heartbeat_bytes: int = 1 << 20       # a launch report's detail is cut to 4 KiB after
     max_concurrent_rpcs: int = 1024          # past this a call gets RESOURCE_EXHAUSTED at once
     future_tolerance_ms: int = 60_000        # past this a batch's times are moved back to now
+    # What one connection may hold, whoever holds it (gRPC server options, servicer.py
+    # connection_options). An agent's channel makes a few calls at once, a heartbeat at least
+    # every 10 s (so it is never idle for a minute), and no call longer than its 10 s timeout
+    # plus the guard's 10 s body deadline (guard.CallLimits), well inside the grace; at the age
+    # bound it gets a GOAWAY and its next call goes on a new connection, which gRPC opens itself.
+    max_streams_per_connection: int = 100    # HTTP/2 MAX_CONCURRENT_STREAMS; more: UNAVAILABLE
+    handshake_timeout_s: float = 10.0        # TCP accepted to TLS and HTTP/2 set up
+    max_connection_idle_s: float = 60.0      # a connection with no call open is closed after this
+    max_connection_age_s: float = 1800.0     # any connection is asked to go (GOAWAY) after this,
+    max_connection_age_grace_s: float = 30.0  # and closed this much later, calls open or not
 
 
 @dataclass

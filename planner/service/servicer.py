@@ -6,7 +6,9 @@
   through so authentication can be added without touching the servicer). Each method reads its
   request through :func:`tolerant_parser`: bytes over the method's size bound or that do not parse
   answer INVALID_ARGUMENT with a one-line reason (grpc's own parser failure answers UNKNOWN), and
-  the server takes at most ``ServerLimits.max_concurrent_rpcs`` calls at once.
+  the server takes at most ``ServerLimits.max_concurrent_rpcs`` calls at once. One connection
+  holds at most ``max_streams_per_connection`` streams, and its handshake, idle time and age are
+  bounded (:func:`connection_options`).
 """
 
 from __future__ import annotations
@@ -126,6 +128,20 @@ class PlannerServicer(hulk_pb2_grpc.PlannerServicer):
         return await self._answer(context, self.service.heartbeat, HeartbeatRequest, request)
 
 
+def connection_options(limits: ServerLimits) -> list[tuple[str, int]]:
+    """The gRPC server options that bound one connection, whoever holds it and before any token
+    is checked: streams open at once, the handshake, time with no call open, and age (a GOAWAY,
+    then the grace for the calls still open, then the connection is closed)."""
+    def ms(seconds: float) -> int:
+        return max(1, round(seconds * 1000))
+
+    return [("grpc.max_concurrent_streams", limits.max_streams_per_connection),
+            ("grpc.server_handshake_timeout_ms", ms(limits.handshake_timeout_s)),
+            ("grpc.max_connection_idle_ms", ms(limits.max_connection_idle_s)),
+            ("grpc.max_connection_age_ms", ms(limits.max_connection_age_s)),
+            ("grpc.max_connection_age_grace_ms", ms(limits.max_connection_age_grace_s))]
+
+
 async def create_server(service: IngestService, listen: str, executor: ThreadPoolExecutor, *,
                         credentials: grpc.ServerCredentials | None = None,
                         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
@@ -141,7 +157,7 @@ async def create_server(service: IngestService, listen: str, executor: ThreadPoo
         maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
         options=[("grpc.max_receive_message_length", limits.max_message_bytes),
                  ("grpc.max_send_message_length", limits.max_message_bytes),
-                 ("grpc.so_reuseport", 0)])
+                 ("grpc.so_reuseport", 0), *connection_options(limits)])
     store_health = store_health or StoreHealth()
     servicer = PlannerServicer(service, executor, store_health)
     methods = {

@@ -14,6 +14,7 @@ from hulk.v1 import hulk_pb2
 from planner.security.credentials import CredentialStore
 from planner.security.guard import CallLimits, NodeGuard, RateLimit
 from planner.security.tls import server_credentials
+from planner.service.ingest import ServerLimits
 from planner.service.runtime import PlannerRuntime
 
 
@@ -22,7 +23,7 @@ class ThreadedPlanner:
 
     def __init__(self, db: Path, pki: dict[str, Path], *, rate_limit: RateLimit = RateLimit(),
                  client_ca: Path | None = None, secret_hash=None,
-                 call_limits: CallLimits = CallLimits()):
+                 call_limits: CallLimits = CallLimits(), limits: ServerLimits | None = None):
         self.db = db
         self.credentials = CredentialStore(db, **({"secret_hash": secret_hash}
                                                   if secret_hash else {}))
@@ -30,7 +31,7 @@ class ThreadedPlanner:
         self.runtime = PlannerRuntime(
             str(db), "127.0.0.1:0", fleet="test",
             credentials=server_credentials(pki["server_cert"], pki["server_key"], client_ca),
-            interceptors=[self.guard])
+            interceptors=[self.guard], limits=limits)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

@@ -16,6 +16,7 @@ import pytest
 from hulk.errors import RateLimitedError, UnauthenticatedError
 from planner.security.credentials import CredentialStore, auth_key_path, hash_secret, split_token
 from planner.security.guard import NodeGuard
+from planner.service.ingest import ServerLimits
 from tests.helpers.threaded_planner import ThreadedPlanner, bearer, channel, register_request
 
 from hulk.v1 import hulk_pb2_grpc
@@ -202,7 +203,10 @@ def test_a_flood_of_bad_tokens_leaves_an_enrolled_nodes_first_call_after_a_resta
     token = enrolling.issue("n1").token
     enrolling.close()
     scrypt = CountingHash()
-    planner = ThreadedPlanner(db, pki, secret_hash=scrypt)
+    # 600 calls at once on one connection: the connection's stream cap lifted, so the guard
+    # refuses every one (the cap itself: tests/planner/security/test_call_slots.py).
+    planner = ThreadedPlanner(db, pki, secret_hash=scrypt,
+                              limits=ServerLimits(max_streams_per_connection=1000))
     rng = random.Random(3)
     try:
         with channel(planner.target, pki) as hostile, channel(planner.target, pki) as agent:
