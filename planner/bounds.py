@@ -92,6 +92,8 @@ HEARTBEAT = Table("HeartbeatRequest", "wire record",
     *((f"launch.{name}", Text(limit, "any; a longer one is cut to this length"))
       for name, limit in adm.LAUNCH_TEXT_LIMITS.items()),
     ("launch.exit_code", Rule("any int32")),
+    ("launch.exit_cause", Rule("an ExitCause (0-1); another, or one with a state other than "
+                               "EXITED, reads as 0 (the process's own exit)")),
     ("launch.changed_at_ms", Unbounded("any int64, stored as sent")),
     ("launch.progress", Rule("see StepProgress")),
 ))
@@ -140,6 +142,8 @@ FLEET_JSON = Table("fleet JSON", "file", "planner/files/fleet.py, planner/files/
     ("site_links[].rtt_hi_ms", Rule("as rtt_ms, and at least the link's rtt_ms", "ms")),
     ("site_links[].bandwidth_lo_gbps", Rule("as bandwidth_gbps, and at most the link's "
                                             "bandwidth_gbps (which it needs)", "Gbit/s")),
+    ("site_links[].rtt_source", Rule("one of " + ", ".join(core_fleet.SITE_LINK_SOURCES)
+                                     + " (default: as source)")),
     ("nodes", Bound(1, core_fleet.MAX_FLEET_NODES, "nodes", integer=True)),
     ("links", Rule("any count within the file's size")),
 ))

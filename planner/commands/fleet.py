@@ -191,11 +191,12 @@ def _site_throughput(args: argparse.Namespace) -> list:
 
 
 def _site_rtts(fleet: Fleet) -> dict[tuple[str, str], float]:
-    """Mean measured RTT between two sites (either order; a site with itself too)."""
+    """Mean measured RTT between two sites (either order; a site with itself too); an RTT
+    completion gave a measured throughput is not one."""
     site_of = {n.id: n.site_key for n in fleet.nodes}
     sums: dict[tuple[str, str], list[float]] = {}
     for a, b, rtt in ([(site_of.get(k.src), site_of.get(k.dst), k.rtt_ms) for k in fleet.links]
-                      + [(k.src, k.dst, k.rtt_ms) for k in fleet.site_links]):
+                      + [(k.src, k.dst, k.rtt_ms) for k in fleet.site_links if k.rtt_measured]):
         if a is None or b is None:
             continue
         for key in {(a, b), (b, a)}:
@@ -249,7 +250,7 @@ def _node_table(fleet: Fleet, network, rows: list[dict] | None, peers: Counter[s
     launch = bool(marks) or any(r.get("launch_state") for r in by_id.values())
     # A site column only when a node names a site of its own (else every site is its city).
     sited = any(node.site for node in fleet.nodes)
-    table = Table(title=f"fleet {fleet.name}: {network.n} nodes", title_justify="left")
+    table = Table(title=f"fleet {fleet.name}: {count(network.n, 'node')}", title_justify="left")
     for col, justify in [("node", "left"), ("city", "left"), ("site", "left"), ("GPUs", "left"),
                          ("memory GB", "right"), ("TFLOP/s", "right"),
                          ("links", "right"), ("mean RTT ms", "right")]:
@@ -318,14 +319,20 @@ def _coverage_lines(fleet: Fleet, network, pairs: int) -> list[str]:
     total = n * (n - 1) // 2
     components = network.components()
     imputed = int(network.imputed.sum() // 2)
-    lines = [f"link coverage: {pairs} of {total} pairs measured "
+    lines = [f"link coverage: {pairs} of {count(total, 'pair')} measured "
              f"({100 * pairs / total if total else 100:.0f} %), {imputed} completed "
              f"(docs/COSTMODEL.md section 2), {len(components)} connected component"
              f"{'s' if len(components) != 1 else ''}"]
     if fleet.site_links:
         sites = {n.site_key for n in fleet.nodes if n.site_key} | {s.id for s in fleet.sites}
-        lines.append(f"site links: {len(fleet.site_links)} between {len(sites)} sites (each "
+        lines.append(f"site links: {len(fleet.site_links)} between {count(len(sites), 'site')} (each "
                      "stands for every pair of their servers; node links override them)")
+        unprobed = sum(1 for link in fleet.site_links
+                       if link.source == "measured" and not link.rtt_measured)
+        if unprobed:
+            lines.append(f"{count(unprobed, 'site link')} with a measured throughput and no "
+                         "measured RTT (ICMP blocked or samples refused): planned at that "
+                         "throughput and completion's RTT")
         by_source = Counter(link.source for link in fleet.site_links)
         if by_source.keys() - {"measured"}:
             lines.append(f"completed site links (fleet complete): {by_source['predicted']} "
@@ -362,8 +369,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         from planner.core.sites import roll_up_by_site
         fleet = roll_up_by_site(fleet)
     save_fleet_json(fleet, args.out)
-    extra = (f", {len(fleet.sites)} sites, {len(fleet.site_links)} site links" if by_site else "")
-    print(f"wrote {args.out}: {len(fleet.nodes)} nodes, {len(fleet.links)} links{extra}")
+    extra = (f", {count(len(fleet.sites), 'site')}, {count(len(fleet.site_links), 'site link')}"
+             if by_site else "")
+    print(f"wrote {args.out}: {count(len(fleet.nodes), 'node')}, {count(len(fleet.links), 'link')}"
+          f"{extra}")
     return 0
 
 
@@ -375,13 +384,13 @@ def cmd_import(args: argparse.Namespace) -> int:
     for issue in issues:
         print(f"warning: {issue}")
     if fleet.site_links:   # the store holds per-pair rollups of node links only
-        print(f"warning: {len(fleet.site_links)} site link(s) not imported (the store keeps "
+        print(f"warning: {count(len(fleet.site_links), 'site link')} not imported (the store keeps "
               "measured node links; plan with --fleet to use site links)")
     with Store(args.db) as store:
         result = store.import_fleet(fleet)
-    print(f"imported {args.path}: {len(fleet.nodes)} nodes ({result['nodes_added']} new, "
-          f"{result['nodes_updated']} updated), {result['links']} links, "
-          f"{len(issues)} flaw{'s' if len(issues) != 1 else ''} repaired")
+    print(f"imported {args.path}: {count(len(fleet.nodes), 'node')} ({result['nodes_added']} new, "
+          f"{result['nodes_updated']} updated), {count(result['links'], 'link')}, "
+          f"{count(len(issues), 'flaw')} repaired")
     return 0
 
 
@@ -404,8 +413,8 @@ def cmd_complete(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     counts = link_counts(prediction)
     pairs = len(prediction.sites) * (len(prediction.sites) - 1) // 2
-    print(f"wrote {args.out}: {len(prediction.sites)} sites, {count(pairs, 'site pair')}; model "
-          f"{prediction.model}; {seconds:.2f} s")
+    print(f"wrote {args.out}: {count(len(prediction.sites), 'site')}, {count(pairs, 'site pair')}; "
+          f"model {prediction.model}; {seconds:.2f} s")
     for quantity, label in (("rtt", "RTT"), ("gbps", "throughput")):
         c = counts[quantity]
         print(f"  {label}: {c['measured']} measured, {c['predicted']} predicted, "

@@ -184,11 +184,19 @@ class SiteLink:
     source: str = "measured"
     rtt_hi_ms: float | None = None
     bandwidth_lo_gbps: float | None = None
+    # Where ``rtt_ms`` comes from when not from ``source``: a measured throughput whose RTT was
+    # never measured (ICMP blocked, samples refused) is a measured link with a formula or
+    # predicted RTT, so the throughput reaches plans and the RTT is not mistaken for measured.
+    rtt_source: str | None = None
+
+    @property
+    def rtt_measured(self) -> bool:
+        return (self.rtt_source or self.source) == MEASURED
 
     @property
     def planned_rtt_ms(self) -> float:
-        """The RTT completion uses: the upper figure of a link not measured, where given."""
-        if self.source != MEASURED and self.rtt_hi_ms is not None:
+        """The RTT completion uses: the upper figure of an RTT not measured, where given."""
+        if not self.rtt_measured and self.rtt_hi_ms is not None:
             return self.rtt_hi_ms
         return self.rtt_ms
 
@@ -223,6 +231,13 @@ def bandwidth_from_rtt(rtt_ms: np.ndarray | float) -> np.ndarray | float:
                                                 MAX_BW_GBPS))
     out = gbps * GBIT
     return float(out) if out.ndim == 0 else out
+
+
+def rtt_from_bandwidth(gbps: float) -> float:
+    """The largest RTT (ms) at which the window formula gives ``gbps``: what a measured
+    throughput says of an RTT never measured. Pessimistic for a link slower than the formula
+    (shaped, shared), the safe side: the planner exploits optimistic errors."""
+    return min(FLEET_BOUNDS["rtt_ms"].high, BW_RTT_PRODUCT / min(float(gbps), MAX_BW_GBPS))
 
 
 @dataclass

@@ -154,7 +154,8 @@ def apply_prediction(net: Network, fleet: Fleet, pairs: MeasuredPairs, names: li
     throughput where, besides, no node link between them measured a throughput (a node pair
     with a measured RTT keeps it). A pair whose RTT was predicted and throughput not takes the
     window formula of the new RTT; FORMULA figures keep today's rule. A site link the fleet
-    gives, a completed one too, is used as given. In place, by row blocks."""
+    gives, a completed one too, is used as given, except a formula RTT beside a measured
+    throughput (``rtt_source``), which a predicted RTT replaces. In place, by row blocks."""
     from planner.linkpred.graph import Source
 
     s = len(names)
@@ -176,7 +177,9 @@ def apply_prediction(net: Network, fleet: Fleet, pairs: MeasuredPairs, names: li
     for link in fleet.site_links:
         a, b = code.get(link.src), code.get(link.dst)
         if a is not None and b is not None:
-            covered_rtt[a, b] = covered_rtt[b, a] = True
+            # The formula's RTT beside a measured throughput gives way, as relayed ones do.
+            if link.source != "measured" or link.rtt_source != "formula":
+                covered_rtt[a, b] = covered_rtt[b, a] = True
             if link.source != "measured" or link.bandwidth_gbps is not None:
                 covered_bw[a, b] = covered_bw[b, a] = True
     between = known[:, None] & known[None, :]
@@ -189,7 +192,7 @@ def apply_prediction(net: Network, fleet: Fleet, pairs: MeasuredPairs, names: li
     new_bw = between & ~covered_bw
     new_bw &= np.asarray(prediction.gbps_source)[grid] == Source.PREDICTED
     new_bw &= np.isfinite(gbps_lo) & (gbps_lo > 0)
-    window_bw = new_rtt & ~new_bw
+    window_bw = new_rtt & ~new_bw & ~covered_bw   # a measured throughput stays
     if not (new_rtt.any() or new_bw.any()):
         return
     n = len(site)

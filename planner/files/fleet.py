@@ -111,6 +111,8 @@ def _site_link_json(link: SiteLink) -> dict[str, Any]:
         item["rtt_hi_ms"] = link.rtt_hi_ms
     if link.bandwidth_lo_gbps is not None:
         item["bandwidth_lo_gbps"] = link.bandwidth_lo_gbps
+    if link.rtt_source is not None:
+        item["rtt_source"] = link.rtt_source
     return item
 
 

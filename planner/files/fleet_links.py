@@ -29,8 +29,9 @@ from planner.files.paper import ImportIssue
 
 LINK_KEYS = {"src", "dst", "rtt_ms", "bandwidth_gbps", "loss", "samples", "imputed"}
 SITE_KEYS = {"id", "lat", "lon"}
-# What ``fleet complete`` adds to a site link it wrote (read by the per-link reader).
-COMPLETION_KEYS = {"source", "rtt_hi_ms", "bandwidth_lo_gbps"}
+# What ``fleet complete`` adds to a site link it wrote, and the RTT's own source of a measured
+# throughput whose RTT was not (read by the per-link reader).
+COMPLETION_KEYS = {"source", "rtt_hi_ms", "bandwidth_lo_gbps", "rtt_source"}
 SITE_LINK_KEYS = {"src", "dst", "rtt_ms", "bandwidth_gbps", "loss", "samples"} | COMPLETION_KEYS
 NUMBER = frozenset({int, float})
 NUMBER_OR_NULL = frozenset({int, float, type(None)})
@@ -237,7 +238,8 @@ def read_site_links(raw: Any, known: dict[str, str], path: str, lines: LineFinde
                             self_loops=True)
     return tuple(SiteLink(known[src], known[dst], rtt_ms=m["rtt"], bandwidth_gbps=m["bw"],
                           loss=m["loss"], samples=m["samples"], source=m["source"],
-                          rtt_hi_ms=m["rtt_hi"], bandwidth_lo_gbps=m["bw_lo"])
+                          rtt_hi_ms=m["rtt_hi"], bandwidth_lo_gbps=m["bw_lo"],
+                          rtt_source=m.get("rtt_source"))
                  for (src, dst), m in merged.items())
 
 
@@ -316,13 +318,17 @@ def _careful_links(raw: list, section: str, allowed: set[str], known, what: str,
 
 
 def _completion_fields(f: Fields, rtt: float, bw: float | None) -> dict[str, Any]:
-    """A site link's ``source``, ``rtt_hi_ms`` (at least its ``rtt_ms``) and
-    ``bandwidth_lo_gbps`` (at most its ``bandwidth_gbps``, which it needs)."""
+    """A site link's ``source``, ``rtt_hi_ms`` (at least its ``rtt_ms``),
+    ``bandwidth_lo_gbps`` (at most its ``bandwidth_gbps``, which it needs) and ``rtt_source``
+    (None: as ``source``)."""
     source = f.obj.get("source", MEASURED)
     if source is None:
         source = MEASURED
     if source not in SITE_LINK_SOURCES:
         raise f.fail("source", "one of " + ", ".join(SITE_LINK_SOURCES))
+    rtt_source = f.obj.get("rtt_source")
+    if rtt_source is not None and rtt_source not in SITE_LINK_SOURCES:
+        raise f.fail("rtt_source", "one of " + ", ".join(SITE_LINK_SOURCES))
     rtt_hi = f.number("rtt_hi_ms", bound=FLEET_BOUNDS["rtt_ms"])
     if rtt_hi is not None and rtt_hi < rtt:
         raise f.fail("rtt_hi_ms", f"milliseconds of RTT at least rtt_ms ({rtt:g})")
@@ -330,4 +336,4 @@ def _completion_fields(f: Fields, rtt: float, bw: float | None) -> dict[str, Any
     if bw_lo is not None and (bw is None or bw_lo > bw):
         raise f.fail("bandwidth_lo_gbps", "Gbit/s at most bandwidth_gbps (" +
                      ("none given" if bw is None else f"{bw:g}") + ")")
-    return {"source": source, "rtt_hi": rtt_hi, "bw_lo": bw_lo}
+    return {"source": source, "rtt_hi": rtt_hi, "bw_lo": bw_lo, "rtt_source": rtt_source}

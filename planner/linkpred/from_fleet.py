@@ -4,7 +4,9 @@ Sites come in the order ``planner.core.sites.site_codes`` gives (declared sites 
 nodes name them); a node with neither site nor city has no site here. Measured pairs are the
 fleet's site links and its node links between two different sites, rolled up per site pair by
 ``planner.core.sites.roll_up_by_site`` (median RTT, median positive throughput), then merged per
-unordered pair the same way. Pairs of a site with itself are not edges: completion fills them.
+unordered pair the same way; a site link's RTT that was not measured (``rtt_source``) is left
+out, so such a pair has a throughput and no RTT. Pairs of a site with itself are not edges:
+completion fills them.
 """
 
 from __future__ import annotations
@@ -65,13 +67,15 @@ def _measured_pairs(fleet: Fleet, index: dict[str, int]) -> tuple[np.ndarray, ..
         if a is None or b is None or a == b:
             continue
         key = (min(a, b), max(a, b))
-        rtts[key].append(float(link.rtt_ms))
+        # An RTT the formula filled in beside a measured throughput is no measurement.
+        if link.rtt_measured:
+            rtts[key].append(float(link.rtt_ms))
         if link.bandwidth_gbps is not None and link.bandwidth_gbps > 0:
             bws[key].append(float(link.bandwidth_gbps))
-    keys = sorted(rtts)
+    keys = sorted(rtts.keys() | bws.keys())
     i = np.array([a for a, _ in keys], dtype=np.int64)
     j = np.array([b for _, b in keys], dtype=np.int64)
-    rtt = np.array([_median(rtts[k]) for k in keys], dtype=float)
+    rtt = np.array([_median(rtts[k]) if rtts.get(k) else np.nan for k in keys], dtype=float)
     gbps = np.array([_median(bws[k]) if bws.get(k) else np.nan for k in keys], dtype=float)
     return i, j, rtt, gbps
 

@@ -22,12 +22,13 @@ import networkx as nx
 import numpy as np
 
 from hulk.validate import shown
-from planner.core.fleet import (Fleet, Link, Network, Node, Site, SiteLink, complete,
-                                link_problem, node_problem)
+from planner.core.fleet import (FORMULA, Fleet, Link, Network, Node, Site, SiteLink, complete,
+                                link_problem, node_problem, rtt_from_bandwidth)
 from planner.core.gcpause import gc_paused
 from planner.core.rollup import DailyRollup, WindowStats
 from planner.core.probe_plan import site_key
 from planner.core.site_pairs import PER_PAIR_UP_TO, site_locations
+from planner.linkpred.complete import with_formula_rtts
 from planner.service.node_state import revoked_nodes
 from planner.service.store import PairRollup, Store
 
@@ -65,7 +66,8 @@ def fleet_from_store(store: Store, window_days: int = 90, name: str = "default",
     """The fleet of the store's last ``window_days``: measured ordered pairs with their mean RTT,
     loss and sample count; links of an imported fleet file fill pairs never measured. Links
     between two sites (or inside one) whose throughput tests measured a bandwidth carry it
-    (``measured_site_bandwidth``).
+    (``measured_site_bandwidth``); two sites whose throughput was measured and whose RTT never
+    was get a site link of their own, its RTT completion's and marked so (``rtt_source``).
 
     Site links: the store's site-pair rollups (a fleet of more than ``SITE_LINKS_ABOVE`` nodes
     keeps pairs between two sites only as those) are one ``SiteLink`` per ordered site pair and
@@ -155,16 +157,39 @@ def _fleet_from_store(store: Store, window_days: int, name: str,
                         shown(link.dst), problem)
             links.pop()
     links = _with_measured(links, {n.id: n.site_key for n in nodes}, measured_bw)
-    if not fold and not site_sums:
-        return Fleet(tuple(nodes), tuple(links), name=name)
     site_link_list = [SiteLink(a, b, rtt_ms=total / (count - lost), loss=lost / count,
                                samples=count, bandwidth_gbps=measured_bw.get((a, b)))
                       for (a, b), (count, lost, total) in sorted(site_sums.items())
                       if count > lost]
+    unprobed = _throughput_only(nodes, links, site_link_list, measured_bw)
+    if not fold and not site_sums and not unprobed:
+        return Fleet(tuple(nodes), tuple(links), name=name)
+    site_link_list += unprobed
     located = site_locations((n.site_key, n.coordinates) for n in nodes)
     sites = tuple(Site(s, *(where or (None, None))) for s, where in sorted(located.items()))
-    return Fleet(tuple(nodes), tuple(links), name=name, sites=sites,
-                 site_links=tuple(site_link_list))
+    return with_formula_rtts(Fleet(tuple(nodes), tuple(links), name=name, sites=sites,
+                                   site_links=tuple(site_link_list)))
+
+
+def _throughput_only(nodes: list[Node], links: list[Link], site_links: list[SiteLink],
+                     measured: dict[tuple[str, str], float]) -> list[SiteLink]:
+    """A site link for each pair of two sites of ``nodes`` whose throughput was measured and
+    whose RTT never was (ICMP blocked, every sample refused): no link carries its throughput
+    otherwise, so plans would never see it. Its RTT is marked ``rtt_source`` formula; the
+    window formula's RTT of the throughput stands in until ``with_formula_rtts`` gives it
+    completion's figure. The samples behind it are RTT samples: 0."""
+    if not measured:
+        return []
+    site_of = {n.id: n.site_key for n in nodes}
+    sites = set(site_of.values())
+    timed = {frozenset((site_of.get(k.src), site_of.get(k.dst))) for k in links}
+    timed |= {frozenset((k.src, k.dst)) for k in site_links}
+    out = []
+    for (a, b), gbps in sorted(measured.items()):
+        if a < b and a in sites and b in sites and frozenset((a, b)) not in timed:
+            out.append(SiteLink(a, b, rtt_ms=rtt_from_bandwidth(gbps), bandwidth_gbps=gbps,
+                                rtt_source=FORMULA))
+    return out
 
 
 def pair_stats(pairs: Iterable[PairRollup]) -> dict[frozenset[str], WindowStats]:

@@ -58,6 +58,7 @@ def test_a_file_without_the_fields_reads_as_before_on_the_column_path(tmp_path, 
 
 @pytest.mark.parametrize("extra, field, expected", [
     ({"source": "guessed"}, "source", "one of measured, predicted, formula"),
+    ({"rtt_source": "guessed"}, "rtt_source", "one of measured, predicted, formula"),
     ({"source": 3}, "source", "one of measured, predicted, formula"),
     ({"source": "predicted", "rtt_hi_ms": 5.0}, "rtt_hi_ms", "at least rtt_ms (10)"),
     ({"source": "predicted", "rtt_hi_ms": -1}, "rtt_hi_ms", "milliseconds of RTT"),
@@ -97,3 +98,20 @@ def test_a_measured_site_link_is_written_with_its_source_named():
     from planner.files.fleet import _site_link_json
     item = _site_link_json(SiteLink("tokyo", "osaka", rtt_ms=8.0, bandwidth_gbps=1.5, samples=12))
     assert item["source"] == "measured" and item["samples"] == 12
+
+
+def test_a_measured_throughput_with_a_completed_rtt_round_trips(tmp_path):
+    """`rtt_source` names where the RTT of a measured throughput came from; absent, as source."""
+    links = (SiteLink("a", "b", 421.0, 0.19, rtt_source="formula"),
+             SiteLink("a", "c", 20.0, 4.0, samples=3, rtt_source="predicted", rtt_hi_ms=26.0))
+    fleet = Fleet(tuple(Node(n["id"], gpus=8, gpu_name="A100", memory_gb=640, site=n["site"])
+                        for n in NODES), (), name="f", sites=tuple(Site(s["id"]) for s in SITES),
+                  site_links=links)
+    path = tmp_path / "out.json"
+    save_fleet_json(fleet, path)
+    again = load_fleet(path).site_links
+    assert again == links
+    assert [k.rtt_measured for k in again] == [False, False]
+    assert again[1].planned_rtt_ms == 26.0 and again[1].planned_bandwidth_gbps == 4.0
+    assert "rtt_source" not in json.dumps(fleet_to_json(
+        Fleet(fleet.nodes, (), sites=fleet.sites, site_links=(SiteLink("a", "b", 1.0),))))

@@ -4,6 +4,8 @@ written back as site links."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -177,3 +179,48 @@ def test_servers_without_named_sites_or_in_one_site_plan_as_before(site):
 def test_links_choice_is_checked():
     with pytest.raises(ValueError, match="links"):
         network_with_links(_ring_fleet(), "guessed")
+
+
+def test_a_measured_site_link_completion_writes_carries_its_real_samples(tmp_path):
+    """A pair measured in both figures by node links is written a measured site link with the
+    RTT samples behind it (both directions, every server pair of the two sites) and their mean
+    loss, as `fleet export --site-links` rolls them up."""
+    nodes = (_node(0, "a"), _node(1, "a"), _node(2, "b"), _node(3, "c"))
+    links = (Link("n0", "n2", 10.0, 2.0, loss=0.1, samples=40),
+             Link("n2", "n1", 12.0, 3.0, loss=0.0, samples=60),
+             Link("n2", "n3", 20.0, samples=7))
+    fleet = Fleet(nodes, links, sites=(Site("a"), Site("b"), Site("c")))
+    done = completed_fleet(fleet, predict_fleet_links(fleet))
+    pairs = {frozenset((k.src, k.dst)): k for k in done.site_links}
+    both = pairs[frozenset(("a", "b"))]
+    assert (both.source, both.samples) == ("measured", 100)
+    assert both.loss == pytest.approx(0.05)
+    path = tmp_path / "completed.json"
+    save_fleet_json(done, path)
+    written = {frozenset((k["src"], k["dst"])): k
+               for k in json.loads(path.read_text())["site_links"]}
+    assert (written[frozenset(("a", "b"))]["source"],
+            written[frozenset(("a", "b"))]["samples"]) == ("measured", 100)
+    # b-c measured its RTT only: completed, not measured, so no count is claimed for it.
+    assert pairs[frozenset(("b", "c"))].source == "formula"
+
+
+def test_a_measured_throughput_without_rtt_is_kept_measured_with_completions_rtt():
+    nodes = (_node(0, "a"), _node(1, "b"), _node(2, "c"))
+    links = (SiteLink("a", "b", rtt_ms=400.0, bandwidth_gbps=0.2, rtt_source="formula"),
+             SiteLink("a", "c", rtt_ms=10.0, samples=5), SiteLink("c", "b", rtt_ms=15.0))
+    fleet = Fleet(nodes, (), sites=(Site("a"), Site("b"), Site("c")), site_links=links)
+    prediction = predict_fleet_links(fleet)
+    assert link_counts(prediction)["gbps"]["measured"] == 1
+    done = {frozenset((k.src, k.dst)): k for k in completed_fleet(fleet, prediction).site_links}
+    ab = done[frozenset(("a", "b"))]
+    # The RTT given was the formula's too: completion relays over the measured ones instead.
+    assert (ab.source, ab.rtt_source, ab.rtt_ms, ab.bandwidth_gbps) == ("measured", "formula",
+                                                                        25.0, 0.2)
+    net = complete(completed_fleet(fleet, prediction))
+    assert net.bw[0, 1] == pytest.approx(0.2 * GBIT) and net.rtt_ms[0, 1] == 25.0
+    # A predicted RTT replaces the formula's in plans; the measured throughput stays.
+    predicted = link_prediction(("a", "b", "c"), {
+        ("a", "b"): (30.0, 40.0, 0.2, 0.2, Source.PREDICTED, Source.MEASURED)})
+    net = complete(fleet, prediction=predicted)
+    assert net.rtt_ms[0, 1] == 40.0 and net.bw[0, 1] == pytest.approx(0.2 * GBIT)
