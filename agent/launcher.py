@@ -37,9 +37,10 @@ recorded code (it is not run again), and stops every live process the placement 
 a job re-placed elsewhere never runs twice.
 
 States (exposed for the Heartbeat): idle, starting (spawned), running (alive after
-``running_after_s``), exited (with its code), failed (could not be started). An exited rank's
-detail (``exit_detail``) has the lines around the log's first error, its last lines and the
-log's path, within the 4 KiB the planner keeps.
+``running_after_s``), exited (with its code; exit cause FENCED when its wrapper stopped it
+because the node's lease lapsed: serve restarts such a job without spending its budget), failed
+(could not be started). An exited rank's detail (``exit_detail``) has the lines around the log's
+first error, its last lines and the log's path, within the 4 KiB the planner keeps.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ from agent.jobproc import (EXIT_FILE, KILLED_CODE, LEASE_FILE, ProcessHandle, Pr
 from agent.progress import read_progress
 from hulk.wire.placement import NodePlacement, Role, command_allowed, valid_job_name
 from hulk.wire.progress import ENV_VAR as PROGRESS_ENV_VAR
-from hulk.wire.records import LaunchState, LaunchStatus
+from hulk.wire.records import ExitCause, LaunchState, LaunchStatus
 
 if TYPE_CHECKING:
     from agent.lease import NodeLease
@@ -278,6 +279,7 @@ class Launcher:
         self._lock = asyncio.Lock()
 
     def _set(self, **fields) -> None:
+        fields.setdefault("exit_cause", ExitCause.UNSPECIFIED)   # only a fenced end says FENCED
         self.status = replace(self.status, changed_at_ms=self._clock_ms(), **fields)
         log.info("launch %s: %s%s%s", self.status.job or "-", self.status.state.name.lower(),
                  f" (code {self.status.exit_code})" if self.status.state == LaunchState.EXITED else "",
@@ -503,6 +505,7 @@ class Launcher:
 
     async def _ended(self, code: int, log_path: Path | None, progress_path: Path | None) -> None:
         detail = await asyncio.to_thread(exit_detail, code, log_path)   # reads the whole log
+        cause = ExitCause.UNSPECIFIED
         if log_path is not None:   # the job's folder holds its log, exit.json and lease.json
             if self.lease is not None:
                 self.lease.untrack(log_path.parent)
@@ -510,5 +513,6 @@ class Launcher:
             if fenced:
                 log.warning("job %s was fenced: %s", self.status.job, fenced)
                 detail = f"fenced: {fenced}\n{detail}"
-        self._set(state=LaunchState.EXITED, exit_code=code, detail=detail,
+                cause = ExitCause.FENCED     # not the job's failure: serve spends no restart on it
+        self._set(state=LaunchState.EXITED, exit_code=code, detail=detail, exit_cause=cause,
                   progress=read_progress(progress_path) or self.status.progress)

@@ -18,7 +18,7 @@ from typing import Any
 
 from agent.spool_store import RESTART_REASONS
 from hulk import errors
-from hulk.wire.records import LaunchState, LaunchStatus, PeerSummary, ProbeSample
+from hulk.wire.records import ExitCause, LaunchState, LaunchStatus, PeerSummary, ProbeSample
 
 # Closed label sets, exported at 0 from the start so alerts see them before the first event.
 REFUSAL_REASONS = ("malformed", "no_key", "bad_signature", "misaddressed", "expired", "future",
@@ -107,7 +107,8 @@ class AgentMetrics(AgentEvents):
                                        "could not start (refused commands are counted as "
                                        "placement refusals)", registry=r)
         self.exits = Counter("hulk_agent_job_exits", "Training processes that ended, by outcome "
-                             "(success: exit code 0)", ["outcome"], registry=r)
+                             "(success: exit code 0; fenced: stopped by its wrapper, "
+                             "the node's lease lapsed)", ["outcome"], registry=r)
         self.launch_state = Gauge("hulk_agent_launch_state", "1 for the launch state this node "
                                   "is in, 0 for the others", ["state"], registry=r)
         for reason in REFUSAL_REASONS:
@@ -194,7 +195,8 @@ class AgentMetrics(AgentEvents):
         if new.state == LaunchState.RUNNING:
             self.launches.inc()
         elif new.state == LaunchState.EXITED and old.state != LaunchState.EXITED:
-            self.exits.labels("success" if new.exit_code == 0 else "error").inc()
+            self.exits.labels("fenced" if new.exit_cause == ExitCause.FENCED else
+                              "success" if new.exit_code == 0 else "error").inc()
         elif new.state == LaunchState.FAILED:
             if new.detail.startswith("refused:"):
                 self.refusals.labels("command_not_allowed").inc()

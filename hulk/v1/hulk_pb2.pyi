@@ -21,6 +21,11 @@ class LaunchState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LAUNCH_STATE_RUNNING: _ClassVar[LaunchState]
     LAUNCH_STATE_EXITED: _ClassVar[LaunchState]
     LAUNCH_STATE_FAILED: _ClassVar[LaunchState]
+
+class ExitCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXIT_CAUSE_UNSPECIFIED: _ClassVar[ExitCause]
+    EXIT_CAUSE_FENCED: _ClassVar[ExitCause]
 PROBE_KIND_UNSPECIFIED: ProbeKind
 PROBE_KIND_ICMP: ProbeKind
 PROBE_KIND_TCP: ProbeKind
@@ -30,6 +35,8 @@ LAUNCH_STATE_STARTING: LaunchState
 LAUNCH_STATE_RUNNING: LaunchState
 LAUNCH_STATE_EXITED: LaunchState
 LAUNCH_STATE_FAILED: LaunchState
+EXIT_CAUSE_UNSPECIFIED: ExitCause
+EXIT_CAUSE_FENCED: ExitCause
 
 class Gpu(_message.Message):
     __slots__ = ("name", "uuid", "compute_capability", "memory_bytes")
@@ -214,7 +221,7 @@ class ReportResponse(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class LaunchStatus(_message.Message):
-    __slots__ = ("plan_id", "job", "state", "exit_code", "detail", "changed_at_ms", "progress")
+    __slots__ = ("plan_id", "job", "state", "exit_code", "detail", "changed_at_ms", "progress", "exit_cause")
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -222,6 +229,7 @@ class LaunchStatus(_message.Message):
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     CHANGED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CAUSE_FIELD_NUMBER: _ClassVar[int]
     plan_id: str
     job: str
     state: LaunchState
@@ -229,7 +237,8 @@ class LaunchStatus(_message.Message):
     detail: str
     changed_at_ms: int
     progress: StepProgress
-    def __init__(self, plan_id: _Optional[str] = ..., job: _Optional[str] = ..., state: _Optional[_Union[LaunchState, str]] = ..., exit_code: _Optional[int] = ..., detail: _Optional[str] = ..., changed_at_ms: _Optional[int] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ...) -> None: ...
+    exit_cause: ExitCause
+    def __init__(self, plan_id: _Optional[str] = ..., job: _Optional[str] = ..., state: _Optional[_Union[LaunchState, str]] = ..., exit_code: _Optional[int] = ..., detail: _Optional[str] = ..., changed_at_ms: _Optional[int] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ..., exit_cause: _Optional[_Union[ExitCause, str]] = ...) -> None: ...
 
 class StepProgress(_message.Message):
     __slots__ = ("steps", "total_steps", "iteration_s", "iteration_p90_s", "compute_s", "communication_s", "samples", "updated_ms", "wall_iteration_s", "wall_steps")

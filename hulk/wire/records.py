@@ -360,6 +360,22 @@ class LaunchState(enum.IntEnum):
     FAILED = 5
 
 
+class ExitCause(enum.IntEnum):
+    """Why an EXITED process ended, where that was not its own doing (hulk.v1.ExitCause, same
+    numbers). A value this side does not know reads as UNSPECIFIED: the process's own exit, what
+    a planner that predates the field makes of the report too."""
+
+    UNSPECIFIED = 0
+    FENCED = 1          # its wrapper stopped it: the node's lease lapsed (docs/JOBS.md, Fencing)
+
+    @classmethod
+    def of(cls, value: int) -> ExitCause:
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNSPECIFIED
+
+
 @dataclass(frozen=True)
 class LaunchStatus:
     """The training process this node launched; sent in every Heartbeat."""
@@ -371,11 +387,13 @@ class LaunchStatus:
     detail: str = ""
     changed_at_ms: int = 0
     progress: StepProgress | None = None   # the rank's step progress, when its job reports it
+    exit_cause: ExitCause = ExitCause.UNSPECIFIED   # EXITED only: FENCED when its lease lapsed
 
     def to_proto(self) -> hulk_pb2.LaunchStatus:
         msg = hulk_pb2.LaunchStatus(plan_id=self.plan_id, job=self.job, state=int(self.state),
                                     exit_code=self.exit_code, detail=self.detail,
-                                    changed_at_ms=self.changed_at_ms)
+                                    changed_at_ms=self.changed_at_ms,
+                                    exit_cause=int(self.exit_cause))
         if self.progress is not None:
             msg.progress.CopyFrom(self.progress.to_proto())
         return msg
@@ -383,7 +401,9 @@ class LaunchStatus:
     @classmethod
     def from_proto(cls, msg: hulk_pb2.LaunchStatus) -> LaunchStatus:
         """InputError for a state this side does not know (an agent newer than the planner),
-        or for progress figures that cannot be true (NaN, negative, past their bounds)."""
+        or for progress figures that cannot be true (NaN, negative, past their bounds). An exit
+        cause it does not know is UNSPECIFIED (the report is never refused for it), and so is
+        one sent with a state other than EXITED."""
         try:
             state = LaunchState(msg.state)
         except ValueError:
@@ -391,8 +411,11 @@ class LaunchStatus:
                              field="launch.state") from None
         progress = (StepProgress.from_proto(msg.progress, "launch.progress")
                     if msg.HasField("progress") else None)
+        cause = (ExitCause.of(msg.exit_cause) if state == LaunchState.EXITED
+                 else ExitCause.UNSPECIFIED)
         return cls(state=state, plan_id=msg.plan_id, job=msg.job, exit_code=msg.exit_code,
-                   detail=msg.detail, changed_at_ms=msg.changed_at_ms, progress=progress)
+                   detail=msg.detail, changed_at_ms=msg.changed_at_ms, progress=progress,
+                   exit_cause=cause)
 
 
 @dataclass(frozen=True)

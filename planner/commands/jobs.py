@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hulk.errors import InputError, NotFoundError
+from hulk.plural import count
 from hulk.validate import terminal_safe as _terminal_safe
-from planner.core.lifecycle import CANCELLED, FINAL, JobRecord
+from planner.core.lifecycle import CANCELLED, FENCED, FINAL, JobRecord
 from planner.service.job_progress import JobIteration, estimated_iteration_s, measured
 from planner.settings import PlannerSettings
 
@@ -104,7 +105,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 check(_fleet_gpu_bytes(store))
         else:
             check(None)
-        print(f"checked {len(jobs)} job(s): {', '.join(j.name for j in jobs)}; --plan-only "
+        print(f"checked {count(len(jobs), 'job')}: {', '.join(j.name for j in jobs)}; --plan-only "
               f"queues nothing (`hulk-planner plan {args.jobs} --db DB` plans them)")
         return 0
     with _store(args, create=True) as store:
@@ -115,7 +116,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             raise InputError(f"job {taken[0]!r} is already {active[taken[0]]}; cancel it or pick "
                              "another name", path=str(args.jobs), field="name")
         store.submit_jobs([(job.name, job_spec(job)) for job in jobs])   # all or none
-    print(f"queued {len(jobs)} job(s): {', '.join(j.name for j in jobs)} "
+    print(f"queued {count(len(jobs), 'job')}: {', '.join(j.name for j in jobs)} "
           f"(`hulk-planner serve --mqtt` starts them on free nodes)")
     return 0
 
@@ -162,7 +163,7 @@ def _row(record: JobRecord, cities: dict[str, str], now_ms: int,
             "finished_ms": record.finished_ms,
             "elapsed_s": (end - record.started_ms) / 1000 if record.started_ms else None,
             "estimate_s": record.estimate_s, "restarts": record.restarts, "failures": record.failures,
-            "plan_id": record.plan_id,
+            "fences": record.fences, "plan_id": record.plan_id,
             "detail": record.detail,
             "iteration_s": iteration.measured_iteration_s if iteration else None,
             "iteration_samples": iteration.samples if iteration else 0,
@@ -216,6 +217,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"  nodes     {', '.join(record.nodes) or '-'}  ({', '.join(row['cities']) or '-'})")
     print(f"  plan      {record.plan_id or '-'}   restarts {record.restarts} "
           f"(after its own failures {record.failures} of at most {record.max_restarts})")
+    if record.fences:
+        print(f"  fenced    {count(record.fences, 'time')}: the node's lease lapsed (no "
+              "heartbeat acknowledged in time); restarted without spending max_restarts")
     print(f"  elapsed   {_duration(row['elapsed_s'])}   estimate {_duration(record.estimate_s)}")
     step = _measured_vs_estimated(figures[0] if figures else None, row["iteration_estimate_s"])
     print(f"  step      {step}"
@@ -229,7 +233,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"    rank {rank} {r.node_id}: step {p.steps}{total}  "
               f"median {_step(p.iteration_s if p.samples else None)}  "
               f"p90 {_step(p.iteration_p90_s if p.samples else None)}{split}  "
-              f"({p.samples} steps, heard {_duration(max(0, now - r.received_ms) / 1000)} ago)")
+              f"({count(p.samples, 'step')}, heard {_duration(max(0, now - r.received_ms) / 1000)} ago)")
     print(f"  spec      {json.dumps(dict(record.spec), sort_keys=True)}")
     print("  history")
     for state, at_ms, detail in record.events:
@@ -250,8 +254,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rank_header(state: str, exit_code: int, job_ended: bool) -> str:
-    """What a rank's last report says, by state: only an ended rank has an exit code."""
+def _rank_header(state: str, exit_code: int, job_ended: bool, exit_cause: str = "") -> str:
+    """What a rank's last report says, by state: only an ended rank has an exit code (and a
+    fenced one says so)."""
+    if state == "exited" and exit_cause == FENCED:
+        return f"fenced (the node's lease lapsed), exit code {exit_code}"
     if state == "exited":
         return "exited 0" if exit_code == 0 else f"exited, exit code {exit_code}"
     if state == "failed":
@@ -274,7 +281,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if live is not None and live.job == record.name and live.plan_id == record.plan_id:
             seen = nodes_now[node].last_seen_ms or 0
             ranks[node] = RankReport(node, live.plan_id, live.state, live.exit_code, live.detail,
-                                     seen)
+                                     seen, live.exit_cause)
         else:
             ranks[node] = kept.get(node)
     if args.node:
@@ -294,9 +301,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
             continue
         plan = "" if report.plan_id == record.plan_id else f", plan {report.plan_id}"
         heard = _duration(max(0, now - report.changed_ms) / 1000) if report.changed_ms else "-"
-        print(f"== {node} ({where}{plan}): "
-              f"{_rank_header(report.state, report.exit_code, record.state in FINAL)}"
-              f" (heard {heard} ago)")
+        header = _rank_header(report.state, report.exit_code, record.state in FINAL,
+                              report.exit_cause)
+        print(f"== {node} ({where}{plan}): {header} (heard {heard} ago)")
         for line in report.detail.splitlines():
             print(f"   {_terminal_safe(line)}")
     return 0

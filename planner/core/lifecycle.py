@@ -5,9 +5,12 @@ broker, pushes and writes):
 
 - :class:`JobRecord`: one submitted job as the store keeps it (its spec as jobs.yaml gave it).
 - :func:`next_state`: where a placed or running job goes, from its ranks' launch states: on,
-  failed for good, or restarted (:data:`RESTART`) after a failure of its own processes.
+  failed for good, restarted (:data:`RESTART`) after a failure of its own processes, or
+  restarted without spending its budget (:data:`FENCED_RESTART`) after a rank was fenced (its
+  node's lease lapsed: serve was unreachable, not the job at fault).
 - :func:`restart_wait`: whether a restart is due (its back-off passed, every node heard from
-  since the failure), else why it waits.
+  since the failure), else why it waits; :func:`give_up_wait` likewise for a job whose budget
+  is spent (:data:`GIVE_UP`: it fails once every node is heard from, no back-off).
 - :func:`to_retire`: finished or cancelled jobs whose nodes still hold their placement.
 - :func:`place_queued`: queued jobs planned on the nodes no active job uses (phase 0 only: a job
   that would have to wait for another stays queued until nodes free up); a job that can never
@@ -42,6 +45,9 @@ STATES = (QUEUED, PLACED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 LIVE = frozenset({QUEUED, PLACED, RUNNING})          # may still run
 FINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})    # never runs again
 RESTART = "restart"      # a decision of next_state, never a record's state
+FENCED_RESTART = "fenced restart"   # likewise: a restart that spends no budget
+GIVE_UP = "give up"      # likewise: failed once every node is heard from (give_up_wait)
+FENCED = "fenced"        # RankState.exit_cause: its wrapper stopped it, the node's lease lapsed
 
 # Back-off before a restart: 5 s after the first failure, doubling up to 2 minutes, so a job
 # whose crash is not transient spends its budget in minutes, not seconds.
@@ -49,6 +55,7 @@ BACKOFF_FIRST_S, BACKOFF_MAX_S = 5.0, 120.0
 _ERROR_LINE = re.compile(r"error|exception|traceback|fatal|killed", re.IGNORECASE)
 _SIGNAL = re.compile(r"Signal \d+ \(SIG\w+\)")              # torchrun: a worker killed
 _EXCEPTION = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b: *\S")   # with a message
+_LEASE_LAPSED = "the node's lease lapsed"
 _NOT_CAUSES = ("exit code", "first error", "last lines", "full log:", "Traceback", "File ",
                "raise ")
 
@@ -76,6 +83,7 @@ class JobRecord:
     # predates kept stages or its placement came without them.
     stages: Mapping[str, Any] | None = None
     failures: int = 0                       # restarts that followed a failure of its own ranks
+    fences: int = 0                         # restarts that followed a fenced rank (no budget)
 
     @property
     def job(self) -> Job:
@@ -104,6 +112,11 @@ class RankState:
     plan_id: str = ""
     exit_code: int = 0
     detail: str = ""
+    exit_cause: str = ""    # exited only: FENCED (whatever its code), else "" (its own exit)
+
+    @property
+    def fenced(self) -> bool:
+        return self.state == "exited" and self.exit_cause == FENCED
 
 
 def next_state(record: JobRecord, ranks: Mapping[str, RankState | None],
@@ -112,13 +125,18 @@ def next_state(record: JobRecord, ranks: Mapping[str, RankState | None],
     nodes not heard from within the node timeout.
 
     Only reports for this job and its plan id count. Any rank failed (refused, could not start)
-    -> failed for good. A rank exited non-zero -> :data:`RESTART` (detail: the cause) while the
-    job's failures are below its ``max_restarts``, else failed ("gave up after N restarts"); but
-    while any node of the job is ``down`` it is left alone: a node that died keeps its last
-    report ("running") and its peers exit non-zero when their connections to it break, which is
-    recovery's to handle (it re-plans the job after the node timeout) and spends no restart.
-    Every rank exited 0 -> succeeded; every rank running (or already done with 0) and at least
-    one running -> running; otherwise unchanged.
+    -> failed for good. A rank fenced (its wrapper stopped it when the node's lease lapsed,
+    whatever its exit code) -> :data:`FENCED_RESTART` (detail: the cause), whatever the budget:
+    not the job's failure, and its peers' ranks that exited non-zero meanwhile (their
+    connections to the fenced rank broke) are its consequence. Else a rank exited non-zero ->
+    :data:`RESTART` (detail: the cause) while the job's failures are below its
+    ``max_restarts``, else :data:`GIVE_UP` (detail: "gave up after N restarts: <cause>"; it
+    fails once every node is heard from, :func:`give_up_wait`). All three wait while any node
+    of the job is ``down``: a node that died keeps its last report ("running") and its peers
+    exit non-zero when their connections to it break, which is recovery's to handle (it
+    re-plans the job after the node timeout) and spends no restart. Every rank exited 0 (none
+    fenced) -> succeeded; every rank running (or already done with 0) and at least one running
+    -> running; otherwise unchanged.
     """
     if record.state not in (PLACED, RUNNING) or not record.nodes:
         return record.state, record.detail
@@ -127,14 +145,18 @@ def next_state(record: JobRecord, ranks: Mapping[str, RankState | None],
     for node, rank in sorted(mine.items()):
         if rank.state == "failed":
             return FAILED, rank_cause(node, rank)
-    crashed = sorted(n for n, r in mine.items() if r.state == "exited" and r.exit_code != 0)
-    if crashed:
+    fenced = sorted(n for n, r in mine.items() if r.fenced)
+    crashed = sorted(n for n, r in mine.items()
+                     if r.state == "exited" and r.exit_code != 0 and not r.fenced)
+    if fenced or crashed:
         if any(n in down for n in record.nodes):
             return record.state, record.detail
+        if fenced:
+            return FENCED_RESTART, rank_cause(fenced[0], mine[fenced[0]])
         cause = rank_cause(crashed[0], mine[crashed[0]])
         if record.failures < record.max_restarts:
             return RESTART, cause
-        return FAILED, f"gave up after {count(record.failures, 'restart')}: {cause}"[:500]
+        return GIVE_UP, f"gave up after {count(record.failures, 'restart')}: {cause}"[:500]
     if len(mine) < len(record.nodes):
         return record.state, record.detail
     states = {r.state for r in mine.values()}
@@ -147,9 +169,14 @@ def next_state(record: JobRecord, ranks: Mapping[str, RankState | None],
 
 def rank_cause(node: str, rank: RankState) -> str:
     """One line on why a rank ended: ``NODE: exit code C: <first error line>`` (the first line
-    of the agent's detail matching error, exception, traceback, fatal or killed), or for a rank
-    that could not start, ``NODE: <its detail>``."""
+    of the agent's detail matching error, exception, traceback, fatal or killed), for a fenced
+    rank ``NODE: fenced: <why, as its wrapper recorded it>``, or for a rank that could not
+    start, ``NODE: <its detail>``."""
     lines = [ln.strip() for ln in rank.detail.splitlines() if ln.strip()]
+    if rank.fenced:
+        head = lines[0] if lines else ""
+        why = head.removeprefix("fenced:").strip() if head.startswith("fenced:") else ""
+        return f"{node}: fenced: {why or _LEASE_LAPSED}"[:300]
     if rank.state != "exited":
         return f"{node}: {' '.join(lines) or 'could not start'}"[:300]
     code = rank.exit_code
@@ -178,21 +205,50 @@ def backoff_ms(failures: int) -> int:
     return int(min(BACKOFF_FIRST_S * 2.0 ** min(failures, 16), BACKOFF_MAX_S) * 1000)
 
 
+def restart_turn(record: JobRecord, *, fenced: bool = False) -> str:
+    """How a restart names itself: ``restart 2/3`` (the failure it spends of the budget), or
+    for a fenced one ``fenced restart (not counted, 1/3 spent)``."""
+    if fenced:
+        return f"fenced restart (not counted, {record.failures}/{record.max_restarts} spent)"
+    return f"restart {record.failures + 1}/{record.max_restarts}"
+
+
 def restart_wait(record: JobRecord, cause: str, *, failed_at_ms: int, now_ms: int,
-                 last_seen_ms: Mapping[str, int | None]) -> str | None:
+                 last_seen_ms: Mapping[str, int | None], fenced: bool = False) -> str | None:
     """None when the job whose rank failed at ``failed_at_ms`` (first seen then) restarts now;
-    else the detail it shows meanwhile. It waits for its back-off, and for every node of the
-    job to be heard from (``last_seen_ms``) since the failure: a peer that died says nothing
-    more, and its job is recovery's."""
-    turn = f"restart {record.failures + 1}/{record.max_restarts}"
-    wait_ms = backoff_ms(record.failures)
+    else the detail it shows meanwhile. It waits for its back-off (a ``fenced`` restart the
+    first one, 5 s, however often the job failed: the fence was no fault of its own), and for
+    every node of the job to be heard from (``last_seen_ms``) since the failure: a peer that
+    died says nothing more, and its job is recovery's."""
+    turn = restart_turn(record, fenced=fenced)
+    wait_ms = backoff_ms(0 if fenced else record.failures)
     if now_ms < failed_at_ms + wait_ms:
         return f"{turn} after a {wait_ms / 1000:.0f} s back-off: {cause}"
-    since_s = max(0.0, (now_ms - failed_at_ms) / 1000.0)
-    unheard = down_nodes({n: last_seen_ms.get(n) for n in record.nodes}, now_ms, since_s)
+    unheard = _unheard_since(record, failed_at_ms, now_ms, last_seen_ms)
     if unheard:
-        return f"{turn} waits to hear from {', '.join(sorted(unheard))}: {cause}"
+        return f"{turn} waits to hear from {', '.join(unheard)}: {cause}"
     return None
+
+
+def give_up_wait(record: JobRecord, cause: str, *, failed_at_ms: int, now_ms: int,
+                 last_seen_ms: Mapping[str, int | None]) -> str | None:
+    """None when the job whose budget is spent (``cause``: next_state's ``gave up after ...``)
+    fails now; else the detail it shows meanwhile. Like a restart it waits for every node of
+    the job to be heard from since the failure was first seen (``failed_at_ms``), but with no
+    back-off: a peer's rank exits non-zero when a fenced rank stops, and the fenced node's own
+    report can come a heartbeat later, which restarts the job instead (a fence spends no
+    budget)."""
+    unheard = _unheard_since(record, failed_at_ms, now_ms, last_seen_ms)
+    if unheard:
+        return f"fails once it hears from {', '.join(unheard)}: {cause}"[:500]
+    return None
+
+
+def _unheard_since(record: JobRecord, since_ms: int, now_ms: int,
+                   last_seen_ms: Mapping[str, int | None]) -> list[str]:
+    """The job's nodes not heard from (``last_seen_ms``) since ``since_ms``, sorted."""
+    since_s = max(0.0, (now_ms - since_ms) / 1000.0)
+    return sorted(down_nodes({n: last_seen_ms.get(n) for n in record.nodes}, now_ms, since_s))
 
 
 def to_retire(records: Iterable[JobRecord]) -> list[JobRecord]:

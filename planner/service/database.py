@@ -3,7 +3,7 @@
 Tables:
   nodes           one row per server: registration (hostname, city, coordinates, agent version,
                   GPU inventory + reason, address, probe port), first/last seen, spool counters,
-                  launch status; imported fleets' nodes too (source = 'import')
+                  launch status (with its exit cause: '' or 'fenced'); imported fleets' nodes too (source = 'import')
   batches         (node, batch id) of every stored Report: a retried batch is stored once
   samples         raw probe samples (from agents before summaries), kept ``raw_days`` (default 7)
   summaries       raw per-round summaries from agents, kept ``summary_minutes`` once rolled up
@@ -21,15 +21,16 @@ Tables:
   meta            schema version, the rollup watermark, the peers version
   jobs            submitted jobs: name, state, spec, plan id, nodes, the placement's stages
                   (NULL for jobs placed without them), the plan's estimate, restarts (and how
-                  many of them followed a failure of the job's own ranks: failures), the times
-                  of submission, start, finish and retirement (planner.core.lifecycle)
+                  many of them followed a failure of the job's own ranks: failures; a fenced
+                  rank: fences), the times of submission, start, finish and retirement
+                  (planner.core.lifecycle)
   job_events      every state change of a job, with its time and detail
   job_progress    each job rank's step progress as its heartbeat last carried it
                   (planner.service.job_progress)
   placement_seq   the last placement sequence number issued to each node
                   (planner.service.placement_seq)
-  job_ranks       each job rank's last launch report (state, exit code, detail), kept after
-                  the job ends (planner.service.job_ranks)
+  job_ranks       each job rank's last launch report (state, exit code and cause, detail),
+                  kept after the job ends (planner.service.job_ranks)
   throughput_scheduled, throughput_tests
                   throughput tests serve handed out and the results their receivers reported
                   (planner.service.throughput_store); nodes.throughput_port is where a node's
@@ -350,6 +351,11 @@ class Database:
                 db.execute("ALTER TABLE jobs ADD COLUMN stages_json TEXT")
             if "failures" not in db["jobs"].columns_dict:   # restarts after its own ranks failed
                 db.execute("ALTER TABLE jobs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0")
+            if "fences" not in db["jobs"].columns_dict:     # restarts after a rank was fenced
+                db.execute("ALTER TABLE jobs ADD COLUMN fences INTEGER NOT NULL DEFAULT 0")
+            if "launch_exit_cause" not in db["nodes"].columns_dict:   # '' or 'fenced'
+                db.execute("ALTER TABLE nodes ADD COLUMN launch_exit_cause TEXT NOT NULL "
+                           "DEFAULT ''")
             if "throughput_port" not in db["nodes"].columns_dict:  # 0: takes no throughput tests
                 db.execute("ALTER TABLE nodes ADD COLUMN throughput_port INTEGER NOT NULL DEFAULT 0")
             if "allowed_commands_json" not in db["nodes"].columns_dict:  # NULL: not reported
@@ -379,6 +385,8 @@ class Database:
                            "seq INTEGER NOT NULL) WITHOUT ROWID")
             if "job_ranks" not in db.table_names():
                 db.execute(JOB_RANKS)
+            if "exit_cause" not in db["job_ranks"].columns_dict:   # '' (its own) or 'fenced'
+                db.execute("ALTER TABLE job_ranks ADD COLUMN exit_cause TEXT NOT NULL DEFAULT ''")
             if self.meta("schema_version") == "1":
                 self._migrate_from_1(self.conn)
             if self.meta("schema_version") == "2":

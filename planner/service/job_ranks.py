@@ -3,9 +3,9 @@
 A node's launch columns (``nodes.launch_*``) hold only what it reports now: once its job ends and
 its placement is cleared, the node reports idle and the job's last words are gone. So every
 heartbeat whose launch names a job also replaces that job's row for the node here (in the
-heartbeat's transaction), and ``jobs logs`` reads ended ranks from it: the exit code and the
-detail as the agent sent it (the lines around the first error, the last lines, the full log's
-path on the node).
+heartbeat's transaction), and ``jobs logs`` reads ended ranks from it: the exit code, its cause
+('fenced' when the node's lease lapsed, else '') and the detail as the agent sent it (the lines
+around the first error, the last lines, the full log's path on the node).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ if TYPE_CHECKING:   # the jobs command imports this module: no protobuf at start
 JOB_RANKS = """CREATE TABLE job_ranks (
     job_id INTEGER NOT NULL, node_id TEXT NOT NULL, plan_id TEXT NOT NULL, state TEXT NOT NULL,
     exit_code INTEGER NOT NULL, detail TEXT NOT NULL, changed_ms INTEGER NOT NULL,
+    exit_cause TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (job_id, node_id)) WITHOUT ROWID"""
 
 
@@ -33,6 +34,7 @@ class RankReport:
     exit_code: int
     detail: str
     changed_ms: int       # planner time of the heartbeat that last carried it
+    exit_cause: str = ""  # exited only: 'fenced' when its wrapper stopped it, else ''
 
 
 def _job_id(conn: sqlite3.Connection, name: str, plan_id: str) -> int | None:
@@ -48,6 +50,14 @@ def _job_id(conn: sqlite3.Connection, name: str, plan_id: str) -> int | None:
     return row[0] if row else None
 
 
+def exit_cause_name(launch: LaunchStatus) -> str:
+    """How the store keeps a launch report's exit cause: '' (its own exit, or a state other than
+    exited) or the cause's name in lower case ('fenced': planner.core.lifecycle.FENCED)."""
+    if launch.state.name != "EXITED" or not launch.exit_cause:
+        return ""
+    return launch.exit_cause.name.lower()
+
+
 def record_rank(conn: sqlite3.Connection, node_id: str, launch: LaunchStatus | None,
                 now_ms: int) -> bool:
     """Keep ``launch`` as ``node_id``'s row of the job it names (inside the caller's
@@ -58,16 +68,16 @@ def record_rank(conn: sqlite3.Connection, node_id: str, launch: LaunchStatus | N
     if job_id is None:
         return False
     conn.execute("INSERT OR REPLACE INTO job_ranks (job_id, node_id, plan_id, state, exit_code, "
-                 "detail, changed_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                 "detail, changed_ms, exit_cause) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                  (job_id, node_id, launch.plan_id, launch.state.name.lower(), launch.exit_code,
-                  launch.detail, now_ms))
+                  launch.detail, now_ms, exit_cause_name(launch)))
     return True
 
 
 def rank_reports(source: Any, job_id: int) -> list[RankReport]:
     """The job's kept rank reports by node; ``source`` is a connection, a Database or a Store."""
-    sql = ("SELECT node_id, plan_id, state, exit_code, detail, changed_ms FROM job_ranks "
-           "WHERE job_id = ? ORDER BY node_id")
+    sql = ("SELECT node_id, plan_id, state, exit_code, detail, changed_ms, exit_cause "
+           "FROM job_ranks WHERE job_id = ? ORDER BY node_id")
     if isinstance(source, sqlite3.Connection):
         return [RankReport(*r) for r in source.execute(sql, (job_id,)).fetchall()]
     database = getattr(source, "database", source)

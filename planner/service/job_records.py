@@ -19,17 +19,18 @@ if TYPE_CHECKING:
     from planner.service.store import Store
 
 _COLUMNS = ("id, name, state, spec_json, submitted_ms, changed_ms, plan_id, nodes_json, restarts, "
-            "started_ms, finished_ms, retired_ms, estimate_s, detail, stages_json, failures")
+            "started_ms, finished_ms, retired_ms, estimate_s, detail, stages_json, failures, fences")
 
 
 def _record(row: tuple, events: tuple = ()) -> JobRecord:
     (id_, name, state, spec, submitted, changed, plan_id, nodes, restarts, started, finished,
-     retired, estimate_s, detail, stages, failures) = row
+     retired, estimate_s, detail, stages, failures, fences) = row
     return JobRecord(id=id_, name=name, state=state, spec=json.loads(spec), submitted_ms=submitted,
                      changed_ms=changed, plan_id=plan_id, nodes=tuple(json.loads(nodes or "[]")),
                      restarts=restarts, started_ms=started, finished_ms=finished,
                      retired_ms=retired, estimate_s=estimate_s, detail=detail or "", events=events,
-                     stages=json.loads(stages) if stages else None, failures=failures or 0)
+                     stages=json.loads(stages) if stages else None, failures=failures or 0,
+                     fences=fences or 0)
 
 
 class JobRecords:
@@ -101,11 +102,16 @@ class JobRecords:
                    plan_id: str | None = None, nodes: Iterable[str] | None = None,
                    estimate_s: float | None = None, restart: bool = False,
                    retired: bool = False, stages: Mapping[str, Any] | None = None,
-                   failure: bool = False) -> None:
+                   failure: bool = False, fenced: bool = False) -> None:
         """Change a job's row; a new state (or a restart) is also appended as an event. New
         ``nodes`` replace the kept ``stages`` too (none when not given: they belonged to the old
         nodes). ``failure``: the restart follows a failure of the job's own ranks (it counts in
-        ``failures``, the budget ``max_restarts`` limits, as well as in ``restarts``)."""
+        ``failures``, the budget ``max_restarts`` limits, as well as in ``restarts``);
+        ``fenced``: it follows a rank fenced when its node's lease lapsed (it counts in
+        ``fences`` and ``restarts``, never in ``failures``). Every restart counts in
+        ``restarts``: the epoch its placement carries (HULK_RESTART_COUNT)."""
+        if failure and fenced:
+            raise ValueError("a restart follows a failure or a fence, not both")
         if state is not None and state not in STATES:
             raise ValueError(f"unknown job state {state!r}")
         t = self.clock()
@@ -136,8 +142,9 @@ class JobRecords:
                 elif state in LIVE:
                     sets["finished_ms"] = None
             if restart:
-                conn.execute("UPDATE jobs SET restarts = restarts + 1, failures = failures + ? "
-                             "WHERE id = ?", (int(failure), job_id))
+                conn.execute("UPDATE jobs SET restarts = restarts + 1, failures = failures + ?, "
+                             "fences = fences + ? WHERE id = ?",
+                             (int(failure), int(fenced), job_id))
             if sets:
                 assign = ", ".join(f"{k} = ?" for k in sets)
                 conn.execute(f"UPDATE jobs SET {assign} WHERE id = ?", (*sets.values(), job_id))

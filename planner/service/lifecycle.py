@@ -4,7 +4,9 @@ Each round (a ``BackgroundTask``) reads the unretired job records (``JobStore``)
 launch states (``NodeDirectory``), moves placed and running jobs on (running, succeeded,
 failed), restarts those whose own processes failed (within their budget, after a back-off: the
 same nodes get the job's roles again under a new plan id, with the restart count one higher,
-so every rank starts again from the latest checkpoint), then, when a job is to be retired or
+so every rank starts again from the latest checkpoint) and those of which a rank was fenced
+(its node's lease lapsed: the same restart, counted in ``restarts`` and ``fences`` but never in
+the ``failures`` the budget limits), then, when a job is to be retired or
 queued jobs wait, reads the current plan
 (``CurrentPlan``, verified), keeps the placements of every other job, plans the queued jobs on
 the nodes no active job uses, and replaces the placements of the nodes it touched only (a
@@ -27,8 +29,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hulk.errors import HulkError, InputError
-from planner.core.lifecycle import (CANCELLED, FAILED, PLACED, QUEUED, RESTART, JobRecord,
-                                    next_state, place_queued, restart_wait, to_retire)
+from planner.core.lifecycle import (CANCELLED, FAILED, FENCED_RESTART, GIVE_UP, PLACED, QUEUED,
+                                    RESTART, JobRecord, give_up_wait, next_state, place_queued,
+                                    restart_turn, restart_wait, to_retire)
 from planner.core.placements import build_node_placements, build_summary, plan_from_summary
 from planner.core.plan import Plan
 from planner.core.jobs import Job
@@ -69,8 +72,9 @@ class JobLifecycle:
         self.lock = lock or asyncio.Lock()
         self.clock_ms = clock_ms
         self.events = events   # metrics: state changes, pushes, failed rounds
-        # (job id, plan id) -> (when its failure was first seen, its cause): the back-off's start
-        self.failures: dict[tuple[int, str | None], tuple[int, str]] = {}
+        # (job id, plan id) -> (when its failure was first seen, its cause, whether a rank was
+        # fenced): the back-off's start
+        self.failures: dict[tuple[int, str | None], tuple[int, str, bool]] = {}
         self._round_errors: set[str] = set()
 
     @property
@@ -105,19 +109,32 @@ class JobLifecycle:
         heard = {n.id: n.last_seen_ms for n in nodes if n.monitored}
         silent = down_nodes(heard, now, self.options.node_timeout_s)
         current: list[JobRecord] = []
-        due: list[tuple[JobRecord, str]] = []
+        due: list[tuple[JobRecord, str, bool]] = []
+        pending = (RESTART, FENCED_RESTART, GIVE_UP)
         for record in records:
             state, detail = next_state(record, ranks, silent)
-            if state == RESTART:
-                failed_at, cause = self.failures.setdefault((record.id, record.plan_id),
-                                                            (now, detail))
-                wait = restart_wait(record, cause, failed_at_ms=failed_at, now_ms=now,
-                                    last_seen_ms=heard)
-                if wait is None:
-                    due.append((record, cause))
-                elif wait != record.detail:
+            if state in pending:
+                fenced = state == FENCED_RESTART
+                key = (record.id, record.plan_id)
+                failed_at, cause, was_fenced = self.failures.setdefault(key, (now, detail, fenced))
+                if fenced and not was_fenced:
+                    # A peer's exit came first (its connection to the fenced rank broke); the
+                    # fence is the cause, from when the failure was first seen.
+                    cause = detail
+                    self.failures[key] = (failed_at, cause, True)
+                if state == GIVE_UP:   # fails once every node is heard from: a fence may follow
+                    wait = give_up_wait(record, detail, failed_at_ms=failed_at, now_ms=now,
+                                        last_seen_ms=heard)
+                    if wait is None:
+                        state = FAILED
+                else:
+                    wait = restart_wait(record, cause, failed_at_ms=failed_at, now_ms=now,
+                                        last_seen_ms=heard, fenced=fenced)
+                    if wait is None:
+                        due.append((record, cause, fenced))
+                if wait is not None and wait != record.detail:
                     await self.jobs.update_job(record.id, detail=wait)
-            elif state != record.state:
+            if state not in pending and state != record.state:
                 await self.jobs.update_job(record.id, state=state, detail=detail)
                 log.info("job %s: %s -> %s %s", record.name, record.state, state, detail)
                 out.moved[record.name] = state
@@ -136,11 +153,12 @@ class JobLifecycle:
         await self.replan(current, retire, queued, nodes, out)
         return out
 
-    async def restart(self, due: list[tuple[JobRecord, str]], records: list[JobRecord],
+    async def restart(self, due: list[tuple[JobRecord, str, bool]], records: list[JobRecord],
                       nodes: list[NodeRecord], out: LifecycleRound) -> dict[int, JobRecord]:
-        """Send each ``due`` job's roles again to its nodes in the current plan, under a new plan
-        id and a restart count one higher (a job the plan no longer names is queued again);
-        returns the updated records by id."""
+        """Send each ``due`` (record, cause, fenced) job's roles again to its nodes in the current
+        plan, under a new plan id and a restart count one higher (a job the plan no longer names
+        is queued again); a fenced one spends no failure of its budget. Returns the updated
+        records by id."""
         net = await self.nodes.network()
         now = self.clock_ms()
         try:
@@ -149,14 +167,14 @@ class JobLifecycle:
             return {}
         except InputError as exc:
             log.error("jobs: not restarting %s, the retained summary does not verify: %s",
-                      ", ".join(r.name for r, _ in due), exc)
+                      ", ".join(r.name for r, _, _ in due), exc)
             return {}
         plan, plan_ids, missing = (plan_from_summary(summary, net) if summary is not None
                                    else (Plan(method="search", placements=[]), {}, []))
         if missing:   # a node left the fleet: recovery re-plans first
             log.info("jobs: restarts wait for recovery to re-plan %s", ", ".join(missing))
             return {}
-        names = {r.name for r, _ in due}
+        names = {r.name for r, _, _ in due}
         plan_id = new_plan_id(now)
         counts = {r.name: r.restarts + (r.name in names) for r in records}
         placements = build_node_placements(
@@ -174,14 +192,15 @@ class JobLifecycle:
             count = await self.plan.replace(sent, summary_doc, issued_at_ms=now)
             self.events.plan_pushed("jobs", count, plan_makespan_s(plan, net))
         updated: dict[int, JobRecord] = {}
-        for record, cause in due:
-            event = f"restart {record.failures + 1}/{record.max_restarts}: {cause}"
+        for record, cause, fenced in due:
+            event = f"{restart_turn(record, fenced=fenced)}: {cause}"
             if record.name in in_plan:
                 await self.jobs.update_job(record.id, state=PLACED, plan_id=plan_id,
-                                           restart=True, failure=True, detail=event)
+                                           restart=True, failure=not fenced, fenced=fenced,
+                                           detail=event)
             else:
                 await self.jobs.update_job(record.id, state=QUEUED, nodes=[], restart=True,
-                                           failure=True,
+                                           failure=not fenced, fenced=fenced,
                                            detail=f"{event} (no longer in the plan: queued again)")
             self.events.job_moved(PLACED if record.name in in_plan else QUEUED)
             log.warning("job %s: %s", record.name, event)

@@ -19,7 +19,7 @@ from planner.core.lifecycle import RankState
 from planner.core.probe_plan import site_key
 from planner.service.database import Database
 from planner.service.job_progress import store_progress
-from planner.service.job_ranks import record_rank
+from planner.service.job_ranks import exit_cause_name, record_rank
 
 
 @dataclass(frozen=True)
@@ -55,16 +55,17 @@ class NodeRecord:
 
 
 _RECORD_SQL = ("SELECT n.id, n.source, n.address, n.city, s.name, n.last_seen_ms, n.launch_state, "
-               "n.launch_job, n.launch_plan_id, n.launch_exit_code, n.launch_detail FROM nodes n "
-               "LEFT JOIN sites s ON s.idx = n.site_idx ORDER BY n.idx")
+               "n.launch_job, n.launch_plan_id, n.launch_exit_code, n.launch_detail, "
+               "n.launch_exit_cause FROM nodes n LEFT JOIN sites s ON s.idx = n.site_idx "
+               "ORDER BY n.idx")
 
 
 def _node_record(row: tuple) -> NodeRecord:
-    node_id, source, address, city, site, seen, state, job, plan_id, code, detail = row
+    node_id, source, address, city, site, seen, state, job, plan_id, code, detail, cause = row
     launch = None
     if state:
         launch = RankState(state=state, job=job or "", plan_id=plan_id or "", exit_code=code or 0,
-                           detail=detail or "")
+                           detail=detail or "", exit_cause=cause or "")
     return NodeRecord(node_id, source or "agent", address or "", city or "", site, seen, launch)
 
 
@@ -166,6 +167,7 @@ class NodeRows:
                 sets.update(launch_plan_id=launch.plan_id, launch_job=launch.job,
                             launch_state=launch.state.name.lower(),
                             launch_exit_code=launch.exit_code,
+                            launch_exit_cause=exit_cause_name(launch),
                             launch_detail=launch.detail, launch_changed_ms=launch.changed_at_ms)
             assign = ", ".join(f"{k} = ?" for k in sets)
             conn.execute(f"UPDATE nodes SET {assign}, spool_dropped = "

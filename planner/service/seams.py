@@ -66,7 +66,8 @@ class JobStore(Protocol):
                          detail: str | None = None, plan_id: str | None = None,
                          nodes: Iterable[str] | None = None, estimate_s: float | None = None,
                          restart: bool = False, retired: bool = False,
-                         stages: Mapping[str, Any] | None = None, failure: bool = False) -> None:
+                         stages: Mapping[str, Any] | None = None, failure: bool = False,
+                         fenced: bool = False) -> None:
         """As ``planner.service.job_records.JobRecords.update_job``."""
 
     async def job_named(self, name: str) -> JobRecord | None:
@@ -136,10 +137,11 @@ class StoreDirectory:
                          detail: str | None = None, plan_id: str | None = None,
                          nodes: Iterable[str] | None = None, estimate_s: float | None = None,
                          restart: bool = False, retired: bool = False,
-                         stages: Mapping[str, Any] | None = None, failure: bool = False) -> None:
+                         stages: Mapping[str, Any] | None = None, failure: bool = False,
+                         fenced: bool = False) -> None:
         await self.in_store(self.store.update_job, job_id, state=state, detail=detail,
                             plan_id=plan_id, nodes=nodes, estimate_s=estimate_s, restart=restart,
-                            retired=retired, stages=stages, failure=failure)
+                            retired=retired, stages=stages, failure=failure, fenced=fenced)
 
     async def job_named(self, name: str) -> JobRecord | None:
         try:

@@ -31,7 +31,7 @@ def run(capsys, *argv):
 def test_submit_list_show_cancel(setup, capsys):
     db, jobs = setup
     code, out, _ = run(capsys, "jobs", "submit", jobs, "--db", db)
-    assert code == 0 and "queued 2 job(s): a, b" in out
+    assert code == 0 and "queued 2 jobs: a, b" in out
     code, out, _ = run(capsys, "jobs", "list", "--db", db)
     assert code == 0
     for column in ("name", "state", "nodes", "cities", "started", "elapsed", "estimate", "restarts"):

@@ -10,9 +10,10 @@ import pytest
 from hulk.errors import InputError, PlanningError
 from planner.core.fleet import Fleet, Link, Node, complete
 from planner.core.jobs import Job
-from planner.core.lifecycle import (CANCELLED, FAILED, PLACED, QUEUED, RESTART, RUNNING, SUCCEEDED,
-                                    JobRecord, RankState, backoff_ms, next_state, place_queued,
-                                    rank_cause, restart_wait, to_retire, waiting_reason)
+from planner.core.lifecycle import (CANCELLED, FAILED, FENCED, FENCED_RESTART, GIVE_UP, PLACED,
+                                    QUEUED, RESTART, RUNNING, SUCCEEDED, JobRecord, RankState,
+                                    backoff_ms, give_up_wait, next_state, place_queued, rank_cause,
+                                    restart_turn, restart_wait, to_retire, waiting_reason)
 from planner.core.plan import Plan
 from planner.core.placements import job_from_spec, job_spec
 from planner.methods import planner_for
@@ -61,10 +62,11 @@ def test_a_nonzero_exit_restarts_the_job_within_its_budget_then_gives_up():
     assert next_state(record(RUNNING), ranks) == (RESTART, "n1: exit code 137 (signal 9): Killed")
     assert next_state(record(RUNNING, failures=2), ranks)[0] == RESTART
     state, detail = next_state(record(RUNNING, failures=3), ranks)     # default budget: 3
-    assert (state, detail) == (FAILED, "gave up after 3 restarts: n1: exit code 137 (signal 9): Killed")
+    assert (state, detail) == (GIVE_UP,
+                               "gave up after 3 restarts: n1: exit code 137 (signal 9): Killed")
     no_budget = record(RUNNING, spec={**SPEC, "max_restarts": 0})
-    assert next_state(no_budget, ranks) == (FAILED, "gave up after 0 restarts: n1: exit code 137 "
-                                                    "(signal 9): Killed")
+    assert next_state(no_budget, ranks) == (GIVE_UP, "gave up after 0 restarts: n1: exit code 137 "
+                                                     "(signal 9): Killed")
     bigger = record(RUNNING, spec={**SPEC, "max_restarts": 10}, failures=9)
     assert next_state(bigger, ranks)[0] == RESTART
 
@@ -233,3 +235,87 @@ def test_the_cause_prefers_a_signal_then_an_exception_with_its_message():
         "n1: exit code 1: ValueError: --dim (65) must be a multiple of --heads (4)")
     only_header = "exit code 3\nfirst error (lines 1-2 of 2):\n  Traceback (most recent call last):\n"
     assert rank_cause("n1", rank("exited", code=3, detail=only_header)) == "n1: exit code 3"
+
+
+# ---------------------------------------------------------------------------------- fencing
+
+FENCE_DETAIL = ("fenced: the node's lease lapsed 0.2 s ago: SIGTERM to the job, SIGKILL 2.9 s later"
+                "\nexit code 143\nlast lines:\n  step 40\nfull log: /var/lib/hulk/jobs/a/job.log")
+FENCE_CAUSE = ("n1: fenced: the node's lease lapsed 0.2 s ago: SIGTERM to the job, "
+               "SIGKILL 2.9 s later")
+
+
+def fenced(code=143, plan_id="p1"):
+    """A rank its wrapper stopped when the node's lease lapsed, as the agent reports it."""
+    return RankState("exited", "a", plan_id, code, FENCE_DETAIL, exit_cause=FENCED)
+
+
+def test_a_fenced_rank_restarts_the_job_without_spending_its_budget():
+    # Its peer's rank exits non-zero when its connection to the fenced rank breaks: the fence's
+    # doing, not a failure of the job.
+    ranks = {"n1": fenced(), "n2": rank("exited", code=1, detail="exit code 1\nRuntimeError: "
+                                                                  "Connection reset by peer")}
+    assert next_state(record(RUNNING), ranks) == (FENCED_RESTART, FENCE_CAUSE)
+    # The budget spent, or none at all: a fence still restarts the job.
+    assert next_state(record(RUNNING, failures=3), ranks) == (FENCED_RESTART, FENCE_CAUSE)
+    no_budget = record(RUNNING, spec={**SPEC, "max_restarts": 0})
+    assert next_state(no_budget, ranks) == (FENCED_RESTART, FENCE_CAUSE)
+    assert next_state(record(PLACED, failures=3, fences=7), {"n1": fenced()})[0] == FENCED_RESTART
+    # A trainer that exits 0 on SIGTERM did not finish the job.
+    assert next_state(record(RUNNING), {"n1": fenced(code=0), "n2": rank("exited")})[0] == (
+        FENCED_RESTART)
+    # While a node of the job is silent the job is recovery's, as for a crash.
+    assert next_state(record(RUNNING), ranks, down={"n2"}) == (RUNNING, "")
+    # Only the job's current plan counts.
+    assert next_state(record(RUNNING), {"n1": fenced(plan_id="old")})[0] == RUNNING
+
+
+def test_a_failed_rank_still_spends_the_budget_and_an_old_agents_fence_is_a_failure():
+    crash = {"n1": rank("exited", code=137, detail="exit code 137\nKilled"), "n2": rank("running")}
+    assert next_state(record(RUNNING, fences=5), crash)[0] == RESTART
+    assert next_state(record(RUNNING, failures=3, fences=5), crash) == (
+        GIVE_UP, "gave up after 3 restarts: n1: exit code 137 (signal 9): Killed")
+    # An agent before the exit cause reports the same exit without it: it means what it meant,
+    # a failure of the job's own processes.
+    old = {"n1": rank("exited", code=143, detail=FENCE_DETAIL), "n2": rank("running")}
+    assert next_state(record(RUNNING), old)[0] == RESTART
+    assert next_state(record(RUNNING, failures=3), old)[0] == GIVE_UP
+    assert next_state(record(RUNNING), {"n1": rank("exited", detail=FENCE_DETAIL),
+                                        "n2": rank("exited")})[0] == SUCCEEDED
+
+
+def test_the_fenced_cause_and_turn_say_it_is_not_counted():
+    assert rank_cause("n1", fenced()) == FENCE_CAUSE
+    assert rank_cause("n1", RankState("exited", "a", "p1", -9, "", exit_cause=FENCED)) == (
+        "n1: fenced: the node's lease lapsed")
+    assert not RankState("running", exit_cause=FENCED).fenced      # a cause counts when exited
+    rec = record(RUNNING, failures=2)
+    assert restart_turn(rec) == "restart 3/3"
+    assert restart_turn(rec, fenced=True) == "fenced restart (not counted, 2/3 spent)"
+
+
+def test_a_fenced_restart_waits_the_first_back_off_whatever_the_failures():
+    rec = record(RUNNING, failures=2)                   # its own next restart: 20 s
+    heard = {"n1": 20_000, "n2": 20_000}
+    turn = "fenced restart (not counted, 2/3 spent)"
+    assert restart_wait(rec, "c", failed_at_ms=10_000, now_ms=14_999, last_seen_ms=heard,
+                        fenced=True) == f"{turn} after a 5 s back-off: c"
+    assert restart_wait(rec, "c", failed_at_ms=10_000, now_ms=15_000, last_seen_ms=heard,
+                        fenced=True) is None
+    assert restart_wait(rec, "c", failed_at_ms=10_000, now_ms=15_000,
+                        last_seen_ms=heard) == "restart 3/3 after a 20 s back-off: c"
+    quiet = {"n1": 20_000, "n2": 9_000}                 # still waits to hear from every node
+    assert restart_wait(rec, "c", failed_at_ms=10_000, now_ms=30_000, last_seen_ms=quiet,
+                        fenced=True) == f"{turn} waits to hear from n2: c"
+
+
+def test_a_spent_budget_fails_the_job_once_every_node_is_heard_from_since():
+    # No back-off, but a peer's rank may have exited because another rank was fenced: that
+    # node's report, a heartbeat later, restarts the job instead.
+    rec = record(RUNNING, failures=3)
+    cause = "gave up after 3 restarts: n1: exit code 1"
+    assert give_up_wait(rec, cause, failed_at_ms=10_000, now_ms=10_000,
+                        last_seen_ms={"n1": 10_000, "n2": 10_000}) is None
+    assert give_up_wait(rec, cause, failed_at_ms=10_000, now_ms=12_000,
+                        last_seen_ms={"n1": 10_000, "n2": 9_000}) == (
+        "fails once it hears from n2: gave up after 3 restarts: n1: exit code 1")

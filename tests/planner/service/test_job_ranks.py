@@ -3,11 +3,13 @@ the node goes idle, and `jobs logs` prints it once the job has ended."""
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
-from hulk.wire.records import LaunchState, LaunchStatus, RegisterRequest
+from hulk.wire.records import ExitCause, LaunchState, LaunchStatus, RegisterRequest
 from planner.cli import main
-from planner.core.lifecycle import FAILED, PLACED, RUNNING
+from planner.core.lifecycle import FAILED, FENCED, PLACED, RUNNING
 from planner.service.job_ranks import RankReport, rank_reports, record_rank
 from planner.service.store import Store
 from tests.helpers.clock import ManualClock
@@ -108,3 +110,51 @@ def test_running_ranks_never_say_exit_code_0(store, capsys):
     store.heartbeat("n0", launch=launch(LaunchState.EXITED, code=0, detail="exited 0"))
     code, out = logs(capsys, store.path, "--node", "n0")
     assert "== n0 (rank 0): exited 0 (heard" in out and "n1" not in out
+
+
+FENCE = ("fenced: the node's lease lapsed 0.3 s ago: SIGTERM to the job\nexit code 143\n"
+         "full log: /var/lib/hulk/jobs/gpt/job.log")
+
+
+def test_a_fenced_rank_is_kept_as_fenced_on_its_node_and_with_its_job(store, capsys):
+    job = store.job_by_name("gpt")
+    store.heartbeat("n0", launch=LaunchStatus(LaunchState.EXITED, plan_id="p1", job="gpt",
+                                              exit_code=143, detail=FENCE, changed_at_ms=T0,
+                                              exit_cause=ExitCause.FENCED))
+    store.heartbeat("n1", launch=launch(LaunchState.EXITED, code=1, detail=CRASH))
+    node = {n.id: n for n in store.node_records()}
+    assert node["n0"].launch.exit_cause == FENCED and node["n0"].launch.fenced
+    assert node["n1"].launch.exit_cause == "" and not node["n1"].launch.fenced
+    kept = {r.node_id: r for r in rank_reports(store, job.id)}
+    assert kept["n0"].exit_cause == FENCED and kept["n1"].exit_cause == ""
+    code, out = logs(capsys, store.path)
+    assert code == 0
+    assert "== n0 (rank 0): fenced (the node's lease lapsed), exit code 143" in out
+    assert "== n1 (rank 1): exited, exit code 1" in out
+    # A state other than exited keeps no cause, whatever the report said.
+    store.heartbeat("n0", launch=LaunchStatus(LaunchState.STARTING, plan_id="p1", job="gpt",
+                                              exit_cause=ExitCause.FENCED))
+    assert {n.id: n for n in store.node_records()}["n0"].launch.exit_cause == ""
+
+
+def test_a_store_from_before_fencing_gains_the_columns_and_reads_no_fence(tmp_path):
+    path = tmp_path / "old.sqlite"
+    with Store(path) as store:
+        store.register(RegisterRequest("n0", hostname="n0", address="127.0.0.1"))
+        record = store.submit_job("gpt", SPEC)
+        store.update_job(record.id, state=PLACED, plan_id="p1", nodes=["n0"])
+        store.update_job(record.id, state=PLACED, restart=True, failure=True)
+        store.heartbeat("n0", launch=launch(LaunchState.EXITED, code=1, detail=CRASH))
+    conn = sqlite3.connect(path)                          # the columns an older planner lacks
+    for table, column in (("jobs", "fences"), ("nodes", "launch_exit_cause"),
+                          ("job_ranks", "exit_cause")):
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    conn.commit()
+    conn.close()
+    with Store(path) as store:
+        job = store.job_by_name("gpt")
+        assert (job.restarts, job.failures, job.fences) == (1, 1, 0)
+        assert store.node_records()[0].launch.exit_cause == ""
+        assert [r.exit_cause for r in rank_reports(store, job.id)] == [""]
+        store.update_job(job.id, restart=True, fenced=True)
+        assert store.job_by_name("gpt").fences == 1

@@ -10,7 +10,8 @@ from dataclasses import replace
 from hulk.wire.broker import placement_topic
 from hulk.wire.placement import parse_placement
 from planner.core.fleet import Network, Node
-from planner.core.lifecycle import FAILED, PLACED, QUEUED, RUNNING, SUCCEEDED, RankState
+from planner.cli import main
+from planner.core.lifecycle import FAILED, FENCED, PLACED, QUEUED, RUNNING, SUCCEEDED, RankState
 from planner.core.placements import job_spec
 from planner.methods import planner_for
 from planner.service.lifecycle import JobLifecycle
@@ -196,3 +197,112 @@ async def test_a_cancel_from_the_cli_is_counted_once_when_retired(tmp_path):
     assert (await world.tick()).retired == ["a"]
     await world.tick()
     assert world.events.moved[len(before):] == ["cancelled"]
+
+
+# ---------------------------------------------------------------------------------- fencing
+
+FENCE = ("fenced: the node's lease lapsed 0.4 s ago: SIGTERM to the job, SIGKILL 2.9 s later\n"
+         "exit code 143\nlast lines:\n  step 40\nfull log: /var/lib/hulk/jobs/a/job.log")
+WHY = "fenced: the node's lease lapsed 0.4 s ago: SIGTERM to the job, SIGKILL 2.9 s later"
+
+
+def fenced(plan_id: str, code: int = 143) -> RankState:
+    """A rank its wrapper stopped when the node's lease lapsed, as the agent reports it."""
+    return RankState("exited", "a", plan_id, code, FENCE, exit_cause=FENCED)
+
+
+def epochs(world: World, nodes) -> set[int]:
+    return {world.role(n).restart_count for n in nodes}
+
+
+async def test_fenced_restarts_raise_the_epoch_but_spend_no_budget(tmp_path, capsys):
+    world = World(tmp_path)
+    a = await running_job(world, max_restarts=1)
+    first = a.nodes[0]
+    world.nodes.launch[first] = fenced(a.plan_id)
+    await world.tick()
+    waiting = world.store.job_by_name("a")
+    assert waiting.detail == (f"fenced restart (not counted, 0/1 spent) after a 5 s back-off: "
+                              f"{first}: {WHY}")
+    assert (await world.tick(5000)).restarted == ["a"]
+    once = world.store.job_by_name("a")
+    assert (once.state, once.restarts, once.failures, once.fences) == (PLACED, 1, 0, 1)
+    assert once.plan_id != a.plan_id and once.nodes == a.nodes
+    assert epochs(world, a.nodes) == {1}                     # every rank starts epoch 1
+    event = f"fenced restart (not counted, 0/1 spent): {first}: {WHY}"
+    assert once.detail == event and (PLACED, event) in [(s, d) for s, _, d in once.events]
+    # Fenced again, past what max_restarts 1 allows: the epoch grows, the budget is untouched.
+    world.nodes.report(a.nodes, "running", "a", once.plan_id)
+    await world.tick()
+    world.nodes.launch[first] = fenced(once.plan_id, code=0)   # a trainer that exits 0 on TERM
+    await world.tick()
+    assert (await world.tick(5000)).restarted == ["a"]
+    twice = world.store.job_by_name("a")
+    assert (twice.state, twice.restarts, twice.failures, twice.fences) == (PLACED, 2, 0, 2)
+    assert epochs(world, a.nodes) == {2}
+    # `jobs show` says so.
+    assert main(["jobs", "show", "a", "--db", str(tmp_path / "s.sqlite")]) == 0
+    out = capsys.readouterr().out
+    assert "restarts 2 (after its own failures 0 of at most 1)" in out
+    assert "fenced    2 times: the node's lease lapsed" in out, out
+    # Its own crash spends the budget: one restart (epoch 3), then the next fails the job.
+    world.nodes.report(a.nodes, "exited", "a", twice.plan_id, code=1)
+    await world.tick()
+    assert (await world.tick(5000)).restarted == ["a"]
+    third = world.store.job_by_name("a")
+    assert (third.restarts, third.failures, third.fences) == (3, 1, 2)
+    assert epochs(world, a.nodes) == {3}
+    world.nodes.report(a.nodes, "exited", "a", third.plan_id, code=1)
+    report = await world.tick()
+    assert report.moved == {"a": FAILED}
+    done = world.store.job_by_name("a")
+    assert done.detail == f"gave up after 1 restart: {sorted(a.nodes)[0]}: exit code 1"
+    assert (done.restarts, done.failures, done.fences) == (3, 1, 2)
+
+
+async def test_a_peers_crash_seen_before_the_fence_restarts_as_fenced(tmp_path):
+    # Serve is back: the peer's report (its rank exited 1 when the fenced rank stopped) can
+    # arrive a heartbeat before the fenced node's own; the restart still spends no budget.
+    world = World(tmp_path)
+    world.store.submit_job("a", {**job_spec(job("a", "gpt2-xl", ("python", "train.py"))),
+                                 "max_restarts": 0})
+    await world.tick()
+    a = world.store.job_by_name("a")
+    assert len(a.nodes) >= 2, a.nodes
+    gone, peer = a.nodes[0], a.nodes[1]
+    world.nodes.report(a.nodes, "running", "a", a.plan_id)
+    await world.tick()
+    world.nodes.launch[peer] = RankState("exited", "a", a.plan_id, 1, "exit code 1")
+    await world.tick(1000, quiet=(gone,))           # its budget is spent, but not heard from all
+    held = world.store.job_by_name("a")
+    assert held.state == RUNNING, held
+    assert held.detail == (f"fails once it hears from {gone}: gave up after 0 restarts: "
+                           f"{peer}: exit code 1")
+    world.nodes.launch[gone] = fenced(a.plan_id)    # its heartbeat, a second later
+    await world.tick(1000)
+    assert world.store.job_by_name("a").detail.startswith(
+        "fenced restart (not counted, 0/0 spent) after a 5 s back-off: ")
+    report = await world.tick(4000)                 # the back-off counts from the first report
+    assert report.restarted == ["a"], world.store.job_by_name("a")
+    again = world.store.job_by_name("a")
+    assert (again.state, again.restarts, again.failures, again.fences) == (PLACED, 1, 0, 1)
+    assert again.detail == f"fenced restart (not counted, 0/0 spent): {gone}: {WHY}"
+    assert epochs(world, a.nodes) == {1}
+
+
+async def test_a_spent_budget_fails_the_job_once_every_node_is_heard_from(tmp_path):
+    world = World(tmp_path)
+    world.store.submit_job("a", {**job_spec(job("a", "gpt2-xl", ("python", "train.py"))),
+                                 "max_restarts": 0})
+    await world.tick()
+    a = world.store.job_by_name("a")
+    quiet, peer = a.nodes[0], a.nodes[1]
+    world.nodes.report(a.nodes, "running", "a", a.plan_id)
+    await world.tick()
+    world.nodes.launch[peer] = RankState("exited", "a", a.plan_id, 1, "exit code 1")
+    assert (await world.tick(1000, quiet=(quiet,))).moved == {}
+    report = await world.tick(1000)                 # its next heartbeat: still running
+    assert report.moved == {"a": FAILED}
+    done = world.store.job_by_name("a")
+    assert done.detail == f"gave up after 0 restarts: {peer}: exit code 1"
+    assert (done.restarts, done.failures, done.fences) == (0, 0, 0)
