@@ -91,6 +91,17 @@ class NodeLease:
         self.renew_jobs()
         self._event().set()
 
+    def witnessed(self, sent_at: float) -> None:
+        """The broker said serve is offline in answer to a read sent at ``sent_at``
+        (agent/presence.py): renew to ``sent_at + renew_s`` on the current terms, never
+        shortening a later heartbeat's deadline."""
+        deadline = sent_at + self.terms.renew_s
+        if self.deadline is not None and self.deadline >= deadline:
+            return
+        self.deadline = deadline
+        self.renew_jobs()
+        self._event().set()
+
     def valid(self) -> bool:
         return self.deadline is not None and self.clock() < self.deadline
 

@@ -1,7 +1,9 @@
 """The agent's placement subscriber: its own MQTT topic -> state_dir/placement.json -> a callback.
 
-- Subscribes to ``hulk/v1/<fleet>/nodes/<node_id>/placement`` only (QoS 1). The message is
+- Subscribes to ``hulk/v1/<fleet>/nodes/<node_id>/placement`` (QoS 1). The message is
   retained, so after a reconnect the broker sends it again; an unchanged placement is a no-op.
+  On the same connection it reads serve's presence (``hulk/v1/<fleet>/planner/presence``), which
+  renews the node lease while serve is offline (agent/presence.py).
 - Reconnects with exponential backoff (with jitter) when the broker goes away; the backoff starts
   over after a connection that worked. A broker whose certificate fails verification several
   times in a row (a wrong or missing ``?ca=``) is a configuration error: ``run`` raises
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.metrics import NO_EVENTS, AgentEvents
+from agent.presence import PlannerWatch
 from hulk import errors
 from hulk.atomic import sync_dir, write_atomic
 from hulk.errors import InputError
@@ -148,8 +151,12 @@ class PlacementSubscriber:
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  retained_wait_s: float = 3.0,
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-                 events: AgentEvents = NO_EVENTS):
+                 events: AgentEvents = NO_EVENTS, presence: PlannerWatch | None = None,
+                 presence_every: Callable[[], float] = lambda: 1.0):
         self.broker = broker
+        # serve's presence, read on the same connection (the broker allows one per account)
+        self.presence = presence
+        self.presence_every = presence_every
         self.events = events          # metrics: refusals by reason (agent/metrics.py)
         self.verifier = verifier      # hulk.wire.signing.Verifier of the pinned keys (None: refuse all)
         self.clock_ms = clock_ms
@@ -199,14 +206,28 @@ class PlacementSubscriber:
         while True:
             try:
                 async with self._client() as client:
-                    await client.subscribe(self.topic, qos=1)
+                    topics = [(self.topic, 1)]
+                    if self.presence is not None:
+                        topics.append((self.presence.topic, 1))
+                        self.presence.asking()     # its retained message answers this read
+                    await client.subscribe(topics)
                     self.connects += 1
                     self.connected.set()
                     delay = self.backoff_initial_s
                     certificate_failures = 0
                     log.info("subscribed to %s on %s:%s", self.topic, self.broker.host, self.broker.port)
-                    async for message in client.messages:
-                        await self.handle(str(message.topic), message.payload)
+                    probe = (asyncio.create_task(self._read_presence(client))
+                             if self.presence is not None else None)
+                    try:
+                        async for message in client.messages:
+                            topic = str(message.topic)
+                            if self.presence is not None and topic == self.presence.topic:
+                                self.presence.handle(message.payload, bool(message.retain))
+                            else:
+                                await self.handle(topic, message.payload)
+                    finally:
+                        if probe is not None:
+                            probe.cancel()
             except (aiomqtt.MqttError, OSError) as exc:
                 if errors.is_certificate_failure(str(exc)):
                     certificate_failures += 1
@@ -218,8 +239,29 @@ class PlacementSubscriber:
                 log.warning("MQTT broker %s:%s: %s; reconnecting in %.1f s", self.broker.host,
                             self.broker.port, exc, delay)
             self.connected.clear()
+            if self.presence is not None:
+                self.presence.reset()
             await self._sleep(delay * random.uniform(0.8, 1.2))
             delay = min(self.backoff_max_s, delay * 2)
+
+    async def _read_presence(self, client: Any) -> None:
+        """While serve is offline, read its retained presence again (subscribing anew makes the
+        broker send it) every ``presence_every()`` s; never a second read before the first is
+        answered (agent/presence.py)."""
+        watch = self.presence
+        last = float("-inf")
+        while True:
+            # Short ticks: the interval follows the lease's terms, which the first heartbeat
+            # answer may change, and serve going offline is acted on within a tick.
+            await asyncio.sleep(min(0.25, max(0.05, self.presence_every())))
+            if (watch.offline and watch.asked_at is None
+                    and watch.clock() - last >= self.presence_every()):
+                last = watch.asking()
+                try:
+                    await client.subscribe(watch.topic, qos=1)
+                except Exception as exc:  # the connection's own loop sees it end
+                    log.debug("cannot read serve's presence: %s", exc)
+                    return
 
     async def _settle_start(self) -> None:
         """Nothing accepted from the broker ``retained_wait_s`` after start (none retained, the
@@ -382,6 +424,11 @@ class PlacementComponent:
         self.launcher = self._make_launcher(runtime.set_launch_status,
                                             getattr(runtime, "lease", None))
         kwargs = {"events": getattr(runtime, "events", NO_EVENTS), **self._subscriber_kwargs}
+        lease = getattr(runtime, "lease", None)
+        if lease is not None and "presence" not in kwargs:
+            kwargs["presence"] = PlannerWatch(fleet, kwargs.get("verifier"),
+                                              renew=lease.witnessed, clock=lease.clock)
+            kwargs["presence_every"] = lambda: min(10.0, lease.terms.renew_s / 4)
         self.subscriber = PlacementSubscriber(self.broker, fleet=fleet, node_id=self.node_id,
                                               state_dir=self.state_dir, on_change=self.launcher.apply,
                                               **kwargs)

@@ -9,8 +9,9 @@ ACL, per node ``n1``::
 
     user n1
     topic read hulk/v1/+/nodes/n1/placement
+    topic read hulk/v1/+/planner/presence
 
-and for the planner's own account ``topic readwrite hulk/v1/#``. Anything not granted is denied.
+(serve's presence, hulk/wire/presence.py: only the planner may write it) and for the planner's own account ``topic readwrite hulk/v1/#``. Anything not granted is denied.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from hulk.errors import ConfigError, InputError, NotFoundError, StoreError, Unav
 from planner.security.credentials import check_node_id
 
 TOPIC_ROOT = "hulk/v1"
+PRESENCE_TOPIC = f"{TOPIC_ROOT}/+/planner/presence"   # hulk.wire.presence.presence_topic
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS hulk_broker_users (
     username    TEXT PRIMARY KEY,
@@ -122,6 +124,7 @@ class BrokerAccounts:
                 lines.append(f"topic readwrite {TOPIC_ROOT}/#")
             else:
                 lines.append(f"topic read {placement_topic(username)}")
+                lines.append(f"topic read {PRESENCE_TOPIC}")
             lines.append("")
         return "\n".join(lines)
 

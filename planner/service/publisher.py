@@ -166,21 +166,10 @@ class MqttPublisher:
 
     async def publish_retained(self, messages: Mapping[str, bytes]) -> None:
         check_sizes(messages, self.max_packet_bytes)
-        waves = publish_waves(messages)
 
         async def publish() -> None:
             async with self._client() as client:
-                # aiomqtt warns once per publish above 10 waiting for their acks: thousands of
-                # lines for one push of a large fleet.
-                client.pending_calls_threshold = len(messages) + 10
-                for wave in waves:
-                    # Publish concurrently; each call returns when the broker's PUBACK arrives.
-                    results = await asyncio.gather(
-                        *(client.publish(topic, payload, qos=1, retain=True)
-                          for topic, payload in wave.items()), return_exceptions=True)
-                    failed = [r for r in results if isinstance(r, BaseException)]
-                    if failed:
-                        raise failed[0]
+                await publish_on(client, messages)
 
         await self._retrying(publish, "publish")
 
@@ -228,6 +217,23 @@ class MqttPublisher:
             return out
 
         return await self._retrying(read, f"read {len(wanted)} retained topic(s)")
+
+
+async def publish_on(client: Any, messages: Mapping[str, bytes]) -> None:
+    """``messages`` retained with QoS 1 on an aiomqtt ``client``, in :func:`publish_waves`; returns
+    once the broker acknowledged every one (the first failure is raised)."""
+    # aiomqtt warns once per publish above 10 waiting for their acks: thousands of lines for
+    # one push of a large fleet.
+    client.pending_calls_threshold = max(getattr(client, "pending_calls_threshold", 10),
+                                         len(messages) + 10)
+    for wave in publish_waves(messages):
+        # Publish concurrently; each call returns when the broker's PUBACK arrives.
+        results = await asyncio.gather(
+            *(client.publish(topic, payload, qos=1, retain=True)
+              for topic, payload in wave.items()), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
 
 
 def check_sizes(messages: Mapping[str, bytes], max_packet_bytes: int | None) -> None:

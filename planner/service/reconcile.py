@@ -56,7 +56,8 @@ class Reconciler:
     def __init__(self, plan: CurrentPlan, nodes: NodeDirectory, jobs: JobStore | None = None, *,
                  options: ServeOptions, interval_s: float = 2.0, grace_s: float | None = None,
                  lock: asyncio.Lock | None = None, clock_ms: Callable[[], int] = now_ms,
-                 started_ms: int | None = None, events: ServeEvents = NO_EVENTS):
+                 started_ms: int | None = None, events: ServeEvents = NO_EVENTS,
+                 silence_base_ms: Callable[[], int | None] | None = None):
         self.plan, self.nodes, self.jobs = plan, nodes, jobs
         self.options = options
         self.grace_s = (default_grace_s(interval_s, options.node_timeout_s) if grace_s is None
@@ -64,6 +65,9 @@ class Reconciler:
         self.lock = lock or asyncio.Lock()
         self.clock_ms = clock_ms
         self.started_ms = clock_ms() if started_ms is None else started_ms
+        # From when nodes may be silent (Replanner.silence_base_ms; None: not while serve is
+        # offline on the broker)
+        self.silence_base_ms = silence_base_ms or (lambda: self.started_ms)
         self.events = events
         self.since: dict[str, Any] = {}          # the core's mismatch clocks, round to round
         self.last_sent: dict[str, int] = {}
@@ -93,7 +97,8 @@ class Reconciler:
             await self._export_makespan(summary)
         nodes = [n for n in await self.nodes.nodes() if n.monitored]
         now = self.clock_ms()
-        heard = {n.id: max(n.last_seen_ms or 0, self.started_ms) for n in nodes}
+        base = self.silence_base_ms()
+        heard = {n.id: max(n.last_seen_ms or 0, now if base is None else base) for n in nodes}
         silent = down_nodes(heard, now, self.options.node_timeout_s)
         records = await self.jobs.unretired_jobs() if self.jobs is not None else []
         given = expected_by_node(summary.jobs) if summary is not None else {}
@@ -212,7 +217,8 @@ def add_to_runtime(runtime: Any, replanner: Replanner, *, interval_s: float) -> 
     reconciler = Reconciler(replanner.plan, replanner.nodes, replanner.jobs,
                             options=replanner.options, interval_s=interval_s,
                             lock=replanner.lock, started_ms=replanner.started_ms,
-                            events=getattr(runtime, "events", NO_EVENTS))
+                            events=getattr(runtime, "events", NO_EVENTS),
+                            silence_base_ms=replanner.silence_base_ms)
     runtime.add_task(BackgroundTask("reconcile", reconciler.run_once, interval_s,
                                     in_store_thread=False))
     log.info("reconcile: nodes running other than the plan for %.0f s are sent their placement "

@@ -42,7 +42,8 @@ from planner.core.recovery import Replan, down_nodes, jobs_using
 from planner.search.repair import repair_jobs
 from planner.service.metrics import NO_EVENTS, ServeEvents, plan_makespan_s
 from planner.service.placement_seq import StoreSequence
-from planner.service.publisher import (RESIGN_BEFORE_MS, VALIDITY_MS, MqttPublisher, RetainedPlan,
+from planner.service.broker_session import BrokerSession, keepalive_for
+from planner.service.publisher import (RESIGN_BEFORE_MS, VALIDITY_MS, RetainedPlan,
                                        UntrustedSummary, new_plan_id)
 from planner.service.runtime import BackgroundTask
 from planner.service.seams import CurrentPlan, JobStore, NodeDirectory, ServeOptions, StoreDirectory
@@ -91,21 +92,34 @@ class Replanner:
 
     A restarted planner knows only heartbeats from before it went down: every node gets a full
     timeout after ``started_ms`` (when serve started) to reach it before it can be called
-    silent, so a planner down for an hour stops no running job.
+    silent. With a broker ``session`` (planner/service/broker_session.py) the timeout also
+    counts from when serve's presence was last acknowledged online, and nobody is silent while
+    it is not: agents renew their leases from the broker while serve is offline
+    (agent/presence.py), so a planner down for an hour stops no job whose node reaches the
+    broker, and none is ever re-placed while its old copy may still run.
     """
 
     def __init__(self, plan: CurrentPlan, nodes: NodeDirectory, jobs: JobStore | None = None, *,
                  options: ServeOptions, planner: Planner | None = None,
                  clock_ms: Callable[[], int] = now_ms,
                  monotonic: Callable[[], float] = time.monotonic, started_ms: int | None = None,
-                 events: ServeEvents = NO_EVENTS):
+                 events: ServeEvents = NO_EVENTS, session: Any = None):
         self.plan, self.nodes, self.jobs = plan, nodes, jobs
+        self.session = session     # has online_since_ms (BrokerSession); None: no presence
         self.options = options
         self._planner = planner
         self.clock_ms, self.monotonic = clock_ms, monotonic
         self.started_ms = clock_ms() if started_ms is None else started_ms
         self.events = events   # metrics: re-plans, pushes, failed rounds
         self.lock = asyncio.Lock()
+
+    def silence_base_ms(self) -> int | None:
+        """From when a node may be counted silent: serve's start and, with a broker session, its
+        last acknowledged ``online`` (None: serve is not online, so no node is silent)."""
+        if self.session is None:
+            return self.started_ms
+        since = self.session.online_since_ms
+        return None if since is None else max(self.started_ms, since)
 
     @property
     def planner(self) -> Planner:
@@ -158,8 +172,12 @@ class Replanner:
         monitors can be silent (a plan made from a fleet file may name nodes that have no agent);
         none before it had a full timeout to reach this planner."""
         planned = {n for job in summary.jobs for n in job.node_ids}
-        heard = {n: max(seen[n] or 0, self.started_ms) for n in planned if n in seen}
-        return sorted(down_nodes(heard, now, self.options.node_timeout_s) | (planned & set(revoked)))
+        revoked_planned = planned & set(revoked)
+        base = self.silence_base_ms()
+        if base is None:
+            return sorted(revoked_planned)
+        heard = {n: max(seen[n] or 0, base) for n in planned if n in seen}
+        return sorted(down_nodes(heard, now, self.options.node_timeout_s) | revoked_planned)
 
     async def _repair(self, summary: PlanSummary, net: Network, down: list[str]):
         """The plan with the jobs on ``down`` nodes repaired or re-planned: (the repair, each
@@ -268,7 +286,12 @@ def add_to_runtime(runtime: Any, *, broker: BrokerAddress, signer: Signer, optio
     pushing through ``broker``; ``calibrate`` makes the network it (and the job lifecycle that
     shares its directory) plans on calibrated, ``links`` gives the link prediction it is
     completed with."""
-    publisher = MqttPublisher(broker, identifier=f"hulk-planner-serve-{runtime.fleet}-{os.getpid()}")
+    # One connection for everything serve sends and reads: it carries serve's presence.
+    publisher = BrokerSession(broker, fleet=options.fleet, signer=signer,
+                              identifier=f"hulk-planner-serve-{runtime.fleet}-{os.getpid()}",
+                              keepalive_s=keepalive_for(options.node_timeout_s))
+    runtime.add_task(BackgroundTask("broker", publisher.run, 1.0, in_store_thread=False,
+                                    run_at_start=True, retry_s=1.0))
     directory = StoreDirectory(runtime.store, runtime.in_store, fleet=runtime.fleet,
                                window_days=runtime.window_days, calibrate=calibrate,
                                links=links)
@@ -277,7 +300,7 @@ def add_to_runtime(runtime: Any, *, broker: BrokerAddress, signer: Signer, optio
                         sequence=StoreSequence(runtime.store.database))
     replanner = Replanner(plan, directory,
                           directory, options=options, planner=planner,
-                          events=getattr(runtime, "events", NO_EVENTS))
+                          events=getattr(runtime, "events", NO_EVENTS), session=publisher)
     runtime.add_task(BackgroundTask("recovery", replanner.run_once, interval_s,
                                     in_store_thread=False))
     log.info("recovery: nodes silent for %.0f s lose their roles; checking every %.1f s via %s",

@@ -13,6 +13,8 @@ second copy of it.
 3. The same with the agent alive but its host cut off from the hub (nft drops every packet to and
    from it): the old copy stops before the new one starts, and once the cut heals the node,
    heard from again, starts nothing.
+4. The same with only serve's port cut: the agent still reads the broker, where serve says it is
+   online, so nothing renews the lease and the old copy stops before the new one starts.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from lab import job_scenarios
 from lab import matrix as lab_matrix
 from lab.fleet import EXAMPLE, LabFleet, torchrun_pids
 from lab.netns import HUB_ADDRESS
+from lab.run import PLANNER_PORT
 from tests.helpers.job_lab import JOB_LAB_CITIES, JOB_NODE_TIMEOUT_S
 
 pytestmark = [pytest.mark.root, pytest.mark.process]
@@ -147,11 +150,14 @@ def test_a_job_whose_agent_died_stops_before_its_new_copy_starts(fleet, tmp_path
     assert_fenced_and_moved(fleet, victim, other, name, ckpt)
 
 
-def partition(fleet: LabFleet, host: str, cut: bool) -> None:
-    """Drop (``cut``) or pass again every packet between ``host`` and the hub, in its namespace."""
+def partition(fleet: LabFleet, host: str, cut: bool, *, port: int | None = None) -> None:
+    """Drop (``cut``) or pass again every packet between ``host`` and the hub (``port``: only
+    those to and from that TCP port of the hub), in its namespace."""
+    to = f"tcp dport {port} " if port else ""
+    back = f"tcp sport {port} " if port else ""
     argv = (["nft", "-f", "-"], "table inet hulk_partition {\n chain out { type filter hook "
-            f"output priority 0; ip daddr {HUB_ADDRESS} drop; }}\n chain in {{ type filter hook "
-            f"input priority 0; ip saddr {HUB_ADDRESS} drop; }}\n}}\n") if cut else \
+            f"output priority 0; ip daddr {HUB_ADDRESS} {to}drop; }}\n chain in {{ type filter "
+            f"hook input priority 0; ip saddr {HUB_ADDRESS} {back}drop; }}\n}}\n") if cut else \
         (["nft", "delete", "table", "inet", "hulk_partition"], None)
     proc = fleet.lab.run(host, argv[0], input=argv[1], timeout=10)
     assert proc.returncode == 0, proc.stderr
@@ -178,4 +184,24 @@ def test_a_job_on_a_node_cut_off_from_the_hub_stops_before_its_new_copy_starts(f
     while time.monotonic() < settled + 5:       # back in touch: it starts nothing again
         assert not torchruns(fleet, victim)
         time.sleep(0.2)
+    assert_fenced_and_moved(fleet, victim, other, name, ckpt)
+
+
+def test_a_node_cut_off_from_serve_but_not_the_broker_stops_before_its_new_copy_starts(fleet,
+                                                                                     tmp_path):
+    """serve is up and says so on the broker: the broker renews nothing, so the node's lease
+    lapses as in a full partition although its agent still reads the broker."""
+    name = "half"
+    running, ckpt = submit_and_wait(fleet, tmp_path, name, steps=400)
+    (victim,) = running.nodes
+    (other,) = [h for h in fleet.lab.hosts if h != victim]
+    old = fleet.wait(lambda: torchruns(fleet, victim), 10, f"{victim}'s torchrun")
+    partition(fleet, victim, True, port=PLANNER_PORT)
+    cut = time.monotonic()
+    try:
+        watch_handover(fleet, victim, other, old, cut)
+    finally:
+        partition(fleet, victim, False)
+    agent_log = fleet.services.log(f"agent-{victim}").read_text(errors="replace")
+    assert "serve is offline" not in agent_log, agent_log[-3000:]
     assert_fenced_and_moved(fleet, victim, other, name, ckpt)

@@ -237,3 +237,30 @@ def test_serve_re_plans_with_the_default_method_on_serve_s_budget(monkeypatch):
     lifecycle = JobLifecycle(current_plan(InMemoryPublisher()), nodes, None, options=OPTIONS)
     assert recovery.planner is search_stub and lifecycle.planner is search_stub
     assert made == [{}, {}]
+
+
+class Session:
+    """A broker session's presence as recovery sees it (BrokerSession.online_since_ms)."""
+
+    def __init__(self, online_since_ms):
+        self.online_since_ms = online_since_ms
+
+
+async def test_no_node_is_silent_while_serve_is_offline_on_the_broker_nor_before_a_timeout_after():
+    net = two_city_net(per_city=4)
+    broker = InMemoryPublisher()
+    await push_new_plan(broker, manual_plan(net), net, fleet="lab", plan_id="p1", issued_at_ms=1,
+                        signer=SIGNER)
+    now = [100_000]
+    seen = {n: 10_000 for n in net.ids}          # every node silent for 90 s
+    session = Session(None)                       # not connected: agents may hold their leases
+    recovery = replanner(broker, FakeNodes(net, seen), now=lambda: now[0], started_ms=0,
+                         session=session)
+    assert await recovery.check() is None
+    session.online_since_ms = now[0] - 1_000      # online for 1 s of the 3 s timeout
+    assert await recovery.check() is None
+    now[0] += 2_500                               # a full timeout after going online
+    summary = parse_summary(broker.retained[plan_topic("lab")], verifier=VERIFIER)
+    planned = sorted({n for job in summary.jobs for n in job.node_ids})
+    report = await recovery.check()              # now they are silent
+    assert report is not None and report.down == planned
