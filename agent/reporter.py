@@ -24,6 +24,7 @@ from agent.clock import Clock, SystemClock
 from agent.metrics import NO_EVENTS, AgentEvents
 from agent.spool import Spool, SpoolFullError
 from hulk import errors
+from hulk.plural import count
 from hulk.v1 import hulk_pb2_grpc
 from hulk.wire.records import (HeartbeatRequest, HeartbeatResult, LaunchStatus, PeerSummary,
                                ProbeSample, RegisterAnswer, RegisterRequest, ReportRequest,
@@ -235,8 +236,8 @@ class Reporter:
         if result.duplicate:
             log.info("batch %s was already stored by the planner", batch.batch_id)
         if result.rejected:
-            log.info("planner rejected %d of %d samples in batch %s", result.rejected,
-                     len(batch.samples), batch.batch_id)
+            log.info("planner rejected %d of %s in batch %s", result.rejected,
+                     count(len(batch.samples), "sample"), batch.batch_id)
         return len(batch.samples)
 
     async def run(self) -> None:
@@ -258,7 +259,7 @@ class Reporter:
                 batch = self.spool.take_batch(self.max_batch)
                 if batch is not None:
                     dropped = self.spool.discard(batch.batch_id)
-                    log.error("%s; dropped batch %s (%d samples)", err, batch.batch_id, dropped)
+                    log.error("%s; dropped batch %s (%s)", err, batch.batch_id, count(dropped, "sample"))
                 continue
             except SpoolFullError as err:
                 await self._back_off(err)  # an ack needs a little room: it comes back
@@ -284,9 +285,9 @@ class Reporter:
         if self._batch_id is None or failures < self.give_up_after:
             return False
         dropped = self.spool.discard(self._batch_id)
-        log.error("%s: the planner failed on batch %s %d times in a row; set its %d samples "
-                  "aside as dropped so later ones can flow", err, self._batch_id, failures,
-                  dropped)
+        log.error("%s: the planner failed on batch %s %s in a row; set its %s "
+                  "aside as dropped so later ones can flow", err, self._batch_id,
+                  count(failures, "time"), count(dropped, "sample"))
         self._failing = (None, 0)
         self.backoff.reset()
         return True
@@ -311,8 +312,8 @@ class Reporter:
     async def _back_off(self, err: errors.HulkError) -> None:
         self.events.report_failed(err)
         delay = self.backoff.next_delay()
-        log.warning("report failed (%s); retrying in %.1f s (spool holds %d samples)",
-                    err, delay, self.spool.depth)
+        log.warning("report failed (%s); retrying in %.1f s (spool holds %s)",
+                    err, delay, count(self.spool.depth, "sample"))
         await self._clock.sleep(delay)
 
     async def flush(self, deadline_s: float) -> int:
@@ -330,8 +331,8 @@ class Reporter:
                     await self._send_held()
                     sent += 1
         except (TimeoutError, errors.HulkError) as err:
-            log.info("flush stopped after %d batches (%s); %d samples stay spooled", sent,
-                     str(err) or "deadline", self.spool.depth)
+            log.info("flush stopped after %s (%s); %s spooled", count(sent, "batch", "batches"),
+                     str(err) or "deadline", count(self.spool.depth, "sample"))
         return sent
 
     async def _send_held(self) -> None:
@@ -341,4 +342,5 @@ class Reporter:
         self.spool.forget_held(len(samples))
         self.sent_batches += 1
         self.sent_samples += len(samples)
-        log.info("sent %d samples the disk had no room for as batch %s", len(samples), batch_id)
+        log.info("sent %s the disk had no room for as batch %s", count(len(samples), "sample"),
+                 batch_id)

@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hulk.errors import StoreError
+from hulk.plural import count as plural
 from hulk.wire import histogram
 from hulk.wire.records import PeerSummary, ProbeKind, ProbeSample
 from hulk.wire.throughput import ThroughputResult
@@ -300,9 +301,9 @@ class Spool:
     def _note_waiting(self, why: str) -> None:
         if self._waiting_since_held is None:
             self._waiting_since_held = len(self._held)
-            log.warning("spool: cannot write to %s (%s); %d samples wait in memory (at most %d) "
-                        "and are saved when there is room", self.path, why, len(self._held),
-                        self.memory_max)
+            log.warning("spool: cannot write to %s (%s); %s in memory (at most %d) "
+                        "and saved when there is room", self.path, why,
+                        plural(len(self._held), "sample"), self.memory_max)
 
     def _insert(self, chunk: list[Record]) -> int:
         """One transaction: the chunk in, the oldest un-batched out past the bound, counters."""
@@ -460,8 +461,9 @@ class Spool:
         except StoreError as err:
             log.error("%s", err)
         if self._held or self._unsaved_dropped:
-            log.error("spool: no room on disk: %d samples held in memory are lost, and %d "
-                      "dropped ones go uncounted", len(self._held), self._unsaved_dropped)
+            log.error("spool: no room on disk: lost %s held in memory, and %d "
+                      "dropped ones go uncounted", plural(len(self._held), "sample"),
+                      self._unsaved_dropped)
         self.abandon()
 
     def _transaction(self) -> _Transaction:

@@ -29,6 +29,7 @@ from typing import TypeVar
 from agent.spool import (CHUNK_ROWS, Batch, Record, Spool, SpoolCorruptError, SpoolFullError,
                          memory_bound)
 from hulk.errors import StoreError
+from hulk.plural import count as plural
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +142,8 @@ class SpoolStore:
 
     def close(self) -> None:
         if self.in_memory and self._spool.depth:
-            log.error("spool: %s still cannot be written: the %d samples kept in memory "
-                      "and not reported are lost", self.path, self._spool.depth)
+            log.error("spool: %s still cannot be written: lost %s kept in memory and not "
+                      "reported", self.path, plural(self._spool.depth, "sample"))
         self._spool.close()
 
     # ------------------------------------------------------------------ keeping it working
@@ -221,9 +222,10 @@ class SpoolStore:
         except StoreError as err:
             spool = self._memory(err)
         else:
-            log.error("spool: %s; %s: the %d samples it held are lost (counted as dropped)", why,
+            log.error("spool: %s; %s: lost %s it held (counted as dropped)", why,
                       f"moved it to {aside} and started a fresh spool" if aside else
-                      f"opened {self.path} again (fresh if none was there)", lost)
+                      f"opened {self.path} again (fresh if none was there)",
+                      plural(lost, "sample"))
         spool.add_dropped(dropped + lost)
         spool.hold(held)
         self._spool = spool

@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from agent.clock import Clock, SystemClock, epoch_ms
 from hulk.errors import InputError
+from hulk.plural import count
 from hulk.wire.throughput import (CONNECT_DELAY_MS, GRACE_MS, MAX_DETAIL_CHARS, SECRET_BYTES,
                                   ThroughputResult, ThroughputSlot)
 
@@ -248,7 +249,7 @@ class _Receive:
             if self.refused:
                 return failed(slot, f"no stream authenticated ({self.refused} refused)")
             if self.strangers:
-                return failed(slot, f"the sender never came ({self.strangers} connection(s) "
+                return failed(slot, f"the sender never came ({count(self.strangers, 'connection')} "
                                     "from other addresses refused)")
             return failed(slot, "the sender never came")
         start = (self.first or 0.0) + WARMUP_S
@@ -257,7 +258,7 @@ class _Receive:
                     else slot.start_ms)
         problem = ""
         if streams < slot.streams:
-            problem = f"{streams} of {slot.streams} streams authenticated"
+            problem = f"{streams} of {count(slot.streams, 'stream')} authenticated"
         elif window < MIN_WINDOW_S or not self.counted:
             problem = f"measured window {window:.2f} s too short"
         if problem:

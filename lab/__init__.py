@@ -7,7 +7,9 @@
 - :mod:`lab.wan`: a running lab (namespaces + switch process) as one context manager.
 - :mod:`lab.run`: ``make lab``: the switch, mosquitto, the planner and one agent per host.
 - :mod:`lab.services`: the lab's processes; a ``--keep`` lab reports a death and goes on.
-- :mod:`lab.ctl`: ``status`` and ``restart`` of a running ``--keep`` lab's services.
+- :mod:`lab.ctl`: ``status`` and ``restart`` (flags added or dropped) of a running ``--keep``
+  lab's services.
+- :mod:`lab.endpoints`: what an operator reaches: serve's dashboard and ``/metrics``, the broker.
 - :mod:`lab.train`: launch examples/train_gpt.py as a placement, on loopback or in the lab.
 - :mod:`lab.accuracy`: configured vs measured RTT with real ``ping``.
 

@@ -15,6 +15,7 @@ import re
 import statistics
 import subprocess
 
+from hulk.plural import count as plural
 from lab import matrix as lab_matrix
 from lab.wan import WanLab
 
@@ -69,12 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(result, indent=1))
     else:
-        print(f"{result['pairs']} pairs, {result['echoes']} echoes ({result['lost']} lost); "
+        print(f"{plural(result['pairs'], 'pair')}, {plural(result['echoes'], 'echo', 'echoes')} "
+              f"({result['lost']} lost); "
               f"per-pair median error: mean {result['median_error_mean_ms']:+.3f} ms, "
               f"max |{result['median_error_max_abs_ms']:.3f}| ms; per-echo error: mean "
               f"{result['echo_error_mean_ms']:+.3f} ms, p99 |{result['echo_error_p99_abs_ms']:.3f}| ms, "
               f"max |{result['echo_error_max_abs_ms']:.3f}| ms; "
-              f"{result['pairs_within_max_1ms_5pct']}/{result['pairs']} pairs within max(1 ms, 5%)")
+              f"{result['pairs_within_max_1ms_5pct']} of {plural(result['pairs'], 'pair')} within "
+              "max(1 ms, 5%)")
     return 0
 
 

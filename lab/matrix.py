@@ -34,6 +34,7 @@ import yaml
 
 from hulk import geo
 from hulk.errors import InputError
+from hulk.plural import count
 
 INFLATION = 1.8
 BASE_MS = 1.0
@@ -61,7 +62,7 @@ class LatencyMatrix:
     def __post_init__(self) -> None:
         n = len(self.hosts)
         if len(self.rtt_ms) != n or any(len(row) != n for row in self.rtt_ms):
-            raise InputError(f"latency matrix must be {n}x{n} for {n} hosts")
+            raise InputError(f"latency matrix must be {n}x{n} for {count(n, 'host')}")
         names = [h.name for h in self.hosts]
         if len(set(names)) != n:
             raise InputError("host names must be unique")

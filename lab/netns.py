@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from hulk.errors import HulkError
+from hulk.plural import count
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +286,7 @@ def cleanup_stale(runner: Runner = run_command, everything: bool = False) -> lis
                 remove_cpu_group(group)
                 removed.append(group.name)
     if removed:
-        log.info("removed %d stale lab namespace(s)", len(removed))
+        log.info("removed %s", count(len(removed), "stale lab namespace"))
     return removed
 
 

@@ -3,6 +3,7 @@
     python -m lab.run [--secure] [--hosts N] [--scale S] [--matrix FILE] [--jobs FILE] [--interval S]
                       [--throughput-port P] [--throughput-wait S] [--rate-mbit R] [--keep]
                       [--no-plan] [--node-timeout S] [--gpus N] [--gpu-name NAME] [--gpu-gb GB]
+                      [--dashboard [HOST:PORT]] [--metrics [HOST:PORT]]
 
 1. builds one namespace per host (default: the paper's Table 1 cities) and the ``hub`` namespace,
    joined by the delaying switch (:mod:`lab.wan`);
@@ -24,7 +25,8 @@
 ``--secure`` sets the hub up as deploy/INSTALL.md sets up a planner host (:mod:`lab.secure`): a
 private CA from ``enroll --init-ca``, the shipped mosquitto configuration (TLS, passwords, ACL),
 serve over TLS, enrolled agents with their tokens and ``mqtts://`` accounts. Without it the lab
-is plaintext with an anonymous broker.
+is plaintext with an anonymous broker. ``--dashboard`` and ``--metrics`` start serve's dashboard
+and ``/metrics``; the lab prints how to reach them and the broker (:mod:`lab.endpoints`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ import time
 from pathlib import Path
 from hulk import geo
 from hulk.errors import HulkError
+from hulk.plural import count
+from lab import endpoints as lab_endpoints
 from lab import fleet_throughput
 from lab import matrix as lab_matrix
 from lab import secure as lab_secure
@@ -153,8 +157,8 @@ def print_rtts(rows: list[dict]) -> None:
         got = "-" if r["learned_ms"] is None else f"{r['learned_ms']:.2f}"
         print(f"{r['a'] + ' - ' + r['b']:34s} {r['configured_ms']:10.2f} {got:>9s}")
     if errors:
-        print(f"{len(errors)}/{len(rows)} pairs learned; |error| mean {sum(errors) / len(errors):.2f} ms, "
-              f"max {max(errors):.2f} ms")
+        print(f"{len(errors)} of {count(len(rows), 'pair')} learned; |error| mean "
+              f"{sum(errors) / len(errors):.2f} ms, max {max(errors):.2f} ms")
 
 
 def cities_plausible(matrix: lab_matrix.LatencyMatrix) -> bool:
@@ -208,7 +212,7 @@ def describe(placement: dict) -> str:
     return "; ".join(parts) or json.dumps(placement)[:120]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lab.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--hosts", type=int, help="number of hosts (default: all of the matrix; "
                    "more than 12 Table 1 cities adds a second server per city)")
@@ -248,8 +252,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--secure", action="store_true",
                    help="as deploy/INSTALL.md: private CA, TLS gRPC, the shipped mosquitto "
                         "configuration (TLS, passwords, ACL), enrolled agents")
+    p.add_argument("--dashboard", nargs="?", const=lab_endpoints.DASHBOARD, metavar="HOST:PORT",
+                   help="serve's dashboard with a token in WORK/dashboard.token (default "
+                        f"{lab_endpoints.DASHBOARD}, the hub's address); prints how to reach it")
+    p.add_argument("--metrics", nargs="?", const=lab_endpoints.METRICS, metavar="HOST:PORT",
+                   help=f"serve's /metrics (default {lab_endpoints.METRICS}, the hub's loopback)")
     p.add_argument("--work-dir", help="logs, store and state directories (default: a temp dir)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="lab: %(message)s")
     try:
         return run(args)
@@ -266,7 +279,7 @@ def build_matrix(args: argparse.Namespace) -> lab_matrix.LatencyMatrix:
         m = lab_matrix.load(args.matrix)
         if args.hosts:
             if args.hosts > m.n:
-                raise LabError(f"--hosts {args.hosts} but {args.matrix} has {m.n} hosts")
+                raise LabError(f"--hosts {args.hosts} but {args.matrix} has {count(m.n, 'host')}")
             m = m.subset(list(range(args.hosts)))
     else:
         m = lab_matrix.table1(args.hosts)
@@ -300,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
     hub: lab_secure.SecureHub | None = None
     try:
         lab.start()
-        print(f"lab: {matrix.n} hosts + hub, RTTs x{args.scale:g}; logs in {work}")
+        print(f"lab: {count(matrix.n, 'host')} + hub, RTTs x{args.scale:g}; logs in {work}")
         for name, m in zip(matrix.names, lab.namespaces.members):
             print(f"  {name:16s} {m.address:12s} {m.netns}")
         db = work / "planner.db"
@@ -329,8 +342,15 @@ def run(args: argparse.Namespace) -> int:
             serve += fleet_throughput.serve_flags(args.throughput_period)
         if args.node_timeout:
             serve += ["--node-timeout", f"{args.node_timeout:g}"]
+        token = lab_endpoints.make_token(work) if args.dashboard else None
+        serve += lab_endpoints.serve_flags(args.dashboard, args.metrics, token)
         services.start("planner", HUB, serve)
         wait_port(lab, HUB, HUB_ADDRESS, PLANNER_PORT, timeout_s=60)
+        for address in filter(None, (args.dashboard, args.metrics)):
+            wait_port(lab, HUB, *lab_endpoints.host_port(address), timeout_s=30)
+        access = lab_endpoints.access_lines(
+            lab.ns(HUB).netns, services.env.get("HULK_FLEET") or "default", hub=hub, token=token,
+            dashboard=args.dashboard, metrics=args.metrics, mqtt_port=MQTT_PORT)
 
         agent_mqtt = supports(python, ["-m", "agent"], "--mqtt")
         send_cities = cities_plausible(matrix)
@@ -352,8 +372,9 @@ def run(args: argparse.Namespace) -> int:
                 argv += ["--insecure"] + (["--mqtt", mqtt_url] if agent_mqtt else [])
             services.start(f"agent-{host.name}", host.name, argv,
                            env=hub.agent_env(host.name) if hub is not None else None)
-        print(f"lab: broker {shown_url}, planner {HUB_ADDRESS}:{PLANNER_PORT}, {matrix.n} agents; "
-              "waiting for every pair's RTT ...")
+        print(f"lab: broker {shown_url}, planner {HUB_ADDRESS}:{PLANNER_PORT}, "
+              f"{count(matrix.n, 'agent')}; waiting for every pair's RTT ...")
+        print("\n".join(access), flush=True)
 
         fleet = wait_for_measurements(services, python, db, work, matrix, args.measure_timeout,
                                       args.min_samples)
@@ -365,7 +386,7 @@ def run(args: argparse.Namespace) -> int:
             plan_and_show(args, lab, python, db, work, jobs, matrix, fleet, mqtt_url, state_root,
                           services)
         if args.keep:
-            keep_running(services, python, db, work)
+            keep_running(services, python, db, work, access)
         return 0
     finally:
         services.stop()
@@ -382,10 +403,12 @@ def declared_gpus(args: argparse.Namespace) -> str:
     return f"{args.gpus}x{args.gpu_name}:{args.gpu_gb:g}"
 
 
-def keep_running(services: Services, python: str, db: Path, work: Path) -> None:
+def keep_running(services: Services, python: str, db: Path, work: Path,
+                 access: list[str] = ()) -> None:
     """Until Ctrl-C: report services that die (the rest keep running) and carry out lab.ctl's
     restart requests."""
     submit = resolve_example_paths(TRAIN_JOBS, work / TRAIN_JOBS.name)
+    print("\n".join(access))
     print(f"lab: up; Ctrl-C tears it down. Jobs: {python} -m planner.cli jobs submit {submit} "
           f"--db {db}; services: python -m lab.ctl status --work {work}", flush=True)
     while True:
@@ -418,13 +441,14 @@ def wait_for_measurements(services: Services, python: str, db: Path, work: Path,
 def show_throughput(services: Services, python: str, db: Path,
                     matrix: lab_matrix.LatencyMatrix, wait_s: float) -> None:
     want = fleet_throughput.wanted_pairs(matrix.hosts)
-    print(f"lab: waiting up to {wait_s:g} s for the throughput of {len(want)} directed site "
-          "pairs ...")
+    print(f"lab: waiting up to {wait_s:g} s for the throughput of "
+          f"{count(len(want), 'directed site pair')} ...")
     got = fleet_throughput.wait_for_throughput(db, want, wait_s, services.check)
     done = sum(1 for pair in want if got.get(pair) and got[pair].tests)
     print(fleet_throughput.fleet_show(python, db).rstrip())
     if done < len(want):
-        print(f"lab: {done}/{len(want)} site pairs measured so far; serve goes on testing")
+        print(f"lab: {done} of {count(len(want), 'site pair')} measured so far; serve goes on "
+              "testing")
 
 
 def plan_and_show(args, lab, python, db, work, jobs, matrix, fleet, mqtt_url, state_root, services) -> None:

@@ -8,6 +8,11 @@ sets up a planner host, with the lab's folders in place of /etc/hulk and /etc/mo
   acl, ``use_username_as_clientid``), files owned by group mosquitto as INSTALL.md lays them out;
 - ``enroll hulk-planner --role planner`` (the planner's broker account) and ``enroll NODE
   --signing-key ...`` per host (token, broker password, placement_key);
+- an operator's broker account, ``hulk-operator``, for ``mosquitto_sub`` (deploy/INSTALL.md has
+  none, and enroll makes only node and planner accounts): its password added with
+  ``mosquitto_passwd`` and, after enroll's ACL, ``topic read hulk/v1/<fleet>/#``: it reads every
+  topic of the fleet and publishes nothing. An ``enroll`` run while the lab is up rewrites the
+  ACL from its own table, without this account;
 - serve with ``--tls-cert/--tls-key`` and ``HULK_MQTT`` = the planner account on the hub's
   loopback; each agent with ``HULK_TOKEN``, ``--ca`` and ``HULK_MQTT`` =
   ``mqtts://NODE:PW@10.77.0.1:8883?ca=WORK/tls/ca.pem``; secrets travel in the environment, never
@@ -19,6 +24,7 @@ from __future__ import annotations
 import grp
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -33,6 +39,7 @@ SHIPPED_BROKER_DIR = "/etc/mosquitto/hulk"
 TLS_PORT = 8883        # the shipped conf's agent listener (all addresses of the hub namespace)
 LOCAL_PORT = 1883      # the shipped conf's loopback listener, for the planner
 PLANNER_ACCOUNT = "hulk-planner"
+OPERATOR_ACCOUNT = "hulk-operator"
 
 
 @dataclass
@@ -45,6 +52,8 @@ class SecureHub:
     planner_mqtt: str                              # mqtt://hulk-planner:PW@127.0.0.1:1883
     placement_key: str = ""
     nodes: dict[str, dict] = field(default_factory=dict)   # node id -> enroll's JSON
+    fleet: str = "default"
+    operator_password: str = ""                    # OPERATOR_ACCOUNT's (add_operator)
 
     @property
     def ca(self) -> Path:
@@ -84,6 +93,27 @@ def broker_conf_text(broker_dir: Path) -> str:
         raise LabError(f"{SHIPPED_BROKER_CONF} no longer names {SHIPPED_BROKER_DIR} and listener "
                        f"{TLS_PORT}: update lab/secure.py")
     return text.replace(SHIPPED_BROKER_DIR, str(broker_dir))
+
+
+def operator_acl(fleet: str) -> str:
+    """The ACL lines of the operator's account: read every topic of ``fleet``, write none."""
+    from hulk.wire.broker import check_name
+
+    return (f"# the lab's operator account (lab/secure.py): reads the fleet's topics, writes none\n"
+            f"user {OPERATOR_ACCOUNT}\ntopic read hulk/v1/{check_name(fleet, 'fleet')}/#\n")
+
+
+def add_operator(broker_dir: Path, fleet: str, password: str) -> None:
+    """``OPERATOR_ACCOUNT`` in the broker's passwd (``mosquitto_passwd -b``) and acl (its lines
+    after enroll's, once), before mosquitto starts."""
+    passwd, acl = broker_dir / "passwd", broker_dir / "acl"
+    proc = subprocess.run(["mosquitto_passwd", "-b", str(passwd), OPERATOR_ACCOUNT, password],
+                          capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        raise LabError(f"mosquitto_passwd: {(proc.stderr or proc.stdout).strip()[-300:]}")
+    text = acl.read_text()
+    if f"user {OPERATOR_ACCOUNT}\n" not in text:
+        acl.write_text(text.rstrip("\n") + "\n\n" + operator_acl(fleet))
 
 
 def _planner_cli(python: str, *args: str, env: dict[str, str]) -> dict:
@@ -137,6 +167,9 @@ def _prepare(work: Path, tls: Path, broker_dir: Path, db: Path, nodes: list[str]
         hub.nodes[node] = _planner_cli(python, "enroll", node, *accounts, "--signing-key",
                                        str(hub.signing_key), env=env)
         hub.placement_key = hub.nodes[node]["placement_key"]
+    hub.fleet = env.get("HULK_FLEET") or "default"
+    hub.operator_password = secrets.token_urlsafe(24)
+    add_operator(broker_dir, hub.fleet, hub.operator_password)
     share_with_broker(broker_dir)
     hub.broker_conf.write_text(broker_conf_text(broker_dir))
     return hub

@@ -9,7 +9,14 @@ kills an agent wants its node silent until the operator says otherwise.
 
 The work dir holds ``services.json`` (each service's host, namespace, argv, pid and log; no
 environment, which carries the secure lab's secrets) and ``control/``, where ``lab.ctl`` drops
-requests that the running lab carries out (it holds the secrets in memory).
+requests that the running lab carries out (it holds the secrets in memory). A restart may add
+flags (``lab.ctl restart planner -- --dashboard ...``) or drop them (``--drop NAME``): the service
+keeps its command line so changed for every later restart (:func:`with_args`).
+
+The lab stops in stages (:func:`stop_stages`): the agents together, then serve, then the broker,
+each stage once the one before has exited. An agent stopping while the broker closes its
+connection can have paho close the socket before aiomqtt's deferred ``add_writer`` for the
+DISCONNECT runs, and asyncio logs ``OSError: [Errno 9] Bad file descriptor`` in the agent's log.
 """
 
 from __future__ import annotations
@@ -53,6 +60,43 @@ def decide(exits: Mapping[str, int | None], reported: Collection[str], *, keep: 
 
 def restart_hint(name: str, work: Path) -> str:
     return f"python -m lab.ctl restart {name} --work {work}"
+
+
+def _is_flag(token: str) -> bool:
+    return token.startswith("-") and len(token) > 1 and not token[1:2].isdigit()
+
+
+def _without(argv: Sequence[str], flags: Collection[str]) -> list[str]:
+    """``argv`` less every ``FLAG``, ``FLAG VALUE...`` and ``FLAG=VALUE`` of ``flags`` (a flag's
+    values: the words after it up to the next flag)."""
+    out: list[str] = []
+    skipping = False
+    for token in argv:
+        if _is_flag(token):
+            skipping = token.split("=", 1)[0] in flags
+        if not skipping:
+            out.append(token)
+    return out
+
+
+def with_args(argv: Sequence[str], add: Sequence[str] = (), drop: Collection[str] = ()) -> list[str]:
+    """``argv`` with the flags of ``drop`` removed and ``add`` appended, a flag of ``add`` that
+    ``argv`` already has replacing it (``--metrics A`` then ``--metrics B`` leaves one, B)."""
+    if add and not _is_flag(add[0]):
+        raise LabError(f"expected flags to add (--NAME [VALUE]), got {add[0]!r}")
+    replaced = {token.split("=", 1)[0] for token in add if _is_flag(token)}
+    return _without(argv, set(drop) | replaced) + list(add)
+
+
+def stop_stages(names: Sequence[str]) -> list[list[str]]:
+    """The order the lab stops its services in (``names`` in the order started): every agent
+    at once, then the others last started first, the broker last of all: the agents stop while
+    serve and the broker still answer them (their last reports, a clean MQTT DISCONNECT)."""
+    agents = [n for n in names if n.startswith("agent-")]
+    brokers = [n for n in names if n.startswith("mosquitto")]
+    others = [n for n in reversed(names) if n not in agents and n not in brokers]
+    return [stage for stage in (agents, *[[n] for n in others], *[[n] for n in reversed(brokers)])
+            if stage]
 
 
 @dataclass
@@ -112,26 +156,36 @@ class Services:
                 return candidate
         raise LabError(f"no service {name!r}; the lab's services: {', '.join(self.specs)}")
 
-    def restart(self, name: str) -> subprocess.Popen:
+    def restart(self, name: str, add: Sequence[str] = (),
+                drop: Collection[str] = ()) -> subprocess.Popen:
         """Stop ``name`` (a service, or a host for its agent) if it still runs, then start it
-        again as it was started."""
+        again with the command line it last ran with, ``add`` and ``drop`` applied
+        (:func:`with_args`; kept for later restarts)."""
         name = self.resolve(name)
         spec = self.specs[name]
+        argv = with_args(spec.argv, add, drop)
         for other, proc in self.procs:
             if other == name:
                 _stop([proc])
+        changed = " ".join([*add, *(f"--drop {flag}" for flag in drop)])
         with open(self.log(name), "ab") as out:
-            out.write(f"--- started again by lab.ctl at {time.strftime('%H:%M:%S')}\n".encode())
-        return self.start(name, spec.host, spec.argv, spec.env, append=True)
+            out.write(f"--- started again by lab.ctl at {time.strftime('%H:%M:%S')}"
+                      f"{' with ' + changed if changed else ''}\n".encode())
+        return self.start(name, spec.host, argv, spec.env, append=True)
 
     def serve_requests(self) -> None:
         """Carry out the requests ``lab.ctl`` left in the control folder."""
         folder = self.work / CONTROL_DIR
         for request in sorted(folder.glob("*.request")) if folder.is_dir() else []:
             try:
-                name = self.resolve(json.loads(request.read_text())["restart"])
-                proc = self.restart(name)
-                answer = {"ok": True, "message": f"started {name} again (pid {proc.pid})"}
+                asked = json.loads(request.read_text())
+                name = self.resolve(asked["restart"])
+                add, drop = list(asked.get("add", [])), list(asked.get("drop", []))
+                if not all(isinstance(word, str) for word in add + drop):
+                    raise LabError("expected words to add and flags to drop")
+                proc = self.restart(name, add, drop)
+                answer = {"ok": True, "message": f"started {name} again (pid {proc.pid}): "
+                                                 f"{' '.join(self.specs[name].argv)}"}
             except (LabError, OSError, ValueError, KeyError, TypeError) as err:
                 answer = {"ok": False, "message": str(err)}
             request.with_suffix(".done").write_text(json.dumps(answer))
@@ -157,7 +211,10 @@ class Services:
             return ""
 
     def stop(self) -> None:
-        _stop([proc for _, proc in reversed(self.procs)])
+        """Every service, stage after stage (:func:`stop_stages`)."""
+        procs = dict(self.procs)
+        for stage in stop_stages([name for name, _ in self.procs]):
+            _stop([procs[name] for name in stage])
         self.procs.clear()
 
 

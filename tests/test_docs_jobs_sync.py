@@ -41,7 +41,7 @@ def test_the_walk_through_submits_and_plans_as_written(tmp_path, capsys):
     assert commands == ["plan jobs.yaml", "jobs submit", "jobs logs"]
     db = str(tmp_path / "planner.sqlite")
     assert cli.main(["jobs", "submit", str(jobs), "--db", db]) == 0
-    assert "queued 1 job(s): gpt-two-continents" in capsys.readouterr().out
+    assert "queued 1 job: gpt-two-continents" in capsys.readouterr().out
     # The doc's plan command on a fleet file instead of a live store.
     assert cli.main(["plan", str(jobs), "--fleet", str(FLEET), "--no-compare"]) == 0
     out = capsys.readouterr().out

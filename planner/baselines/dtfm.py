@@ -31,6 +31,7 @@ from typing import Callable
 import numpy as np
 
 from hulk.errors import PlanningError
+from hulk.plural import count
 from planner.core.costmodel import (INFEASIBLE, Estimate, Placement, estimate, max_replicas,
                                     transfer_s)
 from planner.core.fleet import Network
@@ -231,7 +232,7 @@ def dtfm_placement(job: Job, net: Network, nodes=None, *, seed: int = 0,
             if p is not None:
                 scored.append((e.iteration_s, len(scored), d, b, groups, spare, p, e))
     if not scored:
-        raise PlanningError(f"DT-FM: job {job.name} fits no partition of the {n} nodes")
+        raise PlanningError(f"DT-FM: job {job.name} fits no partition of the {count(n, 'node')}")
     scored.sort(key=lambda r: (r[0], r[1]))
     best: tuple[Placement, Estimate] | None = None
     for _, _, d, b, groups, spare, p, e in scored[:finalists]:

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from hulk.plural import count as plural
 from planner.core import costmodel as cm
 from planner.core.costmodel import (Estimate, Placement, Stage, estimate, micro_batches,
                                     sequential_totals)
@@ -126,7 +127,7 @@ def system_b_placement(job: Job, net: Network) -> Placement | Unplaced:
     caps = np.floor(net.mem[chosen] / per_layer).astype(int)
     layers = _proportional_layers(job.layers, net.thr[chosen], caps)
     if layers is None:
-        return Unplaced(job.name, f"System B: the pipeline's {k} nodes cannot hold the model "
+        return Unplaced(job.name, f"System B: the pipeline's {plural(k, 'node')} cannot hold the model "
                                   f"({job.layers} layers, room for {int(caps.sum())})")
     stages, lo = [], 0
     for node, count in zip(chosen, layers.tolist()):

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 from hulk.errors import InputError
+from hulk.plural import count
 from planner.settings import PlannerSettings
 
 
@@ -161,8 +162,8 @@ def print_calibration(cal, data, db: str) -> None:
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"calibration of {db}: {len(data.observations)} job run(s), "
-                        f"{len(data.bandwidth)} site pair(s) with throughput tests",
+    table = Table(title=f"calibration of {db}: {count(len(data.observations), 'job run')}, "
+                        f"{count(len(data.bandwidth), 'site pair')} with throughput tests",
                   header_style="bold")
     for col in ("factor", "value", "interval (16-84%)", "runs", ""):
         table.add_column(col, justify="left" if col in ("factor", "") else "right")

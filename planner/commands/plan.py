@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hulk.errors import ConfigError, HulkError, InputError, PlanningError
+from hulk.plural import count
 from planner.commands import seed_number
 from planner.methods import DEFAULT_METHOD, METHODS, compared_methods, label, planner_for
 from planner.settings import PlannerSettings
@@ -267,7 +268,7 @@ def run(args) -> int:
 
     bound = compute_bound_s(jobs, net)
     if issues:  # shown with the plan, so an error stays a single line
-        console.print(f"[yellow]{len(issues)} flaw(s) repaired while reading the fleet "
+        console.print(f"[yellow]{count(len(issues), 'flaw')} repaired while reading the fleet "
                       f"(first: {issues[0]})[/yellow]", highlight=False)
     console.print(f"cost model: {model}", highlight=False)
     print_plan(console, chosen, net)
@@ -294,7 +295,7 @@ def run(args) -> int:
         from planner.plots.plan import plot_reports
 
         reports = {m: r.report for m, r in results.items() if r.report is not None}
-        plot_reports(reports, args.plot, title=f"{len(jobs)} jobs on {net.n} nodes")
+        plot_reports(reports, args.plot, title=f"{count(len(jobs), 'job')} on {count(net.n, 'node')}")
         console.print(f"plot written to {args.plot}")
     return 0
 
@@ -332,7 +333,7 @@ def push(args: argparse.Namespace, plan, net, jobs) -> str:
             record_pushed_plan(store, {p.job.name: (job_spec(p.job), [net.ids[i] for i in p.nodes],
                                                     stages_doc(p, net))
                                        for p in plan.placements}, plan_id)
-    return (f"plan {plan_id} pushed to {len(placements)} node(s) of fleet {fleet} via "
+    return (f"plan {plan_id} pushed to {count(len(placements), 'node')} of fleet {fleet} via "
             f"{broker.host}:{broker.port}")
 
 
@@ -425,7 +426,7 @@ def print_comparison(console, chosen: str, results: dict[str, MethodResult], bou
             continue
         rep = r.report
         if not rep.complete:
-            note = f"{len(rep.unplaced)} job(s) infeasible"
+            note = f"{count(len(rep.unplaced), 'job')} infeasible"
             table.add_row(name, note, "", "", "", "", f"{r.seconds:.2f} s", *[""] * len(extra))
             continue
         # Tensor-parallel plans carry times the calibrated model computed: no reference figure.

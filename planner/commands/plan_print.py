@@ -43,7 +43,7 @@ def print_plan(console, result, net) -> None:
 
     report = result.report
     console.print(f"[bold]{label(result.method)}[/bold]: planned in "
-                  f"{result.seconds:.2f} s on {net.n} nodes", highlight=False)
+                  f"{result.seconds:.2f} s on {_count(net.n, 'node')}", highlight=False)
     for jr in report.jobs:
         e = jr.estimate
         head = (f"[bold]{jr.name}[/bold]  phase {jr.phase}  starts {fmt_s(jr.start_s)}  "

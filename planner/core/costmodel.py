@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hulk.plural import count
 from planner.core.fleet import Network
 from planner.core.jobs import COMPRESSION_BYTES, DTYPE_BYTES, Job
 
@@ -200,7 +201,7 @@ def problems(placement: Placement, net: Network) -> list[str]:
     islands = placement.island_sizes()
     if min(islands) < 1 or sum(islands) != placement.replicas:
         out.append(f"{job.name}: islands {list(islands)} must be positive and sum to the "
-                   f"{placement.replicas} replicas")
+                   f"{count(placement.replicas, 'replica')}")
     if placement.outer is None and len(islands) > 1:
         out.append(f"{job.name}: {len(islands)} islands need an outer sync")
     m = micro_batches(job, placement.replicas, placement.micro_batch)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
+from hulk.plural import count
 from hulk.validate import Invalid
 from hulk.wire.placement import MAX_COMMAND_WORDS, command_allowed
 from planner.core.costmodel import max_replicas
@@ -43,7 +44,7 @@ def submit_problems(job: Job, command: tuple[str, ...] | None, *,
         shown = shlex.join(command)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         problems.append(f"command: {shown!r} is not in the allowed_commands of any of the "
-                        f"{len(agent_commands)} agent(s) that reported theirs, so every agent "
+                        f"{count(len(agent_commands), 'agent')} that reported theirs, so every agent "
                         "would refuse it (add its argv prefix to the agents' allowed_commands)")
     in_bounds = True
     for key in JOB_BOUNDS:

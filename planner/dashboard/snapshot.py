@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hulk.errors import HulkError
+from hulk.plural import count
 from planner.core.fleet import Fleet
 from planner.core.lifecycle import JobRecord
 from planner.dashboard.compare import ComparisonWorker, comparison_json
@@ -112,7 +113,8 @@ class DashboardState:
                      "compared": names,
                      "estimated_makespan_s": number(max(estimates), 1) if estimates else None},
         }
-        return f"{len(read.rows)} nodes, {len(self._pairs)} pairs, {len(read.records)} jobs"
+        return (f"{count(len(read.rows), 'node')}, {count(len(self._pairs), 'pair')}, "
+                f"{count(len(read.records), 'job')}")
 
     def _marked_summary(self) -> LinkSummary:
         """The summary with each link's source, marked again only when it or the prediction

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hulk.errors import InputError
+from hulk.plural import count as plural
 from hulk.validate import NAME_EXPECTED, Bound, Invalid, is_name, shown
 from planner.core import gpus as gpu_catalog
 from planner.core.fleet import FLEET_BOUNDS, FLEET_TEXT_CHARS, MAX_FLEET_NODES, Fleet, Link, Node
@@ -241,9 +242,9 @@ def _report_coverage(nodes: list[Node], links: list[Link], path: str,
     total = n * (n - 1) // 2
     if links and len(links) < total:
         issues.append(ImportIssue(
-            path, None, f"one-directional, partial coverage: {len(links)} of {total} pairs "
+            path, None, f"one-directional, partial coverage: {len(links)} of {plural(total, 'pair')} "
             "measured, each in one direction only; RTTs read as symmetric and the other "
-            f"{total - len(links)} pairs completed as in docs/COSTMODEL.md"))
+            f"{plural(total - len(links), 'pair')} completed as in docs/COSTMODEL.md"))
     linked = {k.src for k in links} | {k.dst for k in links}
     lonely = [node.id for node in nodes if node.id not in linked]
     if lonely and n > 1:

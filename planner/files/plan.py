@@ -15,6 +15,7 @@ from typing import Any
 
 from hulk.atomic import write_output
 from hulk.errors import InputError
+from hulk.plural import count as plural
 from hulk.userfile import read_user_file
 from hulk.validate import Invalid, shown
 from hulk.wire.placement import MAX_TEXT_CHARS, valid_job_name
@@ -249,7 +250,8 @@ def _fleet_nodes(fleet: Any, known: set[str] | None) -> int:
         raise Invalid("expected {\"nodes\": N}", field="fleet")
     count = _number(fleet["nodes"], "fleet.nodes", integer=True, maximum=MAX_COUNT)
     if known is not None and count != len(known):
-        raise Invalid(f"plan is for {count} nodes, the fleet has {len(known)}", field="fleet.nodes")
+        raise Invalid(f"plan is for {plural(count, 'node')}, the fleet has {len(known)}",
+                      field="fleet.nodes")
     return count
 
 
@@ -308,7 +310,7 @@ def _islands(value: Any, where: str, stages: tuple[StageDoc, ...]) -> tuple[int,
     sizes = _list(value["replicas"], f"{where}.replicas")
     if not sizes or sum(_number(x, f"{where}.replicas", integer=True, minimum=1)
                         for x in sizes) != width:
-        raise Invalid(f"expected whole numbers >= 1 summing to the {width} replicas, got "
+        raise Invalid(f"expected whole numbers >= 1 summing to the {plural(width, 'replica')}, got "
                       f"{shown(sizes)}", field=f"{where}.replicas")
     firsts = [sum(sizes[:i]) for i in range(len(sizes))]
     expected = [[st.nodes[c] for c in firsts] for st in stages]
@@ -349,7 +351,8 @@ def _stage(stage: Any, where: str, expected_lo: int, width: int | None) -> Stage
         raise Invalid(f"expected a non-empty list of node ids of 1-{MAX_TEXT_CHARS} characters",
                       field=f"{where}.nodes")
     if width is not None and len(nodes) != width:
-        raise Invalid(f"every stage must list {width} nodes (one per replica), got {len(nodes)}",
+        raise Invalid(f"every stage must list {plural(width, 'node')} (one per replica), got "
+                      f"{len(nodes)}",
                       field=f"{where}.nodes")
     return StageDoc(lo, hi, tuple(nodes))
 

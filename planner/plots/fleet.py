@@ -18,6 +18,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Annotation  # noqa: E402
 
 from hulk.errors import InputError  # noqa: E402
+from hulk.plural import count as plural  # noqa: E402
 from planner.core.fleet import Fleet, Network, complete  # noqa: E402
 from planner.plots.output import plot_path, save_figure  # noqa: E402
 
@@ -231,7 +232,7 @@ def draw_fleet(fleet: Fleet, *, title: str | None = None, show_imputed: bool = F
     ax.set_title(title or f"{fleet.name}: {n:,} nodes, {measured:,} of {n * (n - 1) // 2:,} pairs "
                  f"measured" + ("" if not show_imputed else ", imputed dotted")
                  + ("" if level == "node" else
-                    f"; one line per pair of the {len(anchor)} sites, {int((~imputed).sum())} "
+                    f"; one line per pair of the {plural(len(anchor), 'site')}, {int((~imputed).sum())} "
                     f"measured"))
     ax.set_xlabel("longitude (°)")
     ax.set_ylabel("latitude (°)")

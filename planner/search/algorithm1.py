@@ -33,6 +33,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
 from hulk.errors import PlanningError
+from hulk.plural import count as plural
 from planner.core import costmodel as cm
 from planner.core.fleet import Network
 from planner.core.jobs import Job
@@ -141,7 +142,7 @@ def algorithm1(jobs: list[Job], net: Network, scores: np.ndarray, *,
             raise PlanningError(
                 f"job {job.name} cannot fit on the fleet: it needs about {need / 1e9:.0f} GB of GPU "
                 f"memory in one connected group, the largest connected group "
-                f"({len(largest)} nodes) has {net.mem[largest].sum() / 1e9:.0f} GB")
+                f"({plural(len(largest), 'node')}) has {net.mem[largest].sum() / 1e9:.0f} GB")
         can_fit[j] = ok
 
     threshold = np.array([memory_threshold(job) for job in jobs])

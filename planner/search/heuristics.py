@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from hulk.errors import PlanningError
+from hulk.plural import count
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.search import algorithm1 as alg1
@@ -42,7 +43,7 @@ def heuristic_scores(jobs: list[Job], net: Network, *, labels: np.ndarray | None
     total_thr = float(net.thr[order].sum())
     mean_mem = float(net.mem[order].mean())
     if mean_mem <= 0:   # every need below is relative to it; and no node could hold a layer
-        raise PlanningError(f"none of the {n} node(s) has GPU memory: no job can be placed")
+        raise PlanningError(f"none of the {count(n, 'node')} has GPU memory: no job can be placed")
     mean_thr = total_thr / order.size
     # Throughput a job needs just to hold its model (nodes of average memory), with slack.
     need = np.array([alg1.memory_threshold(j, min(j.layers, 16)) / mean_mem * mean_thr * 1.3

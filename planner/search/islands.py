@@ -53,6 +53,7 @@ import math
 
 import numpy as np
 
+from hulk.plural import count
 from planner.core import costmodel as cm
 from planner.core.costmodel import OuterSync, Placement, Stage, estimate
 from planner.core.fleet import Network
@@ -391,7 +392,7 @@ def outer_summary(placement: Placement) -> str:
     if placement.outer is None:
         return "step"
     o = placement.outer
-    return (f"diloco: {len(placement.islands) or 1} island(s) {list(placement.islands)}, "
+    return (f"diloco: {count(len(placement.islands) or 1, 'island')} {list(placement.islands)}, "
             f"H={o.inner_steps}, {o.compression}"
-            + (f", {o.streaming_fragments} fragments" if o.streaming_fragments else ""))
+            + (f", {count(o.streaming_fragments, 'fragment')}" if o.streaming_fragments else ""))
 

@@ -66,6 +66,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hulk.errors import PlanningError
+from hulk.plural import count as plural
 from planner.core.fleet import Network
 from planner.core.jobs import Job
 from planner.core.plan import Plan, PlanFacts
@@ -273,17 +274,17 @@ def plan_portfolio(jobs: list[Job], net: Network, *, seed: int = 0,
     refined = sum(r.plan is not None for r in run.results[:split])
     judged = sum(r.plan is not None for r in run.results[split:])
     capped = sum(r.capped for r in run.results)
-    also = f" and {judged} baseline plan(s)" if run.baselines else ""
-    notes.append(f"portfolio: best of {refined} refined starts{also} is {best.name!r}"
+    also = f" and {plural(judged, 'baseline plan')}" if run.baselines else ""
+    notes.append(f"portfolio: best of {plural(refined, 'refined start')}{also} is {best.name!r}"
                  + (f" ({heuristic.makespan_s / best.makespan_s:.2f}x shorter than the "
                     f"heuristic start)" if heuristic is not None and best.index != 0
                     and best.makespan_s > 0 else "")
-                 + (f"; {capped} start(s) ended at their work budget" if capped else ""))
+                 + (f"; {plural(capped, 'start')} ended at their work budget" if capped else ""))
     cut = sum(r.cut_short for r in run.results)
     budget_ran_out = run.budget_s is not None and bool(run.dropped or cut)
     if budget_ran_out:
         notes.append(f"portfolio: the time budget ran out after {run.seconds:.1f} s (budget "
-                     f"{run.budget_s:.1f} s; {cut} start(s) cut short, {run.dropped} dropped); "
+                     f"{run.budget_s:.1f} s; {plural(cut, 'start')} cut short, {run.dropped} dropped); "
                      "the plan is valid but may differ between runs: raise --time-budget or "
                      "lower --starts")
     facts = PlanFacts(cut_short=best.cut_short or budget_ran_out, winner=best.name,

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hulk.plural import count
 from planner.core.costmodel import estimate_plan
 from planner.core.fleet import Network
 from planner.core.plan import Plan
@@ -111,7 +112,8 @@ def plan_at_scale(planner: Callable[..., Plan], jobs, net: Network, *,
     _, plan, keep = best
     sites = len(set(site_numbers(net)[keep].tolist()))
     where = ("the whole fleet" if len(keep) == net.n else
-             f"the {len(keep)} servers of the {sites} site(s) with the most compute")
+             f"the {count(len(keep), 'server')} of the {count(sites, 'site')} with the most "
+             "compute")
     tried = "" if len(sizes) == 1 else \
         f"; best of views of {', '.join(f'{x:,}' for x in sizes)} servers"
     plan.notes.append(f"fleet of {net.n} servers: planned on {where} (limit {limit}{tried})")

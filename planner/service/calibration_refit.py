@@ -19,6 +19,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from hulk.plural import count
 from planner.core.calibration import Calibration, Factor
 from planner.core.fleet import Network
 from planner.service.metrics import NO_EVENTS, ServeEvents
@@ -104,8 +105,9 @@ class ServeCalibration:
         cal = fitted_only(await asyncio.to_thread(calibrate, data, min_runs=self.min_runs,
                                                   seed=self.seed))
         if self.calibration is None or planned_with(self.calibration) != planned_with(cal):
-            log.info("calibration: %s (from %d job run(s), %d site pair(s) with throughput "
-                     "tests)", describe(cal), len(data.observations), len(data.bandwidth))
+            log.info("calibration: %s (from %s, %s with throughput tests)", describe(cal),
+                     count(len(data.observations), "job run"),
+                     count(len(data.bandwidth), "site pair"))
             self.events.calibrated(factors(cal))
         self.calibration = cal
         return cal

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from hulk.plural import count as plural
 from planner.linkpred.complete import MIN_MEASURED_THROUGHPUTS
 from planner.linkpred.graph import (FittedLinkModel, LinkModel, LinkPrediction, SiteGraph,
                                     Source)
@@ -129,14 +130,14 @@ def refit_reason(current: SiteGraph, last: SiteGraph | None,
     if have < rule.min_throughput_pairs:
         return None
     if last is None:
-        return f"first fit ({have} measured throughput(s))"
+        return f"first fit ({plural(have, 'measured throughput')})"
     new_sites = sorted(set(current.sites) - set(last.sites))
     if new_sites:
         return f"new site(s): {', '.join(new_sites[:3])}" + (" ..." if len(new_sites) > 3 else "")
     now, then = measured_figures(current), measured_figures(last)
     grown = len(now.keys() - then.keys())
     if grown and grown >= rule.grown_share * max(len(then), 1):
-        return f"{grown} new measured figure(s) (+{grown / max(len(then), 1):.0%})"
+        return f"{plural(grown, 'new measured figure')} (+{grown / max(len(then), 1):.0%})"
     for key, value in sorted(now.items()):
         if key in then and moved(value, then[key], rule.moved_factor):
             (a, b), what = key
@@ -277,7 +278,7 @@ class ServeLinkModel:
         self.in_use = outcome.in_use
         name = outcome.in_use.prediction.model
         judged = "" if outcome.candidate is None else (
-            f"; held-out p90 |log error| ({outcome.held_out} pair(s)): "
+            f"; held-out p90 |log error| ({plural(outcome.held_out, 'pair')}): "
             f"new {outcome.candidate.text()}, old {outcome.old.text()}")
         if outcome.outcome == KEPT:
             line = f"link model: kept {was}: the refit ({reason}) was worse{judged}"
@@ -310,7 +311,7 @@ def add_to_runtime(runtime: Any, options: Any, *, dashboard_state: Any = None,
                                     in_store_thread=False, run_at_start=True))
     if dashboard_state is not None:
         dashboard_state.links = links.prediction
-    log.info("link model: predicting unmeasured site pairs once %d throughput(s) are measured; "
-             "checked every %.0f s", RefitRule().min_throughput_pairs,
+    log.info("link model: predicting unmeasured site pairs once %s are measured; "
+             "checked every %.0f s", plural(RefitRule().min_throughput_pairs, "throughput"),
              options.calibration_interval_s)
     return links

@@ -27,6 +27,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from hulk.plural import count
 from hulk.wire.records import Peer
 from planner.core.probe_plan import (DEFAULT_PEER_BOUND, DEFAULT_SITE_REPS, PlanShape, plan_shape,
                                      probe_plan)
@@ -116,10 +117,11 @@ class PeerPlanner:
             del self._plans[old]  # nodes are at most one epoch apart
         self.replans += 1
         self._last_compute_s = time.perf_counter() - started
-        log.info("probe plan for epoch %d: %d agents in %d sites, at most %d peers each, every "
+        log.info("probe plan for epoch %d: %s in %s, at most %s each, every "
                  "server probed from every other site within %s (%.2f s to compute)", epoch,
-                 len(self._site), len(shape.sites), max(map(len, plan.values()), default=0),
-                 f"{period} epochs ({period * self.settings.epoch_s / 3600:.1f} h)"
+                 count(len(self._site), "agent"), count(len(shape.sites), "site"),
+                 count(max(map(len, plan.values()), default=0), "peer"),
+                 f"{count(period, 'epoch')} ({period * self.settings.epoch_s / 3600:.1f} h)"
                  if period else "no bound (peer bound too small)", self._last_compute_s)
         return self.replans - 1, plan
 

@@ -44,3 +44,13 @@ def test_the_lab_signs_placements_and_allows_only_the_example_trainer(tmp_path):
     jobs.write_text('jobs:\n  - {name: t, command: "python examples/train_gpt.py --steps 2"}\n')
     resolved = resolve_example_paths(jobs, tmp_path / "out.yaml")
     assert f"python {EXAMPLE} --steps 2" in resolved.read_text()
+
+
+def test_the_rtt_summary_counts_pairs_as_people_read_them(capsys):
+    from lab.run import print_rtts
+
+    print_rtts([{"a": "x", "b": "y", "configured_ms": 2.0, "learned_ms": 2.1}])
+    assert "1 of 1 pair learned;" in capsys.readouterr().out
+    print_rtts([{"a": "x", "b": "y", "configured_ms": 2.0, "learned_ms": 2.1},
+                {"a": "x", "b": "z", "configured_ms": 3.0, "learned_ms": None}])
+    assert "1 of 2 pairs learned;" in capsys.readouterr().out

@@ -30,6 +30,9 @@ function duration(s) {
   return `${(s / 86400).toFixed(1)} d`;
 }
 
+// hulk/plural.py's count: count(1, "node") is "1 node", count(2, "node") "2 nodes".
+function count(n, one, many) { return `${n} ${n === 1 ? one : (many || one + "s")}`; }
+
 function stateBadge(state) { return el("span", { class: `state state-${state}` }, state); }
 
 function row(cells) {
@@ -103,7 +106,7 @@ function drawGraticule(svg, p) {
 }
 
 function linkTitle(l, source) {
-  let rtt = `${l.rtt_ms} ms RTT (median of ${l.pairs} pair(s), ${l.min_ms}–${l.max_ms} ms)`;
+  let rtt = `${l.rtt_ms} ms RTT (median of ${count(l.pairs, "pair")}, ${l.min_ms}–${l.max_ms} ms)`;
   if (source === "predicted") rtt = `${l.rtt_ms} ms RTT predicted by ${l.model} (planned as ≤ ${l.rtt_hi_ms} ms)`;
   else if (source === "formula") rtt = `${l.rtt_ms} ms RTT relayed over measured links`;
   let bw = "";
@@ -150,7 +153,7 @@ function drawMap(fleet) {
     const inside = s.inside_rtt_ms === null ? "" : `, ${s.inside_rtt_ms} ms RTT inside`;
     g.appendChild(svgTitle(el("svg:circle", { cx: x, cy: y, r, fill: "#ffffff", stroke: "#1f2933",
                                               "stroke-width": 1.5 }),
-                           `${s.key}: ${s.nodes.length} node(s), ${s.gpus} GPU(s), ` +
+                           `${s.key}: ${count(s.nodes.length, "node")}, ${count(s.gpus, "GPU")}, ` +
                            `${s.alive} alive, ${s.silent} silent${inside}`));
     const shown = s.nodes.slice(0, 24);
     shown.forEach((id, i) => {
@@ -160,7 +163,7 @@ function drawMap(fleet) {
       const dot = el("svg:circle", { cx: x + d * Math.cos(angle), cy: y + d * Math.sin(angle),
                                      r: shown.length === 1 ? r - 2 : 3.5,
                                      fill: STATE_COLOURS[n.state] || "#999", "data-node": id });
-      g.appendChild(svgTitle(dot, `${id}: ${n.state}, ${n.gpus} GPU(s) ${n.gpu_name}`));
+      g.appendChild(svgTitle(dot, `${id}: ${n.state}, ${count(n.gpus, "GPU")} ${n.gpu_name}`));
     });
     nodes.appendChild(g);
     const text = `${s.key} (${s.nodes.length})`;
@@ -196,9 +199,10 @@ function drawMap(fleet) {
     legend.appendChild(item);
   }
   const notes = [];
-  if (fleet.unlocated.length) notes.push(`${fleet.unlocated.length} node(s) without a city or ` +
-                                         `coordinates are not on the map: ${fleet.unlocated.join(", ")}`);
-  if (fleet.links_hidden) notes.push(`${fleet.links_hidden} longer link(s) not drawn`);
+  const unlocated = fleet.unlocated.length;
+  if (unlocated) notes.push(`${count(unlocated, "node")} without a city or coordinates ` +
+                            `${unlocated === 1 ? "is" : "are"} not on the map: ${fleet.unlocated.join(", ")}`);
+  if (fleet.links_hidden) notes.push(`${count(fleet.links_hidden, "longer link")} not drawn`);
   if (!fleet.links.some(l => (l.source || "measured") === "measured"))
     notes.push("no measured links between sites yet");
   document.getElementById("map-note").textContent = notes.join("; ");
@@ -212,8 +216,8 @@ function drawTotals(fleet, jobs) {
   const box = document.getElementById("totals");
   clear(box);
   const running = (jobs.states.running || 0), queued = (jobs.states.queued || 0);
-  for (const text of [`${t.nodes} nodes`, `${t.alive} alive`, `${t.silent} silent`,
-                      `${t.gpus} GPUs`, `${t.memory_gb} GB`, `${running} jobs running`,
+  for (const text of [count(t.nodes, "node"), `${t.alive} alive`, `${t.silent} silent`,
+                      count(t.gpus, "GPU"), `${t.memory_gb} GB`, `${count(running, "job")} running`,
                       `${queued} queued`]) {
     box.appendChild(el("span", {}, text));
   }
@@ -269,7 +273,7 @@ function drawPlan(doc) {
   if (plan.estimated_makespan_s !== null) summary.push(`estimated ${duration(plan.estimated_makespan_s)}`);
   if (doc.status === "computing") summary.push("comparing the methods…");
   if (!plan.jobs.length) summary.push("no plan yet: submit jobs with `hulk-planner jobs submit`");
-  if (cmp) summary.push(`compared on ${cmp.nodes} node(s) at ${new Date(cmp.computed_ms).toLocaleTimeString()}` +
+  if (cmp) summary.push(`compared on ${count(cmp.nodes, "node")} at ${new Date(cmp.computed_ms).toLocaleTimeString()}` +
                         (cmp.compute_bound_s !== null ? `; compute bound ${duration(cmp.compute_bound_s)}` : ""));
   document.getElementById("plan-summary").textContent = summary.join(" · ");
   const body = document.querySelector("#plan-table tbody");

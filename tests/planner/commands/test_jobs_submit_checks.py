@@ -72,7 +72,7 @@ def test_plan_only_checks_jobs_without_a_command_and_queues_nothing(tmp_path, ca
     jobs.write_text("jobs:\n" + GOOD + "  - {name: plan-me, model: bert-large}\n")
     db = tmp_path / "planner.sqlite"
     code, out, _ = run(capsys, "jobs", "submit", jobs, "--plan-only", "--db", db)
-    assert code == 0 and "checked 2 job(s)" in out and "queues nothing" in out
+    assert code == 0 and "checked 2 jobs" in out and "queues nothing" in out
     assert not db.exists()
     jobs.write_text("jobs:\n  - {name: bad, model: gpt2-xl, params: 1e-300}\n")
     code, _, err = run(capsys, "jobs", "submit", jobs, "--plan-only", "--db", db)
@@ -84,7 +84,7 @@ def test_the_shipped_example_needs_plan_only(capsys):
     assert code == 2 and "command: " in err and "--plan-only" in err
     code, out, _ = run(capsys, "jobs", "submit", "examples/jobs.yaml", "--plan-only",
                        "--db", "/nonexistent/x")
-    assert code == 0 and "checked 5 job(s)" in out
+    assert code == 0 and "checked 5 jobs" in out
 
 
 def test_jobs_list_says_why_a_queued_job_waits(tmp_path, capsys):

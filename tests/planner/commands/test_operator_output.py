@@ -19,11 +19,11 @@ def test_fleet_show_names_the_fleet_as_serve_does_not_after_the_file(tmp_path, c
             gpus=(GpuInfo("NVIDIA A100-SXM4-80GB", memory_bytes=85_899_345_920),))))
     assert cli.main(["fleet", "show", "--db", str(db)]) == 0
     out = capsys.readouterr().out
-    assert "fleet default: 1 nodes" in out and "fleet planner" not in out
+    assert "fleet default: 1 node" in out and "1 nodes" not in out and "fleet planner" not in out
     assert "85.9" in out and "85.8993" not in out
     monkeypatch.setenv("HULK_FLEET", "lab")
     assert cli.main(["fleet", "show", "--db", str(db)]) == 0
-    assert "fleet lab: 1 nodes" in capsys.readouterr().out
+    assert "fleet lab: 1 node" in capsys.readouterr().out
 
 
 def test_plan_on_a_fleet_without_gpus_says_so(tmp_path, capsys):

@@ -51,4 +51,4 @@ def test_import_says_site_links_are_not_stored(tmp_path):
     save_fleet_json(generate_regional_fleet(20, 3, seed=1), regional)
     result = run_cli("fleet", "import", regional, "--db", db)
     assert result.returncode == 0, result.stderr
-    assert "warning: 6 site link(s) not imported" in result.stdout
+    assert "warning: 6 site links not imported" in result.stdout

@@ -206,4 +206,4 @@ def test_jobs_submit_on_a_full_disk_stores_nothing_and_the_retry_works(tmp_path,
         code, out, err = run(capsys, "jobs", "list", "--db", db, "--json")
         assert code == 0 and json.loads(out)["jobs"] == [], "a part of the file was stored"
         code, out, err = run(capsys, "jobs", "submit", jobs, "--db", db)
-        assert code == 0 and "queued 200 job(s)" in out, err
+        assert code == 0 and "queued 200 jobs" in out, err

@@ -68,6 +68,6 @@ def test_a_command_is_checked_against_the_agents_allowed_prefixes_word_by_word()
     # A prefix matches whole words: "train.py.evil" is not "train.py".
     bad = submit_problems(job, ("python", "train.py.evil"), fleet_gpu_bytes=None,
                           agent_commands=agents)
-    assert len(bad) == 1 and bad[0].startswith("command: ") and "2 agent(s)" in bad[0]
+    assert len(bad) == 1 and bad[0].startswith("command: ") and "2 agents that" in bad[0]
     # No agent reported its prefixes: nothing to check against.
     assert submit_problems(job, ("python", "x.py"), fleet_gpu_bytes=None, agent_commands={}) == []

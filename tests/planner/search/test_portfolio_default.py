@@ -82,7 +82,7 @@ def test_plan_on_the_lab_fleet_prints_a_plan_within_72_minutes_and_no_warning():
     found = re.search(r"^makespan ([0-9.]+) min,", result.stdout, re.MULTILINE)
     assert found, result.stdout
     assert float(found.group(1)) <= 72.0
-    assert "baseline plan(s)" in result.stdout
+    assert "baseline plan" in result.stdout
     assert "differ between runs" not in result.stdout
     assert "--time-budget" not in result.stdout
 

@@ -46,17 +46,17 @@ def test_the_refit_rule():
     assert rule.min_throughput_pairs == 8
     assert refit_reason(measured(ALL_PAIRS[:7]), None, rule) is None
     assert refit_reason(measured(ALL_PAIRS[:8]), None, rule) == \
-        "first fit (8 measured throughput(s))"
+        "first fit (8 measured throughputs)"
     assert refit_reason(base, None, rule).startswith("first fit (20 measured")
     assert refit_reason(base, base, rule) is None
     # One more pair is 2 figures (RTT, throughput) of the 40 the last refit saw: 5%, under 10%.
     assert refit_reason(measured(ALL_PAIRS[:21]), base, rule) is None
     assert refit_reason(measured(ALL_PAIRS[:22]), base, rule) == \
-        "4 new measured figure(s) (+10%)"
+        "4 new measured figures (+10%)"
     # A throughput measured where only the RTT was: a new figure too.
     rtt_only = site_graph_of(SITES, {p: (TRUE_RTT, np.nan if k < 4 else TRUE_GBPS)
                                      for k, p in enumerate(ALL_PAIRS[:20])})
-    assert refit_reason(base, rtt_only, rule) == "4 new measured figure(s) (+11%)"
+    assert refit_reason(base, rtt_only, rule) == "4 new measured figures (+11%)"
     # A figure that moved past the factor, not one that moved less.
     moved = site_graph_of(SITES, {p: (TRUE_RTT, TRUE_GBPS * (2.5 if p == ("s0", "s2") else 1.5))
                                   for p in ALL_PAIRS[:20]})
@@ -145,8 +145,8 @@ async def test_serve_logs_and_counts_each_decision_and_keeps_the_old_model(caplo
     assert links.prediction().model == "good"
     graphs.graph = measured(ALL_PAIRS)
     line = await links.check()
-    assert line.startswith("link model: kept good: the refit (36 new measured figure(s) (+180%))"
-                           " was worse; held-out p90 |log error| (4 pair(s)): new throughput")
+    assert line.startswith("link model: kept good: the refit (36 new measured figures (+180%))"
+                           " was worse; held-out p90 |log error| (4 pairs): new throughput")
     assert links.prediction().model == "good"
     # The set it was tried on is the new baseline: no refit again until it changes again.
     assert await links.check() == "no refit due"
