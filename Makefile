@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 PYTHON  := $(BIN)/python
 SHARED  ?= ../shared
 
-.PHONY: install test test-fast demo bench model lab lab-secure protos check-protos clean agent-requirements
+.PHONY: install test test-fast check demo bench model lab lab-secure protos check-protos clean agent-requirements
 
 install: $(VENV)/.installed
 
@@ -58,6 +58,17 @@ lab-secure: install
 
 protos:
 	$(PYTHON) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. protos/hulk/v1/hulk.proto
+
+# Static checks, a minute: errors and unused names (ruff), the generated stubs, and the rules
+# the tree keeps (the agent imports no torch/numpy/planner; how tests import and are marked).
+check: install
+	$(BIN)/ruff check agent hulk planner lab bench examples tests
+	$(MAKE) check-protos
+	$(BIN)/pytest -q -p no:cacheprovider tests/test_hygiene.py tests/agent/test_import_isolation.py
+
+# The committed stubs are exactly what `make protos` writes.
+check-protos: install
+	$(BIN)/pytest -q -p no:cacheprovider tests/hulk/test_protos.py
 
 clean:
 	rm -rf out build *.egg-info

@@ -10,7 +10,6 @@ needs both files.
 from __future__ import annotations
 
 import functools
-import glob
 import json
 import os
 import time

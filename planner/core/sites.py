@@ -389,7 +389,6 @@ def roll_up_by_site(fleet: Fleet) -> Fleet:
     from planner.core.fleet import Site, SiteLink
 
     nodes = tuple(fleet.nodes)
-    n = len(nodes)
     index = {node.id: i for i, node in enumerate(nodes)}
     names, site = site_codes(fleet)
     links = fleet.links

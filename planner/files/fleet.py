@@ -32,7 +32,7 @@ from hulk.errors import InputError
 from hulk.userfile import read_user_file
 from hulk.validate import NAME_EXPECTED, is_name
 from planner.core import gpus as gpu_catalog
-from planner.core.fleet import (FLEET_BOUNDS, FLEET_TEXT_CHARS, MAX_FLEET_NODES, MEASURED, Fleet,
+from planner.core.fleet import (FLEET_BOUNDS, FLEET_TEXT_CHARS, MAX_FLEET_NODES, Fleet,
                                 LinkTable, Node, SiteLink)
 from planner.core.gcpause import gc_paused
 from planner.files.fleet_links import (CarefulReadNeeded, LinkRecord, read_links,

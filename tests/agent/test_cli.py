@@ -8,7 +8,6 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

@@ -3,7 +3,6 @@ when it ends, so `hulk-planner jobs logs` can show them."""
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 

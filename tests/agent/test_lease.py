@@ -11,7 +11,6 @@ import math
 import os
 import random
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -4,8 +4,6 @@ and through a veth pair shaped by tbf between two network namespaces."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import logging
 import os

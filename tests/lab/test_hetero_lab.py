@@ -17,7 +17,7 @@ import pytest
 
 from lab import matrix as lm
 from lab import netns
-from lab.wan import REPO, WanLab
+from lab.wan import REPO
 
 pytestmark = [pytest.mark.root, pytest.mark.process]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hulk.v1 import hulk_pb2, hulk_pb2_grpc
+from hulk.v1 import hulk_pb2_grpc
 from hulk.wire.records import GpuInfo, Inventory, NodeLocation, RegisterRequest
 from planner.core.fleet import Fleet, Link, Node
 from planner.core.jobs import catalog_job

@@ -20,7 +20,6 @@ from hulk.wire.broker import parse_broker_url, placement_topic, plan_topic
 from hulk.wire.placement import parse_summary
 from planner.service.publisher import MqttPublisher
 from tests.helpers.agents import A100, Agent
-from tests.helpers.ports import free_port
 from tests.helpers.processes import run_cli, start_planner
 from tests.helpers.serve import is_clear
 from tests.helpers.signing import write_signing_key
