@@ -10,6 +10,8 @@ folder that every namespace sees (the namespaces share the filesystem).
   job; recovery re-plans it onto other nodes and the new ranks resume from the last checkpoint.
 - :func:`serve_outage`: SIGTERM serve for ``outage_s``, start it again on the same db; the job's
   processes and placements must not change.
+- :func:`kill_every_agent`: SIGKILL every agent of a running job over several nodes, trainers
+  left alone; their wrappers must stop them before serve re-places the job elsewhere.
 - :func:`queue_handoff`: on one host, a second job waits for the first; the time from the
   first's last rank exiting to the second's torchrun starting.
 """
@@ -127,6 +129,48 @@ def kill_node_mid_run(fleet: LabFleet, work: Path, *, steps: int = 300, checkpoi
             "final_nodes": list(final.nodes), "resumed": resumed(fleet, others, name),
             "listed": listed, "kill_to_replanned_s": t_replanned,
             "kill_to_resumed_s": t_resumed, "kill_to_finished_s": t_final}
+
+
+def kill_every_agent(fleet: LabFleet, work: Path, *, steps: int = 300, checkpoint_every: int = 10,
+                     spec: dict | None = None, timeout_s: float = 150) -> dict:
+    """Submit one job; once it runs on every node and has a checkpoint, SIGKILL all its nodes'
+    agents (not their trainers). Samples every host's torchruns every 0.1 s until the new copy
+    has trained for 5 s; returns the samples' verdicts (seconds from the kill) and the end."""
+    name, ckpt = "orphaned", work / "checkpoints" / "orphaned"
+    ckpt.mkdir(parents=True)
+    fleet.submit(write_jobs(work / "jobs-orphaned.yaml", [
+        {"name": name, "steps": steps, "checkpoint_dir": ckpt, "checkpoint_every": checkpoint_every,
+         "spec": spec or {}}]))
+    first = wait_state(fleet, name, ("running",), 90)
+    nodes = list(first.nodes)
+    old = fleet.wait(lambda: (p := torchrun_pids(fleet.lab, str(EXAMPLE))) and all(
+        p.get(h) for h in nodes) and {h: set(p[h]) for h in nodes}, 60, "a torchrun on every node")
+    fleet.wait(lambda: checkpoint_steps(ckpt), 90, f"job {name}'s first checkpoint")
+    t_kill = time.monotonic()
+    for host in nodes:
+        fleet.kill_agent(host)
+    others = [h for h in fleet.lab.hosts if h not in nodes]
+    samples: list[tuple[float, bool, bool]] = []   # (s after the kill, old runs, new runs)
+    new_since = None
+    while time.monotonic() < t_kill + timeout_s:
+        now = torchrun_pids(fleet.lab, str(EXAMPLE))
+        t = time.monotonic() - t_kill
+        old_runs = any(set(now.get(h, {})) & old[h] for h in nodes)
+        new_runs = any(now.get(h) for h in others)
+        samples.append((t, old_runs, new_runs))
+        if new_runs and new_since is None:
+            new_since = t
+        if new_since is not None and t - new_since > 5:
+            break
+        time.sleep(0.1)
+    final = wait_state(fleet, name, FINAL, timeout_s)
+    return {"job": name, "nodes": nodes, "others": others,
+            "both": [t for t, o, n in samples if o and n],
+            "old_gone_s": max((t for t, o, _ in samples if o), default=0.0),
+            "new_up_s": new_since, "samples": len(samples), "final": final,
+            "final_nodes": list(final.nodes), "listed": fleet.jobs()[name],
+            "resumed": resumed(fleet, others, name),
+            "epoch": (ckpt / "epoch").read_text() if (ckpt / "epoch").exists() else None}
 
 
 def serve_outage(fleet: LabFleet, work: Path, *, outage_s: float, steps: int = 600,

@@ -15,6 +15,9 @@ benchmark bench/lab_jobs_bench.py times the same ones).
 4. Serve down for four node timeouts, far past the lease: the broker retains serve's
    `offline`, every node renews its lease from it (docs/JOBS.md, "Fencing"), and again no job
    stops, restarts or changes placement.
+5. Every agent of a job over two nodes SIGKILLed (trainers left running): the wrappers stop the
+   old copy within the lease, before serve re-places the job on the other two nodes; sampling
+   every host's trainers every 0.1 s never sees both copies; the new copy resumes as epoch 1.
 """
 
 from __future__ import annotations
@@ -115,3 +118,24 @@ def test_a_job_over_two_nodes_whose_node_is_killed_resumes_instead_of_failing(la
     assert listed["state"] == "succeeded" and listed["restarts"] >= 1, (listed, fleet.logs())
     assert set(got["resumed"]) == set(got["replanned_nodes"]), got
     assert all(step >= 20 and restart >= 1 for step, restart in got["resumed"].values()), got
+
+
+def test_a_job_over_two_nodes_whose_agents_all_die_never_trains_twice(lab_fleet, tmp_path):
+    # Two pairs of nearby cities: the 20e9-parameter job takes one pair, recovery the other.
+    fleet = lab_fleet(lab_matrix.from_cities(["Beijing", "Tokyo", "London", "Paris"]).scaled(0.25))
+    job_scenarios.start(fleet, NODE_TIMEOUT_S)
+
+    got = job_scenarios.kill_every_agent(fleet, tmp_path, steps=300,
+                                         spec={"params": "20e9", "layers": 8})
+    print(f"\n{got['nodes']} -> {got['final_nodes']}: old copy gone {got['old_gone_s']:.1f} s, "
+          f"new copy up {got['new_up_s']:.1f} s after the kill ({got['samples']} samples)")
+    assert len(got["nodes"]) == 2, got
+    assert not got["both"], got                       # never two copies at once
+    assert got["new_up_s"] is not None and got["old_gone_s"] < got["new_up_s"], got
+    assert got["old_gone_s"] < NODE_TIMEOUT_S, got    # the lease, not the node timeout, ended it
+    listed = got["listed"]
+    assert listed["state"] == "succeeded" and listed["restarts"] == 1, (listed, fleet.logs())
+    assert set(got["final_nodes"]) == set(got["others"]), got
+    assert got["resumed"] and all(r == 1 for _, r in got["resumed"].values()), got
+    assert got["epoch"] == "1", got
+
