@@ -113,6 +113,8 @@ class RankState:
     exit_code: int = 0
     detail: str = ""
     exit_cause: str = ""    # exited only: FENCED (whatever its code), else "" (its own exit)
+    # When the agent saw this state begin (its clock, unix ms; 0: unknown); not what a rank is.
+    changed_ms: int = field(default=0, compare=False)
 
     @property
     def fenced(self) -> bool:
@@ -165,6 +167,15 @@ def next_state(record: JobRecord, ranks: Mapping[str, RankState | None],
     if states <= {"running", "exited"} and "running" in states:
         return RUNNING, ""
     return record.state, record.detail
+
+
+def running_since_ms(record: JobRecord, ranks: Mapping[str, RankState | None]) -> int | None:
+    """When the last of ``record``'s ranks started running, as their agents report it (None:
+    unknown): the moment the job as a whole began to train."""
+    times = [r.changed_ms for n in record.nodes
+             if (r := ranks.get(n)) is not None and r.job == record.name
+             and r.plan_id == record.plan_id and r.state == "running"]
+    return max(times) if times and all(times) else None
 
 
 def rank_cause(node: str, rank: RankState) -> str:

@@ -102,21 +102,25 @@ class JobRecords:
                    plan_id: str | None = None, nodes: Iterable[str] | None = None,
                    estimate_s: float | None = None, restart: bool = False,
                    retired: bool = False, stages: Mapping[str, Any] | None = None,
-                   failure: bool = False, fenced: bool = False) -> None:
+                   failure: bool = False, fenced: bool = False,
+                   started_ms: int | None = None) -> None:
         """Change a job's row; a new state (or a restart) is also appended as an event. New
         ``nodes`` replace the kept ``stages`` too (none when not given: they belonged to the old
         nodes). ``failure``: the restart follows a failure of the job's own ranks (it counts in
         ``failures``, the budget ``max_restarts`` limits, as well as in ``restarts``);
         ``fenced``: it follows a rank fenced when its node's lease lapsed (it counts in
         ``fences`` and ``restarts``, never in ``failures``). Every restart counts in
-        ``restarts``: the epoch its placement carries (HULK_RESTART_COUNT)."""
+        ``restarts``: the epoch its placement carries (HULK_RESTART_COUNT). ``started_ms``: when it
+        started running, as its ranks report it (kept within its placement and now; default
+        now)."""
         if failure and fenced:
             raise ValueError("a restart follows a failure or a fence, not both")
         if state is not None and state not in STATES:
             raise ValueError(f"unknown job state {state!r}")
         t = self.clock()
         with self.database.transaction("update job") as conn:
-            row = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            row = conn.execute("SELECT state, changed_ms FROM jobs WHERE id = ?",
+                               (job_id,)).fetchone()
             if row is None:
                 raise NotFoundError(f"no job with id {job_id}")
             sets: dict[str, Any] = {}
@@ -135,8 +139,10 @@ class JobRecords:
             if changed:
                 sets.update(state=state, changed_ms=t)
                 if state == RUNNING:
+                    # The ranks' own start, not this round's: a heartbeat later otherwise.
+                    started = t if started_ms is None else min(t, max(started_ms, row[1] or 0))
                     conn.execute("UPDATE jobs SET started_ms = ? WHERE id = ? AND started_ms IS NULL",
-                                 (t, job_id))
+                                 (started, job_id))
                 if state in FINAL:
                     sets["finished_ms"] = t
                 elif state in LIVE:

@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from hulk.errors import HulkError, InputError
 from planner.core.lifecycle import (CANCELLED, FAILED, FENCED_RESTART, GIVE_UP, PLACED, QUEUED,
-                                    RESTART, JobRecord, give_up_wait, next_state, place_queued,
-                                    restart_turn, restart_wait, to_retire)
+                                    RESTART, RUNNING, JobRecord, give_up_wait, next_state,
+                                    place_queued, restart_turn, restart_wait, running_since_ms,
+                                    to_retire)
 from planner.core.placements import build_node_placements, build_summary, plan_from_summary
 from planner.core.plan import Plan
 from planner.core.jobs import Job
@@ -135,7 +136,12 @@ class JobLifecycle:
                 if wait is not None and wait != record.detail:
                     await self.jobs.update_job(record.id, detail=wait)
             if state not in pending and state != record.state:
-                await self.jobs.update_job(record.id, state=state, detail=detail)
+                started = running_since_ms(record, ranks) if state == RUNNING else None
+                if started is None:
+                    await self.jobs.update_job(record.id, state=state, detail=detail)
+                else:
+                    await self.jobs.update_job(record.id, state=state, detail=detail,
+                                               started_ms=started)
                 log.info("job %s: %s -> %s %s", record.name, record.state, state, detail)
                 out.moved[record.name] = state
                 self.events.job_moved(state)

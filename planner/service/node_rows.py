@@ -56,16 +56,18 @@ class NodeRecord:
 
 _RECORD_SQL = ("SELECT n.id, n.source, n.address, n.city, s.name, n.last_seen_ms, n.launch_state, "
                "n.launch_job, n.launch_plan_id, n.launch_exit_code, n.launch_detail, "
-               "n.launch_exit_cause FROM nodes n LEFT JOIN sites s ON s.idx = n.site_idx "
+               "n.launch_exit_cause, n.launch_changed_ms FROM nodes n "
+               "LEFT JOIN sites s ON s.idx = n.site_idx "
                "ORDER BY n.idx")
 
 
 def _node_record(row: tuple) -> NodeRecord:
-    node_id, source, address, city, site, seen, state, job, plan_id, code, detail, cause = row
+    node_id, source, address, city, site, seen, state, job, plan_id, code, detail, cause, \
+        changed = row
     launch = None
     if state:
         launch = RankState(state=state, job=job or "", plan_id=plan_id or "", exit_code=code or 0,
-                           detail=detail or "", exit_cause=cause or "")
+                           detail=detail or "", exit_cause=cause or "", changed_ms=changed or 0)
     return NodeRecord(node_id, source or "agent", address or "", city or "", site, seen, launch)
 
 

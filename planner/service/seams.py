@@ -67,7 +67,7 @@ class JobStore(Protocol):
                          nodes: Iterable[str] | None = None, estimate_s: float | None = None,
                          restart: bool = False, retired: bool = False,
                          stages: Mapping[str, Any] | None = None, failure: bool = False,
-                         fenced: bool = False) -> None:
+                         fenced: bool = False, started_ms: int | None = None) -> None:
         """As ``planner.service.job_records.JobRecords.update_job``."""
 
     async def job_named(self, name: str) -> JobRecord | None:
@@ -138,10 +138,11 @@ class StoreDirectory:
                          nodes: Iterable[str] | None = None, estimate_s: float | None = None,
                          restart: bool = False, retired: bool = False,
                          stages: Mapping[str, Any] | None = None, failure: bool = False,
-                         fenced: bool = False) -> None:
+                         fenced: bool = False, started_ms: int | None = None) -> None:
         await self.in_store(self.store.update_job, job_id, state=state, detail=detail,
                             plan_id=plan_id, nodes=nodes, estimate_s=estimate_s, restart=restart,
-                            retired=retired, stages=stages, failure=failure, fenced=fenced)
+                            retired=retired, stages=stages, failure=failure, fenced=fenced,
+                            started_ms=started_ms)
 
     async def job_named(self, name: str) -> JobRecord | None:
         try:

@@ -319,3 +319,17 @@ def test_a_spent_budget_fails_the_job_once_every_node_is_heard_from_since():
     assert give_up_wait(rec, cause, failed_at_ms=10_000, now_ms=12_000,
                         last_seen_ms={"n1": 10_000, "n2": 9_000}) == (
         "fails once it hears from n2: gave up after 3 restarts: n1: exit code 1")
+
+
+def test_a_job_runs_from_when_its_last_rank_began_running():
+    from planner.core.lifecycle import running_since_ms
+
+    job = record()
+
+    def rank(changed_ms, state="running", plan_id="p1"):
+        return RankState(state=state, job="a", plan_id=plan_id, changed_ms=changed_ms)
+
+    assert running_since_ms(job, {"n1": rank(5000), "n2": rank(7000)}) == 7000
+    assert running_since_ms(job, {"n1": rank(5000), "n2": rank(0)}) is None      # unknown
+    assert running_since_ms(job, {"n1": rank(5000), "n2": rank(9000, plan_id="p0")}) == 5000
+    assert running_since_ms(job, {"n1": rank(5000, state="exited")}) is None

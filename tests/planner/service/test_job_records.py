@@ -76,3 +76,19 @@ def test_a_pushed_plan_becomes_placed_records_and_replaces_the_live_ones(store):
     record_pushed_plan(store, {"a": (SPEC, ["n4"])}, "p2")   # a live job pushed again: same record
     assert store.job_by_name("a").id == a.id and store.job_by_name("a").nodes == ("n4",)
     assert store.job_by_name("b").state == CANCELLED
+
+
+def test_started_is_when_the_ranks_began_kept_between_the_placement_and_now(tmp_path):
+    now = [1000]
+    with Store(tmp_path / "t.sqlite", clock=lambda: now[0]) as store:
+        started = {}
+        for name, reported in (("ranks", 5000), ("skewed-back", 500), ("skewed-ahead", 20_000),
+                               ("unknown", None)):
+            now[0] = 1000
+            record = store.submit_job(name, SPEC)
+            now[0] = 2000
+            store.update_job(record.id, state=PLACED, plan_id="p1", nodes=["n1"])
+            now[0] = 9000                  # the round that sees every rank running
+            store.update_job(record.id, state=RUNNING, started_ms=reported)
+            started[name] = store.job_by_name(name).started_ms
+    assert started == {"ranks": 5000, "skewed-back": 2000, "skewed-ahead": 9000, "unknown": 9000}
