@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import signal
 import sys
@@ -95,6 +96,18 @@ def setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def quiet_closed_socket(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """The loop's exception handler: aiomqtt registers a socket's writer in a later loop round,
+    and when the broker closes the connection in between (the agent and the broker stopping
+    together) that finds the descriptor closed. Nothing is lost then: one debug line, not a
+    traceback; everything else goes to asyncio's default handler."""
+    exc = context.get("exception")
+    if isinstance(exc, OSError) and exc.errno == errno.EBADF:
+        log.debug("a closed socket's callback: %s", context.get("message", exc))
+        return
+    loop.default_exception_handler(context)
+
+
 async def serve(config: AgentConfig) -> int:
     from agent.runtime import AgentRuntime  # grpc import cost only when actually running
 
@@ -117,6 +130,7 @@ async def serve(config: AgentConfig) -> int:
         if metrics is not None:
             metrics.watch(runtime)
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(quiet_closed_socket)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, runtime.request_stop)
         return await runtime.run()

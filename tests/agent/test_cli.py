@@ -120,3 +120,40 @@ async def test_sigterm_stops_cleanly_with_exit_0(tmp_path: Path):
     with sqlite3.connect(tmp_path / "state" / "spool.sqlite") as db:
         assert db.execute("SELECT count(*) FROM samples").fetchone()[0] == 0
     assert (tmp_path / "state" / "spool.sqlite").exists()
+
+
+def test_a_callback_on_a_closed_socket_is_no_traceback_and_other_errors_still_are(caplog):
+    import asyncio
+    import logging
+    import socket
+
+    caplog.set_level(logging.DEBUG, logger="agent")
+    from agent.cli import quiet_closed_socket
+
+    class Loop(asyncio.SelectorEventLoop):
+        def __init__(self):
+            super().__init__()
+            self.reported = []
+
+        def default_exception_handler(self, context):
+            self.reported.append(context.get("exception"))
+
+    loop = Loop()
+    loop.set_exception_handler(quiet_closed_socket)
+    sock = socket.socket()
+    fd = sock.fileno()
+    sock.close()                          # as the broker's close, before aiomqtt's registration
+    boom = ValueError("boom")
+
+    def fail():
+        raise boom
+
+    try:
+        loop.call_soon(loop.add_writer, fd, lambda: None)
+        loop.call_soon(fail)
+        loop.run_until_complete(asyncio.sleep(0.01))
+    finally:
+        loop.close()
+    assert loop.reported == [boom]        # the closed socket's error reached no traceback
+    assert any("a closed socket's callback" in r.getMessage() and r.levelno == logging.DEBUG
+               for r in caplog.records)
