@@ -37,8 +37,43 @@ def server_credentials(cert: str | os.PathLike, key: str | os.PathLike,
     cert_pem = _read(cert, "server certificate", "--tls-cert")
     key_pem = _read(key, "server private key", "--tls-key")
     ca_pem = _read(client_ca, "client CA certificate", "--client-ca") if client_ca else None
+    check_server_files(cert, cert_pem, key, key_pem, client_ca, ca_pem)
     return grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem,
                                        require_client_auth=ca_pem is not None)
+
+
+def check_server_files(cert: str | os.PathLike, cert_pem: bytes, key: str | os.PathLike,
+                       key_pem: bytes, client_ca: str | os.PathLike | None = None,
+                       ca_pem: bytes | None = None) -> None:
+    """ConfigError naming the file unless the certificate, the key and the client CA parse and
+    the key is the certificate's: gRPC would only fail to listen, blaming --listen."""
+    import ssl
+    import tempfile
+
+    x509, _, serialization, _, _, _ = _crypto()
+    for path, pem, flag, what in ((cert, cert_pem, "--tls-cert", "server certificate"),
+                                  (client_ca, ca_pem, "--client-ca", "client CA certificate")):
+        if pem is None:
+            continue
+        try:
+            x509.load_pem_x509_certificates(pem)
+        except ValueError as exc:
+            raise ConfigError(f"expected a PEM {what}: {exc}", path=str(path), field=flag) from None
+    try:
+        serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as exc:   # TypeError: the key is encrypted
+        raise ConfigError(f"expected an unencrypted PEM private key: {exc}", path=str(key),
+                          field="--tls-key") from None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with tempfile.TemporaryDirectory() as tmp:   # load_cert_chain reads files only
+        pair = Path(tmp)
+        (pair / "c.pem").write_bytes(cert_pem)
+        (pair / "k.pem").write_bytes(key_pem)
+        try:
+            context.load_cert_chain(pair / "c.pem", pair / "k.pem")
+        except ssl.SSLError as exc:
+            raise ConfigError(f"the key is not the certificate {cert}'s ({exc.reason or exc})",
+                              path=str(key), field="--tls-key") from None
 
 
 def channel_credentials(ca: str | os.PathLike, client_cert: str | os.PathLike | None = None,

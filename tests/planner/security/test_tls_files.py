@@ -45,3 +45,25 @@ def test_keys_are_0600_even_over_a_loose_existing_file(tmp_path):
     loose.chmod(0o644)
     issued = issue_cert(ca, tmp_path, "server", hosts=["127.0.0.1"])
     assert issued.key == loose and mode(loose) == 0o600 and b"PRIVATE KEY" in loose.read_bytes()
+
+
+def test_serve_blames_the_certificate_or_key_file_not_its_listen_address(tmp_path):
+    from planner.security.tls import server_credentials
+
+    paths = init_pki(tmp_path / "a", ["127.0.0.1"])
+    other = init_pki(tmp_path / "b", ["127.0.0.1"])
+    garbage = tmp_path / "cert.pem"
+    garbage.write_bytes(b"-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
+    bad_key = tmp_path / "server.key"
+    bad_key.write_bytes(b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+    cases = [((garbage, paths["server_key"], None), str(garbage), "--tls-cert"),
+             ((paths["server_cert"], bad_key, None), str(bad_key), "--tls-key"),
+             ((paths["server_cert"], other["server_key"], None), str(other["server_key"]),
+              "--tls-key"),
+             ((paths["server_cert"], paths["server_key"], garbage), str(garbage), "--client-ca")]
+    for args, path, flag in cases:
+        with pytest.raises(ConfigError) as caught:
+            server_credentials(*args)
+        assert caught.value.path == path and caught.value.field == flag, (args, caught.value)
+        assert "\n" not in str(caught.value)
+    server_credentials(paths["server_cert"], paths["server_key"], paths["ca"])   # a good set
