@@ -441,6 +441,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, flags: ServeFlags) -> int:
+    from planner.security.guard import quiet_peer_encoding_errors
+
+    quiet_peer_encoding_errors()     # a peer's undecodable header is no traceback in the log
     metrics = endpoint = None
     if getattr(args, "metrics", None):  # bound first: a port in use ends serve before the store opens
         metrics = PlannerMetrics(fleet=args.fleet_name)

@@ -54,6 +54,37 @@ PUBLIC_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Hea
 # message, 10,000 samples per Report), enforced before anything is stored.
 
 
+class PeerEncodingNoise(logging.Filter):
+    """grpcio logs, with a traceback, each request header a peer sent that is not UTF-8 (the call
+    is refused all the same: UNAUTHENTICATED), and a refusal it could not send because the core
+    had already ended the call (a frame it could not parse: ExecuteBatchError). A client
+    without a token could so fill serve's log. Such a record is dropped, or kept as one line
+    without the traceback when serve logs at DEBUG; :data:`dropped` counts them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not (text.startswith("Invalid encoding") or "ExecuteBatchError" in text):
+            return True
+        self.dropped += 1
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
+def quiet_peer_encoding_errors() -> PeerEncodingNoise:
+    """Install :class:`PeerEncodingNoise` on grpcio's logger (once); returns it."""
+    logger = logging.getLogger("grpc._cython.cygrpc")
+    for existing in logger.filters:
+        if isinstance(existing, PeerEncodingNoise):
+            return existing
+    noise = PeerEncodingNoise()
+    logger.addFilter(noise)
+    return noise
+
+
 @dataclass(frozen=True)
 class CallLimits:
     """What a caller may hold before its call is served. ``body_timeout_s``: the request message
@@ -342,6 +373,8 @@ class NodeGuard(aio.ServerInterceptor):
             code = grpc_status(exc)
             key = code.name.lower()
             self.counts[key] = self.counts.get(key, 0) + 1
+            # Where the core ended the call first (a malformed frame), abort fails with
+            # ExecuteBatchError: PeerEncodingNoise keeps its traceback out of the log.
             await context.abort(code, str(exc))
             raise  # pragma: no cover - abort raises
 
