@@ -27,6 +27,7 @@ from pathlib import Path
 from hulk.errors import ConfigError, InputError, NotFoundError
 from planner.security.credentials import CredentialStore, check_node_id
 from planner.security.broker_accounts import BrokerAccounts, placement_topic
+from planner.service.database import refuse_foreign_file
 from planner.settings import PlannerSettings
 
 
@@ -69,6 +70,7 @@ def _common(parser: argparse.ArgumentParser, settings: PlannerSettings) -> None:
 def _need_db(args: argparse.Namespace) -> Path:
     if not args.db:
         raise InputError("expected --db PATH (or HULK_DB): the planner's SQLite file", field="--db")
+    refuse_foreign_file(args.db)     # before the account tables are written into it
     return Path(args.db)
 
 

@@ -23,6 +23,7 @@ from planner.gnn.online import (ACTIVE_NAME, RESULTS_NAME, RetrainConfig, Retrai
 from planner.security.credentials import CredentialStore
 from planner.security.guard import NodeGuard, RateLimit
 from planner.security.tls import server_credentials
+from planner.service.database import refuse_foreign_file
 from planner.service.metrics import NO_EVENTS, PlannerMetrics, ServeEvents, StoreReader
 from planner.service.runtime import BackgroundTask, PlannerRuntime
 from planner.service.peer_plan import ProbePlanSettings
@@ -258,6 +259,8 @@ def build_runtime(args: argparse.Namespace, events: ServeEvents = NO_EVENTS) -> 
     # TLS: every call needs an enrolled node's token and is rate-limited per node;
     # --insecure (lab only): no authentication, no per-node limits (node ids are unproven there).
     rate = RateLimit(args.rate_limit, args.rate_burst)
+    if credentials is not None:
+        refuse_foreign_file(args.db)     # the credential table would be written into it first
     guards = [] if credentials is None else [NodeGuard(CredentialStore(args.db), rate_limit=rate)]
     return PlannerRuntime(args.db, args.listen, fleet=args.fleet_name, credentials=credentials,
                           interceptors=guards, raw_days=args.raw_days,

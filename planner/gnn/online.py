@@ -30,6 +30,8 @@ from typing import Callable
 
 import numpy as np
 
+from hulk.atomic import write_atomic
+from hulk.errors import StoreError
 from planner.core.fleet import Fleet, Network
 from planner.core.jobs import Job
 
@@ -327,8 +329,14 @@ def seed_active_checkpoint(active_path: str | Path) -> Path:
 
     active = Path(active_path)
     if not active.is_file():
-        active.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ckpt.default_path(), active)
+        source = ckpt.default_path()
+        try:
+            active.parent.mkdir(parents=True, exist_ok=True)
+            # Atomic: a copy cut short (a full disk) must not be taken for the checkpoint later.
+            write_atomic(active, Path(source).read_bytes())
+        except OSError as exc:
+            raise StoreError(f"{active}: cannot seed the active GNN checkpoint from {source}: "
+                             f"{exc.strerror or exc}") from None
     return active
 
 

@@ -39,6 +39,12 @@ Tables:
 ``planner.service.store.Store`` holds one and hands it to the parts that read and write the
 tables (nodes, job records, rollup reads); sqlite errors become ``hulk.errors.StoreError``.
 
+Opened to write, the file's tables are looked at before anything is written (``not_a_store``):
+another program's SQLite file (tables named like these without their columns, or only other
+tables) is a one-line InputError and a store of a newer planner a StoreError, both leaving it
+byte for byte as it was; an empty file becomes a store and an older store is migrated (the
+columns of ``ADDED_COLUMNS`` added, schema 1 and 2 moved on).
+
 Opened ``read_only`` (the commands that only read), the file is opened with SQLite's mode=ro:
 nothing is created, migrated or chmod-ed, every read sees one snapshot, and a file that is not a
 store is a one-line InputError that leaves it as it was.
@@ -47,6 +53,7 @@ store is a one-line InputError that leaves it as it was.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -84,6 +91,29 @@ JOB_PROGRESS = """CREATE TABLE job_progress (
     wall_iteration_s REAL NOT NULL DEFAULT 0, wall_steps INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job_id, node_idx)) WITHOUT ROWID"""
 SITE_ROLLUPS = "CREATE TABLE site_rollups " + ROLLUP_COLUMNS
+
+# (table, column, declaration) of the columns a table gained after it was first made, in the
+# order they came: a store of an older planner lacks them, and its first writable opening adds
+# them (the check of a file's tables, ``not_a_store``, lets them be missing).
+ADDED_COLUMNS = (
+    ("nodes", "clock_skew_ms", "INTEGER"),
+    ("nodes", "gpus_declared", "INTEGER NOT NULL DEFAULT 0"),       # 1: from declared_gpus
+    ("nodes", "site_idx", "INTEGER"),                               # schema 3
+    ("jobs", "stages_json", "TEXT"),                                # a placed job's stages (JSON)
+    ("jobs", "failures", "INTEGER NOT NULL DEFAULT 0"),   # restarts after its own ranks failed
+    ("jobs", "fences", "INTEGER NOT NULL DEFAULT 0"),     # restarts after a rank was fenced
+    ("nodes", "launch_exit_cause", "TEXT NOT NULL DEFAULT ''"),     # '' or 'fenced'
+    ("nodes", "throughput_port", "INTEGER NOT NULL DEFAULT 0"),     # 0: takes no throughput tests
+    ("nodes", "allowed_commands_json", "TEXT"),                     # NULL: not reported
+    # The wall clock a step over whole rounds (0: not reported, as older agents do).
+    ("job_progress", "wall_iteration_s", "REAL NOT NULL DEFAULT 0"),
+    ("job_progress", "wall_steps", "INTEGER NOT NULL DEFAULT 0"),
+    ("job_ranks", "exit_cause", "TEXT NOT NULL DEFAULT ''"),        # '' (its own) or 'fenced'
+)
+# What schema 1 had otherwise (migrated by Database._migrate_from_1): rollups with min and max
+# (not min_us, max_us, hist), a rollup_buckets table, batches without last_summary_id.
+SCHEMA_1_LACKS = {"rollups": {"min_us", "max_us", "hist"}, "batches": {"last_summary_id"}}
+SCHEMA_1_TABLES = {"rollup_buckets"}
 
 # Adds a day's figures into its rollup row; "excluded" is the row being inserted.
 ROLLUP_UPSERT = """ON CONFLICT(day, src, dst) DO UPDATE SET
@@ -142,6 +172,111 @@ def add_histogram_functions(conn: sqlite3.Connection) -> None:
     conn.create_function("hist_merge", 2, _histogram_merge, deterministic=True)
 
 
+@functools.cache
+def _planner_columns() -> dict[str, tuple[str, ...]]:
+    """{table: its columns in order} of a store this planner makes."""
+    with Database(":memory:") as fresh:
+        return {table: tuple(row[1] for row in fresh.conn.execute(
+                    f"PRAGMA main.table_info({table!r})")) for table in columns(fresh.conn)}
+
+
+def planner_tables() -> dict[str, set[str]]:
+    """{table: its columns} of a store this planner makes."""
+    return {table: set(names) for table, names in _planner_columns().items()}
+
+
+def _required(table: str) -> list[str]:
+    """The columns of ``table`` every planner's store has had (a later one an older may lack),
+    in the table's order."""
+    later = {column for name, column, _ in ADDED_COLUMNS if name == table}
+    later |= SCHEMA_1_LACKS.get(table, set())
+    return [column for column in _planner_columns()[table] if column not in later]
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def refuse_foreign_file(path: str | os.PathLike) -> None:
+    """InputError (the file left as it was) when ``path`` exists and is an SQLite file that is
+    not a Hulk store: for what opens the file before the store does (the credential table)."""
+    path = str(path)
+    if path == ":memory:" or not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0)
+    except sqlite3.Error:
+        return      # the store's own opening says what is wrong
+    try:
+        why = not_a_store(conn)
+    except sqlite3.DatabaseError:
+        return
+    finally:
+        conn.close()
+    if why is not None:
+        raise InputError(f"not a Hulk store: {why} ({EXPECTED})", path=path)
+
+
+def not_a_store(conn: sqlite3.Connection) -> str | None:
+    """Why the SQLite file open on ``conn`` is not a Hulk store, in words (another program's
+    database, tables named like the planner's without its columns); None for a store of any
+    schema version (an older one's tables as they were, to be migrated), one holding only the
+    credential tables `enroll` makes, and a file with no tables yet (a new store). Reads only:
+    the caller refuses the file before anything is written into it."""
+    objects = conn.execute("SELECT type, name FROM main.sqlite_master WHERE type IN ('table', "
+                           "'view', 'trigger') AND name NOT LIKE 'sqlite_%'").fetchall()
+    if not objects:
+        return None
+    ours, have = planner_tables(), columns(conn)
+    for kind, name in objects:
+        if kind != "table" and name in ours:
+            return f"{name} is a {kind}, not the planner's table"
+    for table in have:
+        if table in ours:
+            missing = [column for column in _required(table) if column not in have[table]]
+            if missing:
+                word = "column" if len(missing) == 1 else "columns"
+                return f"table {table} has no {word} {_some(missing)}"
+    if "meta" not in have:
+        # serve's security tables (planner/security: hulk_credentials, hulk_broker_users) may
+        # come first: `enroll` before the first serve.
+        if all(name.startswith("hulk_") for _, name in objects):
+            return None
+        foreign = [name for _, name in objects
+                   if name not in ours and name not in SCHEMA_1_TABLES
+                   and not name.startswith("hulk_")]
+        return ("no meta table with the planner's schema version"
+                + (f", and another program's tables: {_some(foreign)}" if foreign else ""))
+    version = _schema_version(conn)
+    if version is None:
+        return "table meta holds no schema_version"
+    if not version.isdigit() or int(version) < 1:
+        return f"schema version {version!r} in table meta"
+    return None
+
+
+def _schema_version(conn: sqlite3.Connection) -> str | None:
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return None if row is None else str(row[0])
+
+
+FULL_BELOW_BYTES = 1 << 20
+
+
+def _room_left(path: str, exc: sqlite3.Error) -> str:
+    """For SQLite's words for a failed write ("disk I/O error", "database or disk is full"):
+    the cause where it is a full file system (a -shm or -wal that finds no room reads as an
+    I/O error); "" otherwise."""
+    if path == ":memory:" or not any(w in str(exc) for w in ("disk I/O error", "disk is full")):
+        return ""
+    try:
+        fs = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return ""
+    free = fs.f_bavail * fs.f_frsize
+    return f" (its file system is full: {free // 1024} KiB free)" if free < FULL_BELOW_BYTES else ""
+
+
 def private_file(path: str | os.PathLike) -> None:
     """Make the store file readable by its owner only (it holds token hashes and the fleet's
     addresses); SQLite gives its -wal and -shm files the same mode."""
@@ -185,9 +320,11 @@ class Database:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                    timeout=busy_timeout_s)
             try:
+                self.conn = conn
+                if self.path != ":memory:":
+                    self._refuse_foreign()   # before anything is written: mode, WAL, tables
                 private_file(self.path)
                 add_histogram_functions(conn)
-                self.conn = conn
                 self.db = sqlite_utils.Database(conn)
                 self.db.execute("PRAGMA journal_mode=WAL")
                 # NORMAL in WAL mode survives a crash of the process (not of the OS), and is fast.
@@ -200,6 +337,17 @@ class Database:
 
     # ------------------------------------------------------------------------------ plumbing
 
+    def _refuse_foreign(self) -> None:
+        """InputError for a file that is not a Hulk store, StoreError for a store of a newer
+        planner; both leave the file as it was (only read so far)."""
+        why = not_a_store(self.conn)
+        if why is not None:
+            raise InputError(f"not a Hulk store: {why} ({EXPECTED})", path=self.path)
+        version = _schema_version(self.conn) if "meta" in columns(self.conn) else None
+        if version is not None and int(version) > SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: schema version {version}, this planner reads "
+                             f"{SCHEMA_VERSION} (a store of a newer planner: left as it is)")
+
     def _open_read_only(self, busy_timeout_s: float) -> None:
         self.conn, self.read_uri = connect_read_only(self.path, busy_timeout_s)
         try:
@@ -208,18 +356,20 @@ class Database:
                 self.db = sqlite_utils.Database(self.conn)
                 self.conn.execute("BEGIN")   # every read of this opening sees one snapshot
                 tables = columns(self.conn)
-                version = self.meta("schema_version") if "meta" in tables else None
-                if version is None:
+                if "meta" not in tables:
                     raise InputError(f"not a Hulk store: an SQLite file without the planner's "
                                      f"tables ({EXPECTED})", path=self.path)
-                if not version.isdigit() or int(version) > SCHEMA_VERSION:
+                why = not_a_store(self.conn)
+                if why is not None:
+                    raise InputError(f"not a Hulk store: {why} ({EXPECTED})", path=self.path)
+                version = _schema_version(self.conn) or "0"   # digits from 1 (not_a_store)
+                if int(version) > SCHEMA_VERSION:
                     raise StoreError(f"{self.path}: schema version {version}, this planner "
                                      f"reads {SCHEMA_VERSION}")
                 if int(version) < SCHEMA_VERSION:
                     self.behind = f"schema version {version}, this planner reads {SCHEMA_VERSION}"
                 else:
-                    with Database(":memory:") as fresh:
-                        self.behind = schema_gap(tables, columns(fresh.conn))
+                    self.behind = schema_gap(tables, planner_tables())
         except BaseException:
             self.conn.close()
             raise
@@ -234,7 +384,8 @@ class Database:
                     f"{self.path}: a store of an older planner ({self.behind}); this command "
                     f"only reads and never migrates: start `hulk-planner serve --db {self.path}` "
                     f"of this version once (it migrates the store), then retry") from exc
-            raise StoreError(f"{self.path}: store failed during {what}: {exc}") from exc
+            raise StoreError(f"{self.path}: store failed during {what}: {exc}"
+                             f"{_room_left(self.path, exc)}") from exc
 
     @contextlib.contextmanager
     def reading(self, what: str) -> Iterator[sqlite3.Connection]:
@@ -287,11 +438,6 @@ class Database:
                     "launch_exit_code": int, "launch_detail": str, "launch_changed_ms": int,
                 }, pk="idx", not_null={"id"})
                 db["nodes"].create_index(["id"], unique=True)
-            # Columns and tables added to a schema version later are added where missing.
-            if "clock_skew_ms" not in db["nodes"].columns_dict:
-                db.execute("ALTER TABLE nodes ADD COLUMN clock_skew_ms INTEGER")
-            if "gpus_declared" not in db["nodes"].columns_dict:  # 1: from declared_gpus
-                db.execute("ALTER TABLE nodes ADD COLUMN gpus_declared INTEGER NOT NULL DEFAULT 0")
             if "batches" not in db.table_names():
                 db.execute("""CREATE TABLE batches (
                     node_idx INTEGER NOT NULL, batch_id TEXT NOT NULL, received_ms INTEGER NOT NULL,
@@ -324,8 +470,6 @@ class Database:
                            "UNIQUE)")
             if "site_rollups" not in db.table_names():
                 db.execute(SITE_ROLLUPS)
-            if "site_idx" not in db["nodes"].columns_dict:
-                db.execute("ALTER TABLE nodes ADD COLUMN site_idx INTEGER")
             if "rejected" not in db.table_names():
                 db.execute("""CREATE TABLE rejected (
                     node_idx INTEGER NOT NULL, reason TEXT NOT NULL, count INTEGER NOT NULL,
@@ -347,19 +491,6 @@ class Database:
                     job_id INTEGER NOT NULL, at_ms INTEGER NOT NULL, state TEXT NOT NULL,
                     detail TEXT NOT NULL DEFAULT '')""")
                 db.execute("CREATE INDEX job_events_job ON job_events(job_id)")
-            if "stages_json" not in db["jobs"].columns_dict:   # a placed job's stages (JSON)
-                db.execute("ALTER TABLE jobs ADD COLUMN stages_json TEXT")
-            if "failures" not in db["jobs"].columns_dict:   # restarts after its own ranks failed
-                db.execute("ALTER TABLE jobs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0")
-            if "fences" not in db["jobs"].columns_dict:     # restarts after a rank was fenced
-                db.execute("ALTER TABLE jobs ADD COLUMN fences INTEGER NOT NULL DEFAULT 0")
-            if "launch_exit_cause" not in db["nodes"].columns_dict:   # '' or 'fenced'
-                db.execute("ALTER TABLE nodes ADD COLUMN launch_exit_cause TEXT NOT NULL "
-                           "DEFAULT ''")
-            if "throughput_port" not in db["nodes"].columns_dict:  # 0: takes no throughput tests
-                db.execute("ALTER TABLE nodes ADD COLUMN throughput_port INTEGER NOT NULL DEFAULT 0")
-            if "allowed_commands_json" not in db["nodes"].columns_dict:  # NULL: not reported
-                db.execute("ALTER TABLE nodes ADD COLUMN allowed_commands_json TEXT")
             if "throughput_scheduled" not in db.table_names():
                 db.execute("""CREATE TABLE throughput_scheduled (
                     test_id TEXT PRIMARY KEY, src INTEGER NOT NULL, dst INTEGER NOT NULL,
@@ -375,18 +506,15 @@ class Database:
                     detail TEXT NOT NULL DEFAULT '', received_ms INTEGER NOT NULL)""")
             if "job_progress" not in db.table_names():
                 db.execute(JOB_PROGRESS)
-            # The wall clock a step over whole rounds (0: not reported, as older agents do).
-            for name, kind in (("wall_iteration_s", "REAL"), ("wall_steps", "INTEGER")):
-                if name not in db["job_progress"].columns_dict:
-                    db.execute(f"ALTER TABLE job_progress ADD COLUMN {name} {kind} NOT NULL "
-                               "DEFAULT 0")
             if "placement_seq" not in db.table_names():   # the last placement seq per node
                 db.execute("CREATE TABLE placement_seq (node_id TEXT PRIMARY KEY, "
                            "seq INTEGER NOT NULL) WITHOUT ROWID")
             if "job_ranks" not in db.table_names():
                 db.execute(JOB_RANKS)
-            if "exit_cause" not in db["job_ranks"].columns_dict:   # '' (its own) or 'fenced'
-                db.execute("ALTER TABLE job_ranks ADD COLUMN exit_cause TEXT NOT NULL DEFAULT ''")
+            # Columns added to a table after it was first made, where an older store lacks them.
+            for table, column, declaration in ADDED_COLUMNS:
+                if column not in db[table].columns_dict:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
             if self.meta("schema_version") == "1":
                 self._migrate_from_1(self.conn)
             if self.meta("schema_version") == "2":

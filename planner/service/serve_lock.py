@@ -50,8 +50,13 @@ class ServeLock:
         except OSError as exc:
             os.close(fd)
             raise StoreError(f"{self.path}: cannot lock: {exc.strerror or exc}") from exc
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:   # a full disk (ENOSPC, EDQUOT), an I/O error
+            os.close(fd)         # gives the lock back: serve does not start
+            raise StoreError(f"{self.path}: cannot write the serve lock (serve's pid): "
+                             f"{exc.strerror or exc}") from exc
         self._fd = fd
         return self
 
@@ -60,8 +65,12 @@ class ServeLock:
             return
         fd, self._fd = self._fd, None
         # Emptied before unlocking: a later reader never names a process that no longer holds it.
-        os.ftruncate(fd, 0)
-        os.close(fd)
+        try:
+            os.ftruncate(fd, 0)
+        except OSError:   # the pid stays; the next serve takes the lock all the same
+            pass
+        finally:
+            os.close(fd)
 
     def __enter__(self) -> ServeLock:
         return self.acquire()
