@@ -2,7 +2,11 @@
 
 Sources, lowest to highest precedence: defaults < YAML config file < HULK_* variables < flags.
 Every bad value raises ConfigError naming its source (file and line, variable or flag), the field
-and what was expected, in one line.
+and what was expected, in one line. The file is a regular file of at most 1 MiB, each setting
+written once (a key twice, or a field under two of its names, is refused rather than the last
+one winning), and every text setting has a length bound: the planner's bound for what the agent
+sends it in Register (a longer city would have every registration refused, for ever), PATH_MAX
+for a path (docs/BOUNDS.md lists them all).
 """
 
 from __future__ import annotations
@@ -13,14 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agent.jobproc import SCOPES as JOB_SCOPES
 from hulk import settings, validate
-from hulk.errors import ConfigError
+from hulk.errors import ConfigError, InputError
+from hulk.userfile import line_of, load_yaml, read_user_file
+from hulk.v1 import hulk_pb2
 from hulk.validate import Bound, Invalid
 from agent.inventory import parse_declared_gpus
 from hulk.wire.broker import parse_broker_url
+from hulk.wire.placement import MAX_COMMAND_WORDS, MAX_PATH
 from hulk.wire.records import SITE_MAX_CHARS, GpuInfo, ProbeSettings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -28,6 +33,48 @@ DEFAULT_STATE_DIR = Path("/var/lib/hulk-agent")
 # Probe settings the operator leaves unset default to what the planner pushes (one set of
 # defaults, hulk.wire); the planner's answer replaces them at registration.
 PROBE_DEFAULTS = ProbeSettings()
+
+MAX_CONFIG_FILE_BYTES = 1 << 20   # every setting at its bound fits many times over
+# What Register carries, bounded as the planner's admission checks it (planner/service/
+# admission.py, which the agent may not import; tests/agent/test_config_hostile.py holds the
+# numbers equal): a value past one would have every registration refused.
+CITY_MAX_CHARS = 100
+ADDRESS_MAX_CHARS = 253           # a DNS name's longest; admission's bound on address
+MAX_ALLOWED_COMMANDS = 64         # argv prefixes in one registration
+MAX_PREFIX_CHARS = 4096           # all the words of one prefix
+# Their share of Register's 64 KiB (ServerLimits.max_register_bytes), encoded: the rest of a
+# registration at its bounds (64 declared GPUs of 128-character names, city, site) stays under
+# 40 KiB, so every registration this config makes fits; 64 prefixes of 256 bytes fill it.
+ALLOWED_COMMANDS_MAX_BYTES = 16 << 10
+# The only token the planner accepts is hulk1.<16 hex digits>.<43 base64url characters>.
+TOKEN_MAX_CHARS = 66
+# Settings the agent keeps to itself, bounded by what they are.
+HOST_PORT_MAX_CHARS = 261         # [a 253-character host name]:65535
+URL_MAX_CHARS = 16_384            # a broker URL: a host, a password and three paths (?ca=...)
+DECLARED_GPUS_MAX_CHARS = 256     # COUNTxNAME:GB with a 128-character GPU name
+MAX_PLACEMENT_KEYS = 8            # two while the planner's key is rotated
+MAX_PASS_ENV = 256                # variable names passed to jobs
+ENV_NAME_MAX_CHARS = 128
+
+# Text settings: field -> (most characters, what the value is). Every value of them, from the
+# file, a variable or a flag, is stripped text of at most that many characters without control
+# characters (hulk.validate.bounded_text) before its own check.
+TEXT_LIMITS: dict[str, tuple[int, str]] = {
+    "planner": (HOST_PORT_MAX_CHARS, "HOST:PORT"),
+    "node_id": (128, "a node id"),              # and validate.NAME_RE's characters
+    "address": (ADDRESS_MAX_CHARS, "an IP address"),
+    "city": (CITY_MAX_CHARS, "a city name"),
+    "site": (SITE_MAX_CHARS, "a site name"),
+    "state_dir": (MAX_PATH, "a path"),
+    "token": (TOKEN_MAX_CHARS, "a token"),
+    "ca": (MAX_PATH, "a path"),
+    "client_cert": (MAX_PATH, "a path"),
+    "client_key": (MAX_PATH, "a path"),
+    "mqtt": (URL_MAX_CHARS, "a broker URL"),
+    "torchrun": (MAX_PATH, "a path or a command name"),
+    "metrics": (HOST_PORT_MAX_CHARS, "HOST:PORT"),
+    "declared_gpus": (DECLARED_GPUS_MAX_CHARS, "a declared GPU inventory"),
+}
 
 
 @dataclass(frozen=True)
@@ -116,11 +163,40 @@ FILE_ALIASES = {"interval": "interval_s", "timeout": "timeout_s", "node-id": "no
                 "declared-gpus": "declared_gpus"}
 
 
+def _bounded(name: str, parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``parse``, after the length and character check of ``TEXT_LIMITS[name]`` (a value left
+    empty in YAML, None, goes to ``parse`` as it is)."""
+    max_chars, what = TEXT_LIMITS[name]
+
+    def parser(value: Any) -> Any:
+        if value is not None:
+            validate.bounded_text(value, max_chars, what)
+        return parse(value)
+    return parser
+
+
+def _token(value: Any) -> str:
+    text = validate.single(value)
+    if not re.fullmatch(r"[\x21-\x7e]*", text):
+        raise Invalid("expected a token of visible ASCII characters (hulk1.<id>.<secret>, as "
+                      "enroll printed it)")
+    return text
+
+
 def _path(value: Any) -> Path:
     text = validate.single(value)
     if not text:
         raise Invalid("expected a path, got an empty value")
     return Path(text).expanduser()
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; False too for one the system cannot look up (a name
+    component past NAME_MAX, which Path.is_file raises for)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def _pem_file(what: str, pem: bool = True) -> Callable[[Any], Path | None]:
@@ -129,9 +205,10 @@ def _pem_file(what: str, pem: bool = True) -> Callable[[Any], Path | None]:
         if not text:
             return None
         path = Path(text).expanduser()
-        if not path.is_file():
+        if not _is_file(path):
             kind = " (PEM)" if pem else ""
-            raise Invalid(f"expected a readable {what} file{kind}, {text!r} does not exist")
+            raise Invalid(f"expected a readable {what} file{kind}, "
+                          f"{validate.shown(text, 80)} does not exist")
         return path
     return parse
 
@@ -146,8 +223,9 @@ def _mqtt(value: Any) -> str:
         except ConfigError as err:
             raise Invalid(str(err)) from None
         for what, path in (("cert", broker.cert), ("key", broker.key)):
-            if path and not Path(path).is_file():
-                raise Invalid(f"expected a readable file for {what}=, {path!r} does not exist")
+            if path and not _is_file(Path(path)):
+                raise Invalid(f"expected a readable file for {what}=, {validate.shown(path, 80)} "
+                              "does not exist")
     return text
 
 
@@ -162,6 +240,10 @@ def _placement_keys(value: Any) -> tuple[str, ...]:
     from hulk.wire.signing import Verifier, key_texts
     try:
         texts = key_texts(value)
+        if len(texts) > MAX_PLACEMENT_KEYS:
+            raise Invalid(f"expected at most {MAX_PLACEMENT_KEYS} public keys, got {len(texts)}")
+        for text in texts:
+            validate.bounded_text(text, MAX_PATH, "a public key (ed25519:<base64> or a PEM file)")
         if texts:
             Verifier.from_text(texts, field=None)
     except InputError as exc:
@@ -171,35 +253,68 @@ def _placement_keys(value: Any) -> tuple[str, ...]:
 
 def _allowed_commands(value: Any) -> tuple[tuple[str, ...], ...]:
     """A list of argv prefixes (each a list, or a string split as a shell would); a variable
-    separates them with ';'."""
+    separates them with ';'. Bounded as the planner's admission takes them in Register: at most
+    MAX_ALLOWED_COMMANDS prefixes of 1 to MAX_COMMAND_WORDS printable words, MAX_PREFIX_CHARS
+    characters in all."""
     import shlex
     items = value.split(";") if isinstance(value, str) else value
     if not isinstance(items, list) and not isinstance(value, str):
         raise Invalid("expected a list of commands (argv prefixes such as [python, train.py])")
     out = []
     for item in items:
-        argv = shlex.split(item) if isinstance(item, str) else item
+        try:
+            argv = shlex.split(item) if isinstance(item, str) else item
+        except ValueError as exc:   # an unclosed quote
+            raise Invalid(f"expected a command split as a shell would, got {validate.shown(item)}"
+                          f" ({exc})") from None
         if not isinstance(argv, list) or not all(isinstance(a, (str, int, float)) for a in argv):
-            raise Invalid(f"expected a command as a string or a list of strings, got {item!r}")
-        if argv:
-            out.append(tuple(str(a) for a in argv))
+            raise Invalid(f"expected a command as a string or a list of strings, got "
+                          f"{validate.shown(item)}")
+        if not argv:
+            continue
+        words = tuple(str(a) for a in argv)
+        if (len(words) > MAX_COMMAND_WORDS or sum(map(len, words)) > MAX_PREFIX_CHARS
+                or not all(word and word.isprintable() for word in words)):
+            raise Invalid(f"expected a command of 1 to {MAX_COMMAND_WORDS} non-empty printable "
+                          f"words, {MAX_PREFIX_CHARS:,} characters in all, got "
+                          f"{validate.shown(list(words))}")
+        out.append(words)
+    if len(out) > MAX_ALLOWED_COMMANDS:
+        raise Invalid(f"expected at most {MAX_ALLOWED_COMMANDS} commands (argv prefixes), got "
+                      f"{len(out)}")
+    size = hulk_pb2.RegisterRequest(
+        allowed_commands=[hulk_pb2.CommandPrefix(argv=list(p)) for p in out]).ByteSize()
+    if size > ALLOWED_COMMANDS_MAX_BYTES:
+        raise Invalid(f"expected commands of at most {ALLOWED_COMMANDS_MAX_BYTES:,} bytes in all "
+                      f"as Register sends them, got {size:,}")
     return tuple(out)
 
 
+def _pass_env(value: Any) -> tuple[str, ...]:
+    names = validate.identifiers(value)
+    if len(names) > MAX_PASS_ENV:
+        raise Invalid(f"expected at most {MAX_PASS_ENV} variable names, got {len(names)}")
+    long = next((n for n in names if len(n) > ENV_NAME_MAX_CHARS), None)
+    if long is not None:
+        raise Invalid(f"expected variable names of at most {ENV_NAME_MAX_CHARS} characters, "
+                      f"got one of {len(long):,}")
+    return names
+
+
 PARSERS: dict[str, Callable[[Any], Any]] = {
-    "planner": lambda v: validate.host_port(v, "planner.example.org:50051"),
-    "node_id": validate.name,
-    "address": validate.ip_address,
-    "city": validate.single,
-    "site": lambda v: validate.printable(v, SITE_MAX_CHARS, "a site name"),
+    "planner": _bounded("planner", lambda v: validate.host_port(v, "planner.example.org:50051")),
+    "node_id": _bounded("node_id", validate.name),
+    "address": _bounded("address", validate.ip_address),
+    "city": _bounded("city", validate.single),
+    "site": _bounded("site", lambda v: validate.printable(v, SITE_MAX_CHARS, "a site name")),
     "interval_s": Bound(1.0, 86400.0, "seconds"),
-    "state_dir": _path,
+    "state_dir": _bounded("state_dir", _path),
     "insecure": validate.boolean,
-    "token": validate.single,
-    "ca": _pem_file("CA certificate", pem=False),
-    "client_cert": _pem_file("client certificate"),
-    "client_key": _pem_file("client private key"),
-    "mqtt": _mqtt,
+    "token": _bounded("token", _token),
+    "ca": _bounded("ca", _pem_file("CA certificate", pem=False)),
+    "client_cert": _bounded("client_cert", _pem_file("client certificate")),
+    "client_key": _bounded("client_key", _pem_file("client private key")),
+    "mqtt": _bounded("mqtt", _mqtt),
     "spool_max": Bound(100, 1_000_000_000, "samples", integer=True),
     "packets_per_round": Bound(1, 100, "packets", integer=True),
     "timeout_s": Bound(0.01, 60.0, "seconds"),
@@ -211,43 +326,50 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "throughput_port": Bound(0, 65535, "port", integer=True),
     "placement_key": _placement_keys,
     "allowed_commands": _allowed_commands,
-    "pass_env": validate.identifiers,
-    "torchrun": validate.single,
+    "pass_env": _pass_env,
+    "torchrun": _bounded("torchrun", validate.single),
     "job_scope": lambda v: validate.choice(v, JOB_SCOPES, str.lower),
-    "metrics": validate.from_error(_metrics_address),
-    "declared_gpus": parse_declared_gpus,
+    "metrics": _bounded("metrics", validate.from_error(_metrics_address)),
+    "declared_gpus": _bounded("declared_gpus", parse_declared_gpus),
 }
 REQUIRED = ("planner", "node_id")
 
 
 def _read_file(path: Path) -> dict[str, tuple[Any, int | None]]:
     """The file's settings as field -> (raw value, line)."""
+    where = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"cannot read the config file: {err.strerror or err}",
-                          path=str(path)) from None
+        raw = read_user_file(path, "an agent config file", MAX_CONFIG_FILE_BYTES)
+    except InputError as err:
+        raise ConfigError(f"cannot read the config file: {str(err).removeprefix(where + ': ')}",
+                          path=where) from None
     try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        problem = getattr(err, "problem", None) or "not valid YAML"
-        raise ConfigError(f"expected YAML: {problem}", path=str(path),
-                          line=mark.line + 1 if mark else None) from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"expected UTF-8 text (YAML), got the byte 0x{raw[err.start]:02x} at "
+                          f"offset {err.start:,}", path=where) from None
+    data = load_yaml(text, where, "an agent config file", kind=ConfigError, lead="expected YAML")
     if data is None:
         return {}
-    if not isinstance(data, dict) or not isinstance(node, yaml.MappingNode):
-        raise ConfigError("expected a mapping of setting: value", path=str(path), line=1)
-    lines = {str(key.value): key.start_mark.line + 1 for key, _ in node.value}
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping of setting: value", path=where, line=1)
     out: dict[str, tuple[Any, int | None]] = {}
+    keys: dict[str, str] = {}       # field -> the key that set it (a field or an alias)
     for key, value in data.items():
+        line = line_of(data, key)
         name = FILE_ALIASES.get(str(key), str(key))
         if name not in PARSERS or name == "explicit":
             known = ", ".join(sorted(PARSERS))
-            raise ConfigError(f"unknown setting; expected one of {known}", path=str(path),
-                              line=lines.get(str(key)), field=str(key))
-        out[name] = (value, lines.get(str(key)))
+            label = str(key)
+            if len(label) > 64 or not label.isprintable():
+                label = validate.shown(label, 64)
+            raise ConfigError(f"unknown setting; expected one of {known}", path=where,
+                              line=line, field=label)
+        if name in out:             # interval_s and its alias interval (YAML saw two keys)
+            raise ConfigError(f"given twice, as {keys[name]!r} on line {out[name][1]} and as "
+                              f"{str(key)!r} (expected each setting once)", path=where,
+                              line=line, field=name)
+        out[name], keys[name] = (value, line), str(key)
     return out
 
 

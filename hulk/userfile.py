@@ -5,15 +5,23 @@ command for ever; both are refused before a byte is read. The file is opened wit
 and checked on the open descriptor, so nothing swapped in after a check gets through. The size
 is checked before reading and again while reading (a file that grows).
 
-Standard library and :mod:`hulk.errors` only: the agent may use it too.
+A YAML file a person writes (jobs.yaml, agent.yaml) is read by :func:`load_yaml`: each mapping
+remembers the line of each key, and a key written twice in one mapping is refused (naming the
+key and both lines) instead of the last one silently winning.
+
+The standard library, PyYAML and :mod:`hulk` only: the agent uses it too.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from typing import Any
+
+import yaml
 
 from hulk.errors import InputError
+from hulk.validate import shown
 
 
 def read_user_file(path: str | os.PathLike, what: str, max_bytes: int) -> bytes:
@@ -56,3 +64,75 @@ def too_large(where: str, what: str, max_bytes: int, size: str) -> InputError:
     mib = f" ({max_bytes >> 20:,} MiB)" if max_bytes >= 1 << 20 else ""
     return InputError(f"expected {what} of at most {max_bytes:,} bytes{mib}, got {size}",
                       path=where)
+
+
+# ------------------------------------------------------------------------------------- YAML
+
+class LineMapping(dict):
+    """A YAML mapping that remembers its 1-based line and the line of each of its keys."""
+
+    line: int | None = None
+    key_lines: dict
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A key written twice in one mapping; ``problem_mark`` is the second writing."""
+
+    def __init__(self, key: Any, first_line: int, mark: yaml.Mark):
+        super().__init__(None, None, f"duplicate key {shown(key, 80)} (first on line "
+                         f"{first_line}; expected each key once)", mark)
+        self.key, self.first_line = key, first_line
+
+
+class LineLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, with :class:`LineMapping` mappings and duplicate keys refused."""
+
+    def construct_mapping(self, node, deep=False):  # noqa: D401 - PyYAML hook
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                continue  # PyYAML itself reports unhashable keys below
+            if key in seen:
+                raise DuplicateKeyError(key, seen[key], key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        mapping = LineMapping(super().construct_mapping(node, deep=deep))
+        mapping.line = node.start_mark.line + 1
+        mapping.key_lines = seen
+        return mapping
+
+
+LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                           LineLoader.construct_mapping)
+
+
+def line_of(mapping: Any, key: Any = None) -> int | None:
+    """The line of ``key`` in a mapping :func:`load_yaml` made (of the mapping itself when
+    ``key`` is None or not in it); None for anything else."""
+    if isinstance(mapping, LineMapping):
+        if key is not None and key in mapping.key_lines:
+            return mapping.key_lines[key]
+        return mapping.line
+    return None
+
+
+def load_yaml(text: str, path: str, what: str, *, kind: type[InputError] = InputError,
+              lead: str = "not valid YAML") -> Any:
+    """The document of ``text`` (mappings as :class:`LineMapping`), or one-line ``kind``
+    naming ``path`` and the line: bad YAML and duplicate keys as ``lead: problem``, nesting
+    too deep for the parser as "not ``what``" ("a jobs file")."""
+    try:
+        return yaml.load(text, Loader=LineLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise kind(f"{lead}: {problem}", path=path, line=line) from None
+    except yaml.YAMLError as exc:
+        raise kind(f"{lead}: {exc}".splitlines()[0], path=path) from None
+    except RecursionError:
+        raise kind(f"not {what}: YAML nested too deeply", path=path) from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        raise kind(f"{lead}: {exc}".split(";")[0], path=path) from None

@@ -28,6 +28,9 @@ BOOLEAN_WORDS = {"1": True, "true": True, "yes": True, "on": True,
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 NAME_EXPECTED = "1-128 letters, digits, '.', '_' or '-' starting with a letter or digit"
 _INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+# What no name, path, address or token may hold (NUL, newline, escape, DEL): the planner's
+# admission refuses the same characters in Register's texts.
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class Invalid(ValueError):
@@ -194,6 +197,18 @@ def printable(value: Any, max_chars: int, what: str) -> str:
         raise Invalid(f"expected {what} of at most {max_chars} characters, got {len(text)}")
     if not text.isprintable():
         raise Invalid(f"expected {what} of printable characters, got {shown(text)}")
+    return text
+
+
+def bounded_text(value: Any, max_chars: int, what: str) -> str:
+    """One value as stripped text of at most ``max_chars`` characters and no control
+    characters; the complaint names ``what`` ("a city name") and the bound."""
+    text = single(value)
+    if len(text) > max_chars:
+        raise Invalid(f"expected {what} of at most {max_chars:,} characters, got {len(text):,}")
+    if CONTROL_RE.search(text):
+        raise Invalid(f"expected {what} without control characters (NUL, newline, escape), "
+                      f"got {shown(text)}")
     return text
 
 

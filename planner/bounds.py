@@ -224,18 +224,38 @@ PROGRESS_FILE = Table("progress file (HULK_PROGRESS_FILE)", "file", "agent/progr
 ))
 
 # What agent/config.py's and planner/settings.py's parsers that are not a Bound accept.
+_AC = agent_config
+
+
+def _agent_text(key: str, chars: str, min_chars: int = 0) -> Text:
+    """An agent text setting's row: its bound from agent/config.py's TEXT_LIMITS."""
+    return Text(_AC.TEXT_LIMITS[key][0], chars, min_chars)
+
+
+_PATH = "a path, no control characters"
 AGENT_SETTINGS = {
-    "planner": Rule("HOST:PORT"), "node_id": ID_TEXT, "address": Rule("an IP address, or empty"),
-    "city": Unbounded("any text"), "site": Text(SITE_MAX_CHARS),
-    "state_dir": Rule("a path"), "insecure": BOOLEAN, "token": Unbounded("any text"),
-    "ca": Rule("a PEM file"), "client_cert": Rule("a PEM file"),
-    "client_key": Rule("a PEM file"), "mqtt": Rule("a broker URL"),
+    "planner": _agent_text("planner", "HOST:PORT", 1), "node_id": ID_TEXT,
+    "address": _agent_text("address", "an IP address, or empty"),
+    "city": _agent_text("city", NO_CONTROL), "site": _agent_text("site", "printable characters"),
+    "state_dir": _agent_text("state_dir", _PATH, 1), "insecure": BOOLEAN,
+    "token": _agent_text("token", "visible ASCII (hulk1.<id>.<secret>)"),
+    "ca": _agent_text("ca", "the path of a PEM file"),
+    "client_cert": _agent_text("client_cert", "the path of a PEM file"),
+    "client_key": _agent_text("client_key", "the path of a PEM file"),
+    "mqtt": _agent_text("mqtt", "a broker URL"),
     "log_level": Rule("DEBUG, INFO, WARNING or ERROR"),
-    "placement_key": Rule("Ed25519 public keys"),
-    "allowed_commands": Unbounded("any number of argv prefixes"),
-    "pass_env": Rule("variable names (any number)"), "torchrun": Unbounded("any text"),
-    "job_scope": Rule("a job scope name"), "metrics": Rule("HOST:PORT"),
-    "declared_gpus": Rule("a declared GPU inventory"),
+    "placement_key": Rule(f"at most {_AC.MAX_PLACEMENT_KEYS} Ed25519 public keys (ed25519:<base64> "
+                          f"or a PEM file), {MAX_PATH:,} characters each"),
+    "allowed_commands": Rule(f"at most {_AC.MAX_ALLOWED_COMMANDS} argv prefixes of 1 to "
+                             f"{MAX_COMMAND_WORDS} printable words, {_AC.MAX_PREFIX_CHARS:,} "
+                             f"characters in all (as Register takes them), "
+                             f"{_AC.ALLOWED_COMMANDS_MAX_BYTES:,} bytes in all encoded"),
+    "pass_env": Rule(f"at most {_AC.MAX_PASS_ENV} variable names of at most "
+                     f"{_AC.ENV_NAME_MAX_CHARS} characters"),
+    "torchrun": _agent_text("torchrun", "a path or a command name, no control characters"),
+    "job_scope": Rule("a job scope name"),
+    "metrics": _agent_text("metrics", "HOST:PORT"),
+    "declared_gpus": _agent_text("declared_gpus", "COUNTxNAME:GB"),
 }
 PLANNER_SETTINGS = {
     "db": Rule("a path"), "listen": Rule("HOST:PORT"),
@@ -267,7 +287,11 @@ def _agent_name(key: str) -> str:
 
 
 AGENT_YAML = Table("agent.yaml (and its HULK_* variables and flags)", "settings",
-                   "agent/config.py", parser_rows(agent_config.PARSERS, AGENT_SETTINGS, _agent_name))
+                   "agent/config.py", (
+    ("(file)", Rule(f"a regular file of at most {agent_config.MAX_CONFIG_FILE_BYTES:,}", "bytes")),
+    ("(keys)", Rule("each setting once: a key twice, or a field and its alias (interval, "
+                    "interval_s), is refused")),
+    *parser_rows(agent_config.PARSERS, AGENT_SETTINGS, _agent_name)))
 PLANNER_ENV = Table("planner HULK_* variables", "settings", "planner/settings.py",
                     parser_rows(planner_settings.PARSERS, PLANNER_SETTINGS,
                                 lambda key: planner_settings.VARIABLES[key]))

@@ -5,10 +5,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-import yaml
-
 from hulk.errors import InputError
-from hulk.userfile import read_user_file
+from hulk.userfile import line_of, load_yaml, read_user_file
 from hulk.wire.placement import MAX_COMMAND_WORDS, MAX_PATH, valid_job_name
 from hulk.validate import Invalid
 from planner.core.jobs import (DTYPE_FIELDS, MODEL_CATALOG, SYNC_FIELDS, Job, check_dtype,
@@ -28,59 +26,12 @@ MAX_JOBS_FILE_BYTES = 16 << 20    # thousands of jobs; a larger file is no jobs.
 MAX_COMMAND_CHARS = 16_384
 
 
-class _Mapping(dict):
-    """A dict that remembers the 1-based line of the mapping and of each key."""
-
-    line: int | None = None
-    key_lines: dict
-
-
-class _LineLoader(yaml.SafeLoader):
-    def construct_mapping(self, node, deep=False):  # noqa: D401 - PyYAML hook
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                hash(key)
-            except TypeError:
-                continue  # PyYAML itself reports unhashable keys below
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen[key] = key_node.start_mark.line + 1
-        mapping = _Mapping(super().construct_mapping(node, deep=deep))
-        mapping.line = node.start_mark.line + 1
-        mapping.key_lines = seen
-        return mapping
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                            _LineLoader.construct_mapping)
-
-
-def _line(mapping, key: str | None = None) -> int | None:
-    if isinstance(mapping, _Mapping):
-        if key is not None and key in mapping.key_lines:
-            return mapping.key_lines[key]
-        return mapping.line
-    return None
+_line = line_of    # the line of a key of a mapping load_yaml made (hulk/userfile.py)
 
 
 def parse_jobs(text: str, path: str = "<jobs>") -> list[Job]:
     """Parse and validate jobs.yaml text; ``path`` only names the source in errors."""
-    try:
-        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise InputError(f"not valid YAML: {problem}", path=path, line=line) from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"not valid YAML: {exc}".splitlines()[0], path=path) from None
-    except RecursionError:
-        raise InputError("not a jobs file: YAML nested too deeply", path=path) from None
-    except ValueError as exc:  # e.g. an integer of thousands of digits
-        raise InputError(f"not valid YAML: {exc}".split(";")[0], path=path) from None
+    data = load_yaml(text, path, "a jobs file")
     if data is None:
         raise InputError("empty file: expected a mapping with a 'jobs' list", path=path)
     if not isinstance(data, dict):
