@@ -24,7 +24,7 @@ from hulk.userfile import line_of, load_yaml, read_user_file
 from hulk.v1 import hulk_pb2
 from hulk.validate import Bound, Invalid
 from agent.inventory import parse_declared_gpus
-from hulk.wire.broker import parse_broker_url
+from hulk.wire.broker import hide_password, parse_broker_url
 from hulk.wire.placement import MAX_COMMAND_WORDS, MAX_PATH
 from hulk.wire.records import SITE_MAX_CHARS, GpuInfo, ProbeSettings
 
@@ -216,7 +216,8 @@ def _pem_file(what: str, pem: bool = True) -> Callable[[Any], Path | None]:
 def _mqtt(value: Any) -> str:
     text = validate.single(value)
     if text and not re.match(r"^mqtts?://[^/\s]+", text):
-        raise Invalid(f"expected a broker URL mqtt://[user:pass@]HOST:PORT, got {text!r}")
+        raise Invalid("expected a broker URL mqtt://[user:pass@]HOST:PORT, got "
+                      f"{hide_password(text)!r}")
     if "cert=" in text or "key=" in text:  # a client certificate for the broker: check now
         try:
             broker = parse_broker_url(text, source="")

@@ -50,7 +50,7 @@ def parse_broker_url(url: str, *, source: str = "--mqtt") -> BrokerAddress:
         port = parts.port
         query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
     except ValueError:
-        raise ConfigError(f"{expected}, got {_hide_password(text)!r}", field=source) from None
+        raise ConfigError(f"{expected}, got {hide_password(text)!r}", field=source) from None
     tls = parts.scheme == "mqtts"
     options = {name: values[0] for name, values in query.items()}
     if (parts.scheme not in ("mqtt", "mqtts") or not parts.hostname
@@ -59,7 +59,7 @@ def parse_broker_url(url: str, *, source: str = "--mqtt") -> BrokerAddress:
                            or any(len(values) != 1 or not values[0]
                                   for values in query.values())))
             or ("cert" in options) != ("key" in options)):
-        raise ConfigError(f"{expected}, got {_hide_password(text)!r}", field=source)
+        raise ConfigError(f"{expected}, got {hide_password(text)!r}", field=source)
     return BrokerAddress(
         host=parts.hostname,
         port=port if port is not None else (DEFAULT_TLS_PORT if tls else DEFAULT_PORT),
@@ -72,8 +72,13 @@ def parse_broker_url(url: str, *, source: str = "--mqtt") -> BrokerAddress:
     )
 
 
-def _hide_password(url: str) -> str:
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+def hide_password(url: str) -> str:
+    """``url`` with the password between ``user:`` and ``@`` shown as ``***`` (in a URL too
+    malformed to tell, all that comes before the ``@``)."""
+    hidden = re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", url)
+    if hidden == url and "@" in url:
+        hidden = re.sub(r"^[^@]*@", "***@", url)
+    return hidden
 
 
 def client_tls_kwargs(broker: BrokerAddress) -> dict[str, Any]:

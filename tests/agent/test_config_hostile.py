@@ -263,3 +263,16 @@ def test_hulk_agent_refuses_the_file_at_once_with_exit_2_and_one_line(tmp_path, 
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"hulk-agent: {path}{expected}"), result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_a_broker_url_refused_never_shows_its_password():
+    from agent.config import load_config
+    from hulk.errors import ConfigError
+
+    for url in ("mqtp://hulk:s3cret@broker:1883", "mqtt:/hulk:s3cret@broker",
+                "mqtt://hulk:se/cr et@", "mqtts://hulk:s3cret@broker?ca=/nope&cert=/x"):
+        try:
+            load_config({"planner": "p:1", "node_id": "n1", "mqtt": url},
+                        env_reader=lambda name: None)
+        except ConfigError as err:
+            assert "s3cret" not in str(err) and "se/cr" not in str(err), str(err)
