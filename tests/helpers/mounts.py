@@ -42,3 +42,19 @@ def tmpfs_mounts(folder: Path) -> Iterator[Mounts]:
     finally:
         for where in mounts.mounted:
             subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def fill(where: Path) -> Path:
+    """A file that takes every last byte of ``where``'s file system (a full disk)."""
+    filler = where / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (65536, 512, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler

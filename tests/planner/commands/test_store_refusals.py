@@ -7,14 +7,13 @@ needs root; elsewhere that test is skipped."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.examples import EXAMPLES
-from tests.helpers.mounts import tmpfs_mounts
+from tests.helpers.mounts import fill, tmpfs_mounts
 from tests.helpers.ports import free_port
 from tests.helpers.processes import run_cli
 
@@ -63,17 +62,7 @@ def test_serve_on_a_full_disk_is_one_line_naming_the_lock_file_and_the_store_kee
         where = mounts.mount("1m")
         db = where / "planner.sqlite"
         assert run_cli("fleet", "import", FLEET, "--db", db).returncode == 0
-        filler = where / "filler"
-        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            for size in (65536, 512, 1):     # to the last byte
-                try:
-                    while True:
-                        os.write(fd, b"\0" * size)
-                except OSError:
-                    pass
-        finally:
-            os.close(fd)
+        filler = fill(where)
         done = run_cli(*COMMANDS["serve"](db, tmp_path))
         err = done.stderr.strip()
         assert done.returncode == 1 and len(err.splitlines()) == 1, err

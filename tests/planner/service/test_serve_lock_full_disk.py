@@ -6,29 +6,12 @@ serve takes the lock. The tmpfs needs root; elsewhere the test is skipped."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
 from hulk.errors import StoreError
 from planner.service.serve_lock import ServeLock, lock_path
-from tests.helpers.mounts import tmpfs_mounts
-
-
-def fill(where: Path) -> Path:
-    """A file that takes every last byte of ``where``'s file system."""
-    filler = where / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (65536, 512, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    return filler
+from tests.helpers.mounts import fill, tmpfs_mounts
 
 
 @pytest.mark.process   # mount, umount
